@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need from the package registries,
+# then runs the whole test suite (unit tests and the integration tests that drive the
+# real binary on the real kernel). Run it as root: the sandbox tests mount the capped
+# workspace and create cgroups.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v perl >/dev/null 2>&1 || missing+=(perl)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    echo "scripts/test.sh: please install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "scripts/test.sh: cargo is missing: install Rust (rustup) first" >&2
+  exit 1
+fi
+
+# Build every target first (the hostile probe is an example binary the tests run).
+cargo build --all-targets --locked
+cargo test --locked --all-targets "$@"

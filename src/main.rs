@@ -1,0 +1,25 @@
+//! The `fork` binary: parses the command line and dispatches to the library.
+
+use clap::Parser;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // The sandbox init role: the supervisor re-executes this binary inside the namespaces.
+    if args.get(1).map(String::as_str) == Some(fork::sandbox::INIT_ROLE) {
+        std::process::exit(fork::sandbox::init::main(&args[2..]));
+    }
+    let cli = match fork::cli::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout with 0; usage errors are exit 64 (EX_USAGE).
+            let code = if e.use_stderr() {
+                fork::cli::exit::USAGE
+            } else {
+                0
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    std::process::exit(fork::cli::dispatch(cli));
+}

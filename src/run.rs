@@ -1,0 +1,113 @@
+//! `fork run`: one command in the sandbox, for debugging policies and for benchmarks.
+
+use crate::cli::{exit, load_policy, CliError, RunArgs};
+use crate::sandbox::{Outcome, Sandbox, SANDBOX_PATH, WORKSPACE};
+use serde::Serialize;
+
+/// The JSON written by `--report`.
+#[derive(Debug, Serialize)]
+pub struct RunReport<'a> {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub budget_exceeded: Option<&'static str>,
+    pub limits: &'a crate::policy::Budgets,
+    pub usage: &'a crate::budget::Usage,
+    pub isolation: &'a crate::sandbox::Isolation,
+    pub run_id: &'a str,
+    pub interrupted: bool,
+}
+
+/// The environment a successor gets: a fixed base, the FORK_* variables, and what the
+/// policy passes or sets. Nothing else of the supervisor's environment.
+pub fn successor_env(
+    policy: &crate::policy::Policy,
+    extra: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), SANDBOX_PATH.into()),
+        ("HOME".into(), format!("{WORKSPACE}/home")),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("FORK_WORKSPACE".into(), WORKSPACE.into()),
+    ];
+    let mut set = |k: &str, v: String| {
+        if let Some(e) = env.iter_mut().find(|(ek, _)| ek == k) {
+            e.1 = v;
+        } else {
+            env.push((k.to_string(), v));
+        }
+    };
+    for k in &policy.environment.pass {
+        if let Ok(v) = std::env::var(k) {
+            set(k, v);
+        }
+    }
+    for (k, v) in &policy.environment.set {
+        set(k, v.clone());
+    }
+    for (k, v) in extra {
+        set(k, v.clone());
+    }
+    env
+}
+
+pub fn run(a: RunArgs) -> Result<i32, CliError> {
+    let policy = load_policy(a.policy.as_deref(), &a.budget)?;
+    if let Some(w) = &a.workspace {
+        if !w.is_dir() {
+            return Err(CliError::from((
+                exit::USAGE,
+                format!("--workspace {}: not a directory", w.display()),
+            )));
+        }
+    }
+    let mut sb = Sandbox::prepare(&policy).map_err(|e| CliError::from((e.exit_code(), e)))?;
+    if let Some(w) = &a.workspace {
+        crate::fork::workspace::copy_tree(w, &sb.workspace(), &[]).map_err(|e| {
+            CliError::from((exit::INTERNAL, format!("copying --workspace in: {e}")))
+        })?;
+    }
+    let env = successor_env(&policy, &[("FORK_RUN_ID".into(), sb.run_id().to_string())]);
+    let outcome: Outcome = sb
+        .run(&a.command, &env)
+        .map_err(|e| CliError::from((e.exit_code(), e)))?;
+    if let Some(w) = &a.workspace {
+        if let Err(e) = crate::fork::workspace::copy_tree(&sb.workspace(), w, &["home".to_string()])
+        {
+            eprintln!("fork: copying the workspace back to {}: {e}", w.display());
+        }
+    }
+    let run_id = sb.run_id().to_string();
+    if let Some(b) = outcome.budget_exceeded {
+        eprintln!(
+            "fork: budget exceeded: {}",
+            crate::budget::describe(b, &policy.budgets, &outcome.usage)
+        );
+    }
+    if let Some(path) = &a.report {
+        let rep = RunReport {
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            budget_exceeded: outcome.budget_exceeded.map(|b| b.as_str()),
+            limits: &policy.budgets,
+            usage: &outcome.usage,
+            isolation: &outcome.isolation,
+            run_id: &run_id,
+            interrupted: outcome.interrupted,
+        };
+        let json =
+            serde_json::to_vec_pretty(&rep).map_err(|e| CliError::from((exit::INTERNAL, e)))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &json)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| {
+                CliError::from((
+                    exit::INTERNAL,
+                    format!("writing report {}: {e}", path.display()),
+                ))
+            })?;
+    }
+    sb.destroy()
+        .map_err(|e| CliError::from((exit::INTERNAL, e)))?;
+    Ok(outcome.exit_code)
+}

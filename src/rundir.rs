@@ -1,0 +1,201 @@
+//! Run directories: `<tmp>/fork-<run-id>/`, one per sandbox, each with a lock file held
+//! (flock) by the supervisor for as long as it lives. A run directory whose lock can be
+//! taken belongs to a dead supervisor: `fork gc` (and every `fork evaluate` at start)
+//! reclaims it: its processes, mounts, cgroups and files.
+//!
+//! Layout:
+//! ```text
+//! fork-<id>/lock       the supervisor's flock
+//! fork-<id>/meta.json  {run_id, supervisor_pid, init_pid, created}
+//! fork-<id>/root/      mount point for the sandbox's new root (only used inside its mount ns)
+//! fork-<id>/disk/      the size-capped filesystem: the sandbox's /tmp, workspace at disk/successor
+//! ```
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RunDirError {
+    #[error("cannot create run directory {path}: {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot lock {path}: {source}")]
+    Lock { path: PathBuf, source: nix::Error },
+}
+
+/// Where run directories live: `$FORK_RUN_ROOT`, else the system temp dir.
+pub fn base_dir() -> PathBuf {
+    match std::env::var_os("FORK_RUN_ROOT") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => std::env::temp_dir(),
+    }
+}
+
+/// A fresh run id: 16 hex characters from a random uuid.
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..16].to_string()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunMeta {
+    pub run_id: String,
+    pub supervisor_pid: i32,
+    pub init_pid: Option<i32>,
+    pub created: String,
+}
+
+/// A live run directory, locked by this process.
+#[derive(Debug)]
+pub struct RunDir {
+    pub id: String,
+    pub path: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl RunDir {
+    /// Creates and locks `<base>/fork-<id>`.
+    pub fn create(id: &str) -> Result<RunDir, RunDirError> {
+        let base = base_dir();
+        let path = base.join(format!("fork-{id}"));
+        let mk = |p: &Path| {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(p)
+                .map_err(|source| RunDirError::Create {
+                    path: p.to_path_buf(),
+                    source,
+                })
+        };
+        mk(&path)?;
+        let lock_path = path.join("lock");
+        let file = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|source| RunDirError::Create {
+                path: lock_path.clone(),
+                source,
+            })?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            RunDirError::Lock {
+                path: lock_path.clone(),
+                source: e,
+            }
+        })?;
+        mk(&path.join("root"))?;
+        mk(&path.join("disk"))?;
+        let rd = RunDir {
+            id: id.to_string(),
+            path,
+            _lock: lock,
+        };
+        rd.write_meta(None);
+        Ok(rd)
+    }
+
+    pub fn root_mount(&self) -> PathBuf {
+        self.path.join("root")
+    }
+    pub fn disk(&self) -> PathBuf {
+        self.path.join("disk")
+    }
+
+    /// Records the sandbox init's host pid so that gc can kill it after a crash.
+    pub fn write_meta(&self, init_pid: Option<i32>) {
+        let meta = RunMeta {
+            run_id: self.id.clone(),
+            supervisor_pid: std::process::id() as i32,
+            init_pid,
+            created: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        let tmp = self.path.join("meta.json.tmp");
+        let ok = File::create(&tmp)
+            .and_then(|mut f| {
+                f.write_all(serde_json::to_string(&meta).unwrap_or_default().as_bytes())
+            })
+            .and_then(|_| std::fs::rename(&tmp, self.path.join("meta.json")));
+        if let Err(e) = ok {
+            tracing::warn!("cannot write run metadata in {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// A run directory found on disk.
+#[derive(Debug, Clone)]
+pub struct FoundRun {
+    pub id: String,
+    pub path: PathBuf,
+    pub meta: Option<RunMeta>,
+    /// True when no supervisor holds its lock.
+    pub stale: bool,
+}
+
+/// Lists every `fork-*` run directory under the base directory.
+pub fn list_runs() -> Vec<FoundRun> {
+    let base = base_dir();
+    let Ok(rd) = std::fs::read_dir(&base) else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name.strip_prefix("fork-") else {
+            continue;
+        };
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+            continue;
+        }
+        let path = e.path();
+        let lock_path = path.join("lock");
+        if !lock_path.is_file() {
+            continue;
+        }
+        let stale = match File::open(&lock_path) {
+            Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
+            Err(_) => false,
+        };
+        let meta = std::fs::read(path.join("meta.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        out.push(FoundRun {
+            id: id.to_string(),
+            path,
+            meta,
+            stale,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_marks_live_and_stale() {
+        let tmp = tempfile::tempdir().unwrap();
+        // SAFETY of the test: FORK_RUN_ROOT is only read by this module's functions.
+        std::env::set_var("FORK_RUN_ROOT", tmp.path());
+        let id = new_run_id();
+        let rd = RunDir::create(&id).unwrap();
+        let runs = list_runs();
+        let r = runs.iter().find(|r| r.id == id).unwrap();
+        assert!(!r.stale, "a locked run is live");
+        assert_eq!(
+            r.meta.as_ref().unwrap().supervisor_pid,
+            std::process::id() as i32
+        );
+        drop(rd);
+        let runs = list_runs();
+        assert!(runs.iter().find(|r| r.id == id).unwrap().stale);
+        std::env::remove_var("FORK_RUN_ROOT");
+    }
+}

@@ -1,0 +1,396 @@
+//! The sandbox init: `/proc/self/exe __sandbox-init CFG_FD STATUS_FD`, pid 1 of the new
+//! pid namespace, started by the supervisor with an empty environment (so nothing of the
+//! supervisor's environment can be read from /proc/1/environ).
+//!
+//! It enters the cgroup namespace (the supervisor has already moved it into the sandbox
+//! cgroup), builds the root and pivots into it, names the host, brings loopback up, then
+//! forks the command. The command drops every capability, sets no_new_privs, restricts
+//! itself with Landlock, installs the seccomp filters and execs. The init reaps every
+//! orphan, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the command's process
+//! group, and when the command ends reports its status on the status pipe and exits:
+//! the kernel then kills everything left in the namespace.
+
+use super::{InitConfig, InitMsg};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{ForkResult, Pid};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+struct Status(std::fs::File);
+
+impl Status {
+    fn send(&mut self, m: &InitMsg) {
+        if let Ok(mut line) = serde_json::to_vec(m) {
+            line.push(b'\n');
+            let _ = self.0.write_all(&line);
+        }
+    }
+    fn error(&mut self, stage: &str, message: String) {
+        self.send(&InitMsg::Error {
+            stage: stage.to_string(),
+            message,
+            layer: None,
+            fix: None,
+        });
+    }
+}
+
+fn parse_fd(s: Option<&String>) -> Option<RawFd> {
+    s.and_then(|s| s.parse::<RawFd>().ok()).filter(|fd| *fd > 2)
+}
+
+/// Entry point of the init role. Returns the process exit code.
+pub fn main(args: &[String]) -> i32 {
+    let (Some(cfg_fd), Some(status_fd)) = (parse_fd(args.first()), parse_fd(args.get(1))) else {
+        eprintln!(
+            "fork: {} is internal: fork runs it itself",
+            super::INIT_ROLE
+        );
+        return 64;
+    };
+    // SAFETY: the supervisor passed these two descriptors, open and ours alone.
+    let (cfg_owned, status_owned) = unsafe {
+        (
+            OwnedFd::from_raw_fd(cfg_fd),
+            OwnedFd::from_raw_fd(status_fd),
+        )
+    };
+    let mut status = Status(std::fs::File::from(status_owned));
+    let _ = nix::fcntl::fcntl(
+        &status.0,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    let mut raw = Vec::new();
+    if let Err(e) = std::fs::File::from(cfg_owned).read_to_end(&mut raw) {
+        status.error("config", format!("reading the init config: {e}"));
+        return 125;
+    }
+    let cfg: InitConfig = match serde_json::from_slice(&raw) {
+        Ok(c) => c,
+        Err(e) => {
+            status.error("config", format!("parsing the init config: {e}"));
+            return 125;
+        }
+    };
+    match setup(&cfg) {
+        Ok(()) => {}
+        Err((stage, msg)) => {
+            status.error(stage, msg);
+            return 125;
+        }
+    }
+    run_command(&cfg, &mut status)
+}
+
+fn setup(cfg: &InitConfig) -> Result<(), (&'static str, String)> {
+    if cfg.cgroupns {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+            .map_err(|e| ("cgroupns", format!("unshare(CLONE_NEWCGROUP): {e}")))?;
+    }
+    super::mounts::build_and_pivot(&cfg.newroot, &cfg.mounts)
+        .map_err(|e| ("mounts", e.to_string()))?;
+    if let Some(h) = &cfg.hostname {
+        nix::unistd::sethostname(h).map_err(|e| ("utsns", format!("sethostname: {e}")))?;
+    }
+    if cfg.netns {
+        super::net::loopback_up().map_err(|e| ("netns", e.to_string()))?;
+    }
+    Ok(())
+}
+
+extern "C" fn noop_handler(_: libc::c_int) {}
+
+fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    // Forwarded signals and SIGCHLD are blocked and read from a signalfd. A real (no-op)
+    // handler keeps them from being dropped: pid 1 ignores signals left at SIG_DFL.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    for s in FORWARDED {
+        mask.add(s);
+        let sa = SigAction::new(
+            SigHandler::Handler(noop_handler),
+            SaFlags::SA_RESTART,
+            SigSet::empty(),
+        );
+        // SAFETY: installing a handler that does nothing is async-signal-safe.
+        let _ = unsafe { sigaction(s, &sa) };
+    }
+    if let Err(e) = mask.thread_block() {
+        status.error("signals", format!("sigprocmask: {e}"));
+        return 125;
+    }
+    let mut sfd = match nix::sys::signalfd::SignalFd::with_flags(
+        &mask,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            status.error("signals", format!("signalfd: {e}"));
+            return 125;
+        }
+    };
+    // Everything the command needs is prepared before the fork.
+    let program = match resolve(&cfg.argv[0], &cfg.env) {
+        Some(p) => p,
+        None => {
+            status.error(
+                "exec",
+                format!("{}: command not found in the sandbox", cfg.argv[0]),
+            );
+            return 127;
+        }
+    };
+    let argv: Vec<CString> = cfg
+        .argv
+        .iter()
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    let envp: Vec<CString> = cfg
+        .env
+        .iter()
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    let landlock = match &cfg.landlock {
+        Some(spec) => match super::landlock::prepare(spec) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                status.send(&InitMsg::Error {
+                    stage: "landlock".into(),
+                    message: e.to_string(),
+                    layer: cfg.landlock_required.then(|| "landlock".to_string()),
+                    fix: cfg.landlock_required.then(|| {
+                        "a kernel with Landlock enabled, or [layers] landlock = \"optional\""
+                            .to_string()
+                    }),
+                });
+                if cfg.landlock_required {
+                    return 125;
+                }
+                None
+            }
+        },
+        None => None,
+    };
+
+    // SAFETY: the init is single-threaded, so the child may use the allocator freely.
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => {
+            let code = command_child(cfg, status, &mask, landlock, &program, &argv, &envp);
+            // SAFETY: leave without running the init's destructors or atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => {
+            status.error("fork", format!("fork: {e}"));
+            return 125;
+        }
+    };
+    supervise_command(child, &mut sfd, status)
+}
+
+/// The command's side: privileges off, Landlock, seccomp, exec. Returns only on failure.
+fn command_child(
+    cfg: &InitConfig,
+    status: &mut Status,
+    mask: &SigSet,
+    landlock: Option<super::landlock::Prepared>,
+    program: &CString,
+    argv: &[CString],
+    envp: &[CString],
+) -> i32 {
+    let _ = mask.thread_unblock();
+    let _ = nix::unistd::setsid();
+    if let Err(e) = std::env::set_current_dir(&cfg.cwd) {
+        status.error("exec", format!("chdir {}: {e}", cfg.cwd.display()));
+        return 126;
+    }
+    if let Err(e) = drop_privileges() {
+        status.error("capabilities", e);
+        return 126;
+    }
+    if let Some(l) = landlock {
+        match l.restrict_self() {
+            Ok(st) => {
+                let enforced = st.enforced == super::landlock::Enforcement::FullyEnforced;
+                let partial = st.enforced == super::landlock::Enforcement::PartiallyEnforced;
+                status.send(&InitMsg::Landlock { status: st });
+                if cfg.landlock_required && !(enforced || partial) {
+                    status.send(&InitMsg::Error {
+                        stage: "landlock".into(),
+                        message: "the kernel did not enforce the Landlock ruleset".into(),
+                        layer: Some("landlock".into()),
+                        fix: Some(
+                            "a kernel with Landlock in its LSM list (lsm=...,landlock)".into(),
+                        ),
+                    });
+                    return 126;
+                }
+            }
+            Err(e) => {
+                status.send(&InitMsg::Error {
+                    stage: "landlock".into(),
+                    message: e.to_string(),
+                    layer: cfg.landlock_required.then(|| "landlock".to_string()),
+                    fix: cfg
+                        .landlock_required
+                        .then(|| "a kernel with Landlock enabled".to_string()),
+                });
+                if cfg.landlock_required {
+                    return 126;
+                }
+            }
+        }
+    }
+    // SAFETY: closing every descriptor above stderr except the status pipe (close-on-exec),
+    // after Landlock no longer needs its ruleset fd; nothing uses the closed ones again.
+    unsafe {
+        let sfd = std::os::fd::AsRawFd::as_raw_fd(&status.0) as libc::c_uint;
+        if sfd > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, sfd - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, sfd + 1, u32::MAX, 0u32);
+    }
+    if let Some(sc) = &cfg.seccomp {
+        if let Err(e) = sc.install() {
+            status.send(&InitMsg::Error {
+                stage: "seccomp".into(),
+                message: e.to_string(),
+                layer: Some("seccomp".into()),
+                fix: Some("a kernel with CONFIG_SECCOMP_FILTER".into()),
+            });
+            return 126;
+        }
+    }
+    let e = nix::unistd::execve(program, argv, envp).err();
+    status.error(
+        "exec",
+        format!(
+            "exec {}: {}",
+            program.to_string_lossy(),
+            e.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    );
+    126
+}
+
+/// Drops every capability (bounding, ambient, inheritable, effective, permitted), locks
+/// the securebits so that uid 0 regains nothing on exec, and sets no_new_privs.
+fn drop_privileges() -> Result<(), String> {
+    use caps::CapSet;
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+    let bits = SECBIT_NOROOT
+        | SECBIT_NOROOT_LOCKED
+        | SECBIT_NO_SETUID_FIXUP
+        | SECBIT_NO_SETUID_FIXUP_LOCKED
+        | SECBIT_KEEP_CAPS_LOCKED
+        | SECBIT_NO_CAP_AMBIENT_RAISE
+        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) } != 0 {
+        return Err(format!("prctl(PR_SET_SECUREBITS): {}", nix::Error::last()));
+    }
+    for set in [
+        CapSet::Bounding,
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| format!("dropping {set:?} capabilities: {e}"))?;
+    }
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "prctl(PR_SET_NO_NEW_PRIVS): {}",
+            nix::Error::last()
+        ));
+    }
+    Ok(())
+}
+
+/// Finds the program in the sandbox's PATH (the command's environment, not ours).
+fn resolve(prog: &str, env: &[(String, String)]) -> Option<CString> {
+    if prog.contains('/') {
+        return CString::new(prog).ok();
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or(super::SANDBOX_PATH);
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let cand: PathBuf = Path::new(dir).join(prog);
+        if let Ok(md) = std::fs::metadata(&cand) {
+            use std::os::unix::fs::PermissionsExt;
+            if md.is_file() && md.permissions().mode() & 0o111 != 0 {
+                return CString::new(cand.as_os_str().as_encoded_bytes()).ok();
+            }
+        }
+    }
+    None
+}
+
+fn supervise_command(
+    child: Pid,
+    sfd: &mut nix::sys::signalfd::SignalFd,
+    status: &mut Status,
+) -> i32 {
+    loop {
+        let info = match sfd.read_signal() {
+            Ok(Some(i)) => i,
+            Ok(None) => continue,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => {
+                status.error("init", format!("reading signals: {e}"));
+                return 125;
+            }
+        };
+        let signo = info.ssi_signo as i32;
+        if signo == libc::SIGCHLD {
+            // Reap every child that has ended, orphans included.
+            loop {
+                match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => {
+                        status.send(&InitMsg::Exited {
+                            code: Some(code),
+                            signal: None,
+                        });
+                        return code;
+                    }
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                        status.send(&InitMsg::Exited {
+                            code: None,
+                            signal: Some(sig as i32),
+                        });
+                        return 128 + sig as i32;
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            }
+        } else if let Ok(sig) = Signal::try_from(signo) {
+            // Forward to the command's process group (it is a session leader), then to it.
+            let _ = nix::sys::signal::kill(Pid::from_raw(-child.as_raw()), sig);
+            let _ = nix::sys::signal::kill(child, sig);
+        }
+    }
+}
