@@ -36,6 +36,10 @@ pub enum Command {
     Run(RunArgs),
     /// Show what isolation this host offers, layer by layer, and how to fix what is missing.
     Check(CheckArgs),
+    /// Evaluate a patch: fork the runtime, patch the copy, run the task sandboxed, sign a verdict.
+    Evaluate(crate::evaluate::EvaluateArgs),
+    /// Verify a verdict bundle: signatures, endorsement chain, schema, artifact hashes.
+    Verify(VerifyArgs),
     /// Create the node's long-term identity key.
     Keygen(KeygenArgs),
     /// Reclaim what crashed runs left behind (processes, mounts, cgroups, workspaces).
@@ -184,6 +188,8 @@ pub fn dispatch(cli: Cli) -> i32 {
     let r = match cli.command {
         Command::Run(a) => crate::run::run(a),
         Command::Check(a) => check(a),
+        Command::Evaluate(a) => crate::evaluate::evaluate_cli(a),
+        Command::Verify(a) => crate::evaluate::verify_cli(a),
         Command::Keygen(a) => keygen(a),
         Command::Gc(a) => gc(a),
     };

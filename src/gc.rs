@@ -50,9 +50,11 @@ fn is_our_init(pid: i32) -> bool {
 pub fn collect() -> GcReport {
     let mut rep = GcReport::default();
     let runs = crate::rundir::list_runs();
-    let live: HashSet<String> = runs
+    // Only runs known to be dead: cgroups are global, run directories are per run root,
+    // so a cgroup whose run directory we cannot see may belong to a live supervisor.
+    let stale: HashSet<String> = runs
         .iter()
-        .filter(|r| !r.stale)
+        .filter(|r| r.stale)
         .map(|r| r.id.clone())
         .collect();
     for r in runs.iter().filter(|r| r.stale) {
@@ -79,8 +81,7 @@ pub fn collect() -> GcReport {
             Err(e) => rep.errors.push(format!("run {}: {e}", r.id)),
         }
     }
-    // Cgroups of runs that no live supervisor owns (including ones whose run directory is gone).
-    match crate::sandbox::cgroup::remove_stale(&|id: &str| !live.contains(id)) {
+    match crate::sandbox::cgroup::remove_stale(&|id: &str| stale.contains(id)) {
         Ok(paths) => rep
             .cgroups_removed
             .extend(paths.into_iter().map(|p| p.display().to_string())),

@@ -1,18 +1,24 @@
+//! `fork`: evaluate a self-modification patch for a running agent runtime in a hard
+//! sandbox and emit a signed verdict. See DESIGN.md (in shared/) and README.md.
+//!
+//! One module per lifecycle phase and per isolation layer:
+//! plan ([`manifest`], [`policy`], [`patch`]), fork ([`fork`]), patch ([`patch`]),
+//! evaluate ([`sandbox`], [`budget`], [`task`]), verdict ([`verdict`], [`identity`]),
+//! destroy ([`sandbox::Sandbox::destroy`], [`gc`]).
+
 pub mod budget;
 pub mod check;
 pub mod cli;
+pub mod evaluate;
 pub mod fork;
 pub mod gc;
 pub mod identity;
+pub mod manifest;
+pub mod patch;
 pub mod policy;
 pub mod run;
 pub mod rundir;
 pub mod sandbox;
+pub mod task;
 pub mod units;
-pub mod patch {
-    pub mod gates {
-        #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct GatePolicy {}
-    }
-}
+pub mod verdict;

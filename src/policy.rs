@@ -307,6 +307,7 @@ struct RawPolicy {
     seccomp: Option<RawSeccomp>,
     environment: Option<EnvPolicy>,
     gates: Option<crate::patch::gates::GatePolicy>,
+    decision: Option<crate::verdict::decide::DecisionRules>,
 }
 
 /// A loaded, validated policy.
@@ -323,6 +324,8 @@ pub struct Policy {
     pub seccomp_name: String,
     pub environment: EnvPolicy,
     pub gates: crate::patch::gates::GatePolicy,
+    /// How evidence becomes a verdict (`[decision]`).
+    pub decision: crate::verdict::decide::DecisionRules,
 }
 
 /// The seed's defaults, used for anything a policy leaves out.
@@ -449,6 +452,14 @@ impl Policy {
                 }
             }
         };
+        let gates = raw.gates.unwrap_or_default();
+        gates
+            .validate()
+            .map_err(|e| PolicyError::invalid(origin, format!("gates: {e}")))?;
+        let decision = raw.decision.unwrap_or_default();
+        decision
+            .validate()
+            .map_err(|e| PolicyError::invalid(origin, format!("decision: {e}")))?;
         let environment = raw.environment.unwrap_or_default();
         for k in environment.set.keys().chain(environment.pass.iter()) {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -472,7 +483,8 @@ impl Policy {
             seccomp,
             seccomp_name,
             environment,
-            gates: raw.gates.unwrap_or_default(),
+            gates,
+            decision,
         })
     }
 }

@@ -78,6 +78,9 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         }
     }
     let run_id = sb.run_id().to_string();
+    if let Some(m) = &outcome.exec_error {
+        eprintln!("fork: {m}");
+    }
     if let Some(b) = outcome.budget_exceeded {
         eprintln!(
             "fork: budget exceeded: {}",

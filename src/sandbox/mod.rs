@@ -151,6 +151,9 @@ pub struct Outcome {
     /// The supervisor was interrupted (SIGINT/SIGTERM) and killed the sandbox.
     #[serde(default)]
     pub interrupted: bool,
+    /// Why the command could not be started (not found, not executable), if so.
+    #[serde(default)]
+    pub exec_error: Option<String>,
 }
 
 /// A prepared sandbox: run directory, capped disk and workspace exist; nothing runs yet.
@@ -247,14 +250,6 @@ impl Sandbox {
                 .map_err(io_err("chown", &rd.root_mount()))?;
         }
         sb.mount_disk()?;
-        let ws = sb.workspace();
-        for d in [ws.clone(), ws.join("home")] {
-            std::fs::create_dir_all(&d).map_err(|source| SandboxError::Io {
-                op: "create workspace",
-                path: d.clone(),
-                source,
-            })?;
-        }
         Ok(sb)
     }
 
@@ -337,11 +332,32 @@ impl Sandbox {
         argv: &[String],
         env: &[(String, String)],
     ) -> Result<Outcome, SandboxError> {
+        self.run_in(argv, env, Path::new(WORKSPACE), None)
+    }
+
+    /// As [`Sandbox::run`], with the working directory (inside the sandbox) and, when
+    /// `output` is given, the command's stdout and stderr sent to that file and its stdin
+    /// from /dev/null (otherwise all three are the supervisor's).
+    pub fn run_in(
+        &mut self,
+        argv: &[String],
+        env: &[(String, String)],
+        cwd: &Path,
+        output: Option<&std::fs::File>,
+    ) -> Result<Outcome, SandboxError> {
         if argv.is_empty() {
             return Err(SandboxError::Setup {
                 stage: "command".into(),
                 message: "no command given".into(),
             });
+        }
+        let ws = self.workspace();
+        for d in [ws.clone(), ws.join("home")] {
+            std::fs::create_dir_all(&d).map_err(|source| SandboxError::Io {
+                op: "create workspace",
+                path: d.clone(),
+                source,
+            })?;
         }
         self.chown_workspace()?;
         let policy = self.policy.clone();
@@ -424,7 +440,7 @@ impl Sandbox {
             hostname: (ns_flags & libc::CLONE_NEWUTS != 0).then(|| "successor".to_string()),
             argv: argv.to_vec(),
             env: env.to_vec(),
-            cwd: PathBuf::from(WORKSPACE),
+            cwd: cwd.to_path_buf(),
             landlock: landlock_spec,
             landlock_required: layers.get(Layer::Landlock) == Requirement::Required,
             seccomp: self.seccomp.clone(),
@@ -437,6 +453,7 @@ impl Sandbox {
             self.host_uid,
             self.host_gid,
             self.cgroup.as_ref(),
+            output,
         ) {
             Ok(c) => c,
             Err(e) => {
@@ -540,6 +557,10 @@ impl Sandbox {
                 InitExit::Signal(s) => (128 + s, Some(s)),
             },
         };
+        let exec_error = msgs.iter().find_map(|m| match m {
+            InitMsg::Error { stage, message, .. } if stage == "exec" => Some(message.clone()),
+            _ => None,
+        });
         Ok(Outcome {
             exit_code,
             signal,
@@ -547,6 +568,7 @@ impl Sandbox {
             usage,
             isolation,
             interrupted,
+            exec_error,
         })
     }
 
@@ -716,6 +738,8 @@ struct InitChild {
     pid: i32,
     pidfd: OwnedFd,
     status: OwnedFd,
+    /// Held open while the init lives: the init checks it to know the supervisor is alive.
+    _sync: OwnedFd,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -754,8 +778,24 @@ fn spawn_init(
     uid: u32,
     gid: u32,
     cg: Option<&cgroup::SandboxCgroup>,
+    output: Option<&std::fs::File>,
 ) -> Result<InitChild, SandboxError> {
     use nix::fcntl::OFlag;
+    let devnull = match output {
+        Some(_) => Some(
+            nix::fcntl::open(
+                "/dev/null",
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(sys("open /dev/null"))?,
+        ),
+        None => None,
+    };
+    let stdio: Option<(RawFd, RawFd)> = match (output, &devnull) {
+        (Some(o), Some(n)) => Some((n.as_raw_fd(), o.as_raw_fd())),
+        _ => None,
+    };
     // Everything the child needs is prepared here, before the clone.
     let cfg_json = serde_json::to_vec(cfg).map_err(|e| SandboxError::Setup {
         stage: "config".into(),
@@ -824,7 +864,6 @@ fn spawn_init(
         // Child.
         // SAFETY: raw async-signal-safe syscalls on valid fds and pointers prepared before clone.
         unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             libc::close(sync_wr_raw);
             let mut b = 0u8;
             // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
@@ -841,6 +880,22 @@ fn spawn_init(
                     || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
                 {
                     libc::_exit(124);
+                }
+            }
+            // Die with the supervisor. Set after the credential change, which clears it;
+            // exec keeps it. If the supervisor is already gone, its end of the sync pipe is.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            let mut pfd = libc::pollfd {
+                fd: sync_rd_raw,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut pfd, 1, 0) < 0 || pfd.revents & libc::POLLHUP != 0 {
+                libc::_exit(125);
+            }
+            if let Some((input, out)) = stdio {
+                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+                    libc::_exit(123);
                 }
             }
             for fd in keep {
@@ -873,6 +928,7 @@ fn spawn_init(
         pid,
         pidfd,
         status: status_rd,
+        _sync: sync_wr,
     };
     let release = || -> Result<(), SandboxError> {
         if !become_root {
@@ -887,7 +943,7 @@ fn spawn_init(
                 message: e.to_string(),
             })?;
         }
-        nix::unistd::write(&sync_wr, &[1u8]).map_err(sys("release init"))?;
+        nix::unistd::write(&child._sync, &[1u8]).map_err(sys("release init"))?;
         Ok(())
     };
     if let Err(e) = release() {

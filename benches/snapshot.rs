@@ -1,0 +1,353 @@
+//! Benchmark for the DESIGN.md target "state snapshot: within 1.5x of a plain file copy of
+//! the same database, while a writer keeps writing, and the writer is never blocked for
+//! long".
+//!
+//! For each journal mode (WAL and rollback `delete`), a database of FORK_BENCH_MB MiB is
+//! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
+//! updating random rows, one transaction per row, timing every commit. Then N runs, each
+//! doing `cp DB copy` and `fork::fork::snapshot::snapshot(DB, copy)` in alternating order
+//! (interleaved, so drift in the machine's load hits both alike). Printed: the medians, the
+//! ratios snapshot/cp (total, and the copy phase alone), the restarts, and the writer's
+//! longest commit latency while each operation ran.
+//!
+//! Run: `cargo bench --bench snapshot` (Cargo.toml: `[[bench]] name = "snapshot"
+//! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
+//! FORK_BENCH_MODES ("wal,delete"), FORK_BENCH_DIR (default: the system temp directory;
+//! point it at the filesystem that matters), FORK_BENCH_SWEEP=1 (also time the copy phase
+//! for several `pages_per_step` values, which is how the defaults were chosen).
+
+use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats};
+use rusqlite::Connection;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ROW_BYTES: i64 = 4000;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 3 && args[1] == "--writer" {
+        writer(Path::new(&args[2]));
+        return;
+    }
+    let mb: u64 = env_or("FORK_BENCH_MB", 100);
+    let runs: usize = env_or::<usize>("FORK_BENCH_RUNS", 7).max(1);
+    let modes: String = env_or("FORK_BENCH_MODES", "wal,delete".to_string());
+    let base: PathBuf = env_or("FORK_BENCH_DIR", std::env::temp_dir());
+    let sweep = std::env::var("FORK_BENCH_SWEEP").is_ok_and(|v| v == "1");
+    let dir = tempfile::Builder::new()
+        .prefix("fork-bench-snapshot-")
+        .tempdir_in(&base)
+        .expect("create a scratch directory (set FORK_BENCH_DIR)");
+    println!(
+        "snapshot vs cp: {mb} MiB database, {runs} interleaved runs per mode, in {}",
+        base.display()
+    );
+    println!("options: {:?}", SnapshotOptions::default());
+    for mode in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        bench_mode(dir.path(), mode, mb, runs, sweep);
+    }
+}
+
+/// The writer process: updates a random row per transaction until stdin closes. On each
+/// `mark` line it answers `<longest commit in µs> <commits>` since the previous mark.
+fn writer(db: &Path) {
+    let c = Connection::open(db).expect("writer: open");
+    c.busy_timeout(Duration::from_secs(60))
+        .expect("writer: busy_timeout");
+    c.execute_batch("PRAGMA synchronous = NORMAL")
+        .expect("writer: pragma");
+    let rows: i64 = c
+        .query_row("SELECT max(id) FROM t", [], |r| r.get(0))
+        .expect("writer: count");
+    let longest = Arc::new(AtomicU64::new(0));
+    let commits = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let (longest, commits, stop) = (longest.clone(), commits.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let stdin = std::io::stdin();
+            let mut out = std::io::stdout();
+            for line in stdin.lock().lines() {
+                let Ok(line) = line else { break };
+                if line.trim() == "mark" {
+                    let l = longest.swap(0, Ordering::SeqCst);
+                    let n = commits.swap(0, Ordering::SeqCst);
+                    let _ = writeln!(out, "{l} {n}");
+                    let _ = out.flush();
+                }
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    while !stop.load(Ordering::SeqCst) {
+        // xorshift: a random row to rewrite.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let id = (x % rows as u64) as i64 + 1;
+        let t = Instant::now();
+        c.execute(
+            "UPDATE t SET body = randomblob(?1) WHERE id = ?2",
+            rusqlite::params![ROW_BYTES, id],
+        )
+        .expect("writer: update");
+        longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::SeqCst);
+        commits.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+struct Writer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Writer {
+    fn start(db: &Path) -> Writer {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut child = Command::new(exe)
+            .arg("--writer")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the writer");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("writer stdout"));
+        Writer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// (longest commit, commits) since the previous mark.
+    fn mark(&mut self) -> (Duration, u64) {
+        let stdin = self.stdin.as_mut().expect("writer stdin");
+        writeln!(stdin, "mark").expect("talk to the writer");
+        stdin.flush().expect("talk to the writer");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("hear the writer");
+        let mut it = line
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let us = it.next().unwrap_or(0);
+        let n = it.next().unwrap_or(0);
+        (Duration::from_micros(us), n)
+    }
+
+    fn stop(mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn build_db(path: &Path, mode: &str, mb: u64) -> i64 {
+    let rows = (mb * 1024 * 1024 / 4096) as i64;
+    let c = Connection::open(path).expect("open");
+    c.execute_batch(&format!(
+        "PRAGMA journal_mode = {mode}; PRAGMA synchronous = OFF;
+         CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL);"
+    ))
+    .expect("schema");
+    c.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+         INSERT INTO t SELECT i, randomblob(?2) FROM n",
+        rusqlite::params![rows, ROW_BYTES],
+    )
+    .expect("fill");
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").ok();
+    rows
+}
+
+fn remove_copy(p: &Path) {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+    }
+}
+
+fn cp(src: &Path, dest: &Path) -> Duration {
+    let t = Instant::now();
+    let st = Command::new("cp")
+        .arg(src)
+        .arg(dest)
+        .status()
+        .expect("run cp");
+    let d = t.elapsed();
+    assert!(st.success(), "cp failed");
+    d
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn list(v: &[Duration]) -> String {
+    v.iter()
+        .map(|d| format!("{:.0}", d.as_secs_f64() * 1e3))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
+    let db = dir.join(format!("live-{mode}.db"));
+    let copy = dir.join(format!("copy-{mode}.db"));
+    let t = Instant::now();
+    let rows = build_db(&db, mode, mb);
+    let size = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "\n== journal_mode={mode}: {rows} rows, {:.1} MiB, built in {}",
+        size as f64 / (1 << 20) as f64,
+        ms(t.elapsed())
+    );
+    let mut w = Writer::start(&db);
+    // Wait until the writer commits.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.mark().1 == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Warm-up (page cache, code paths), not timed.
+    cp(&db, &copy);
+    remove_copy(&copy);
+    snapshot(&db, &copy, &SnapshotOptions::default()).expect("snapshot");
+    remove_copy(&copy);
+
+    let opts = SnapshotOptions::default();
+    let (mut cps, mut snaps, mut copies, mut checks, mut hashes) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut stall_cp, mut stall_snap, mut stall_idle) = (vec![], vec![], vec![]);
+    let mut restarts = vec![];
+    let mut longest_steps = vec![];
+    let mut commits = 0u64;
+    let mut last: Option<SnapshotStats> = None;
+    let window = Instant::now();
+    w.mark();
+    for i in 0..runs {
+        for first_cp in [i % 2 == 0, i % 2 == 1] {
+            // An idle window of the same length as the last operation: the writer's
+            // natural jitter (fsync, checkpoints) for comparison.
+            std::thread::sleep(Duration::from_millis(100));
+            let (idle, n) = w.mark();
+            stall_idle.push(idle);
+            commits += n;
+            if first_cp {
+                cps.push(cp(&db, &copy));
+                let (s, n) = w.mark();
+                stall_cp.push(s);
+                commits += n;
+            } else {
+                let st = snapshot(&db, &copy, &opts).expect("snapshot");
+                let (s, n) = w.mark();
+                stall_snap.push(s);
+                commits += n;
+                snaps.push(st.elapsed);
+                copies.push(st.copy_elapsed);
+                checks.push(st.check_elapsed);
+                hashes.push(st.hash_elapsed);
+                restarts.push(st.restarts);
+                longest_steps.push(st.longest_step);
+                assert!(st.integrity_ok);
+                last = Some(st);
+            }
+            remove_copy(&copy);
+        }
+    }
+    let rate = commits as f64 / window.elapsed().as_secs_f64();
+    let (m_cp, m_snap, m_copy) = (median(&cps), median(&snaps), median(&copies));
+    println!("writer: ~{rate:.0} commits/s (one random 4 KB row rewrite each)");
+    println!(
+        "cp                     median {:>9}   runs: {}",
+        ms(m_cp),
+        list(&cps)
+    );
+    println!(
+        "snapshot (total)       median {:>9}   runs: {}   ratio {:.2}x",
+        ms(m_snap),
+        list(&snaps),
+        m_snap.as_secs_f64() / m_cp.as_secs_f64()
+    );
+    println!(
+        "  copy phase           median {:>9}   runs: {}   ratio {:.2}x",
+        ms(m_copy),
+        list(&copies),
+        m_copy.as_secs_f64() / m_cp.as_secs_f64()
+    );
+    println!(
+        "  integrity_check      median {:>9}   (in parallel with the hash)",
+        ms(median(&checks))
+    );
+    println!("  sha256               median {:>9}", ms(median(&hashes)));
+    println!(
+        "  restarts per run: {:?}; longest step median {}, max {}",
+        restarts,
+        ms(median(&longest_steps)),
+        ms(longest_steps.iter().copied().max().unwrap_or_default())
+    );
+    if let Some(st) = &last {
+        println!(
+            "  last: {} pages in {} steps, {} busy retries, wal={}",
+            st.pages, st.steps, st.busy_retries, st.wal
+        );
+    }
+    println!(
+        "writer longest commit: during snapshot max {} (median {}); during cp max {}; idle max {}",
+        ms(stall_snap.iter().copied().max().unwrap_or_default()),
+        ms(median(&stall_snap)),
+        ms(stall_cp.iter().copied().max().unwrap_or_default()),
+        ms(stall_idle.iter().copied().max().unwrap_or_default()),
+    );
+
+    if sweep {
+        println!("sweep (copy phase only, no check), {mode}:");
+        for pages in [64, 256, 1024, 4096, 16384, -1] {
+            let o = SnapshotOptions {
+                pages_per_step: pages,
+                check: IntegrityCheck::Skip,
+                ..SnapshotOptions::default()
+            };
+            let mut times = vec![];
+            let mut stalls = vec![];
+            let mut rs = vec![];
+            for _ in 0..3 {
+                w.mark();
+                let st = snapshot(&db, &copy, &o).expect("snapshot");
+                stalls.push(w.mark().0);
+                times.push(st.copy_elapsed);
+                rs.push(st.restarts);
+                remove_copy(&copy);
+            }
+            println!(
+                "  pages_per_step {pages:>6}: copy median {:>9}, restarts {:?}, writer max stall {}",
+                ms(median(&times)),
+                rs,
+                ms(stalls.iter().copied().max().unwrap_or_default())
+            );
+        }
+    }
+    w.stop();
+    let _ = std::fs::remove_file(&db);
+}

@@ -1,0 +1,885 @@
+//! `fork evaluate`: the six phases of the lifecycle (DESIGN.md), in order, never
+//! touching the parent:
+//!
+//! 1. PLAN: manifest, policy, task; hash the patch; run the policy gates (a stopped patch
+//!    is REJECTed before anything is cloned).
+//! 2. FORK: a sandbox per side (patched, and baseline when the task asks), each with its
+//!    own size-capped workspace: the source tree and tools copied, every SQLite state
+//!    store snapshotted once with the online backup API; a fresh ephemeral key.
+//! 3. PATCH: applied exactly to the patched side's copy only.
+//! 4. EVALUATE: the task's command in the sandbox, cwd /tmp/successor/src.
+//! 5. VERDICT: results read after the successor is dead; decide; sign; bundle.
+//! 6. DESTROY: sandboxes destroyed on every path out (Drop), staging removed, keys zeroized.
+
+use crate::cli::{exit, BudgetArgs, CliError, VerifyArgs};
+use crate::fork::snapshot::{file_sha256, snapshot, SnapshotOptions};
+use crate::fork::workspace::{copy_tree, tree_hash, tree_hash_excluding, Workspace};
+use crate::identity::{EphemeralKey, NodeKey, PublicKey};
+use crate::manifest::{Manifest, ResultsFormat, TaskSpec};
+use crate::patch::{self, GateOutcome, Patch};
+use crate::policy::Policy;
+use crate::sandbox::{Outcome, Sandbox, SandboxError, WORKSPACE};
+use crate::task::results;
+use crate::verdict::decide::{decide, Decision, Evidence};
+use crate::verdict::{
+    ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, Metric, TestCounts,
+    Verdict,
+};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use thiserror::Error;
+
+#[derive(Debug, clap::Args)]
+pub struct EvaluateArgs {
+    /// The patch to evaluate (a unified diff, as `git diff` writes it).
+    pub patch: PathBuf,
+    /// The runtime's root, holding fork.toml.
+    #[arg(long, default_value = ".")]
+    pub runtime: PathBuf,
+    /// The task to run (default: the first in fork.toml).
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Policy file (default: the built-in policies/default.toml).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Where the verdict bundle goes (default: ./fork-out/<run-id>); must not exist.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the verdict document as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The node key that endorses the verdict (default: $XDG_CONFIG_HOME/fork/node.key,
+    /// created on first use).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
+
+#[derive(Debug, Error)]
+pub enum EvaluateError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("{0}")]
+    Internal(String),
+    #[error("interrupted: the sandbox and workspace were destroyed, no verdict was written")]
+    Interrupted,
+}
+
+impl EvaluateError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            EvaluateError::Usage(_) => exit::USAGE,
+            EvaluateError::Input(_) => exit::BAD_INPUT,
+            EvaluateError::Sandbox(e) => e.exit_code(),
+            EvaluateError::Internal(_) => exit::INTERNAL,
+            EvaluateError::Interrupted => 130,
+        }
+    }
+}
+
+fn internal(what: &str) -> impl FnOnce(String) -> EvaluateError + '_ {
+    move |e| EvaluateError::Internal(format!("{what}: {e}"))
+}
+
+/// Undeclared files in the reports directory kept as artifacts, at most.
+const MAX_EXTRA_REPORTS: usize = 32;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Between phases, SIGINT/SIGTERM/SIGHUP only set a flag; the phase in progress ends,
+/// everything is destroyed, and the evaluation stops. (During the run itself the
+/// supervisor's watchdog sees the signal and kills the sandbox at once.)
+fn install_interrupt_flag() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let sa = SigAction::new(
+        SigHandler::Handler(on_interrupt),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        let _ = unsafe { sigaction(s, &sa) };
+    }
+}
+
+fn check_interrupt() -> Result<(), EvaluateError> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err(EvaluateError::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// What one side of the evaluation (patched or baseline) produced.
+struct SideResult {
+    outcome: Outcome,
+    tests: Option<results::TestReport>,
+    results_error: Option<String>,
+    metrics: Option<std::collections::BTreeMap<String, f64>>,
+    metrics_error: Option<String>,
+    /// Copies of the report files and the output log, in the staging directory.
+    artifacts: Vec<(ArtifactType, PathBuf)>,
+}
+
+/// Everything planned in phase 1.
+struct Plan {
+    run_id: String,
+    manifest: Manifest,
+    runtime: PathBuf,
+    task_name: String,
+    task: TaskSpec,
+    policy: Policy,
+    raw_patch: Vec<u8>,
+    patch_hash: String,
+    task_hash: String,
+    out_dir: PathBuf,
+}
+
+/// The result of an evaluation: the bundle written and the verdict.
+pub struct Evaluation {
+    pub out_dir: PathBuf,
+    pub verdict: Verdict,
+}
+
+/// `fork evaluate` from the command line.
+pub fn evaluate_cli(a: EvaluateArgs) -> Result<i32, CliError> {
+    let json = a.json;
+    let ev = evaluate(&a).map_err(|e| CliError {
+        code: e.exit_code(),
+        message: e.to_string(),
+    })?;
+    let v = &ev.verdict;
+    if json {
+        let doc = v
+            .to_json_pretty()
+            .map_err(|e| CliError::from((exit::INTERNAL, e)))?;
+        println!("{}", String::from_utf8_lossy(&doc));
+    } else {
+        println!(
+            "{} (confidence {:.2})  task `{}`  run {}",
+            v.verdict, v.confidence, v.task, v.run_id
+        );
+        println!("  {}", v.evaluation_summary);
+        for c in &v.caveats {
+            println!("  caveat: {c}");
+        }
+        println!("  patch {}", v.patch_hash);
+        println!("  verdict: {}", ev.out_dir.join("verdict.json").display());
+    }
+    Ok(v.verdict.exit_code())
+}
+
+/// `fork verify` from the command line.
+pub fn verify_cli(a: VerifyArgs) -> Result<i32, CliError> {
+    let mut trusted: Vec<PublicKey> = Vec::new();
+    for t in &a.trust {
+        let key = if Path::new(t).is_file() {
+            crate::identity::read_public_key(Path::new(t))
+        } else {
+            PublicKey::parse(t)
+        }
+        .map_err(|e| CliError::from((exit::USAGE, format!("--trust {t}: {e}"))))?;
+        trusted.push(key);
+    }
+    if trusted.is_empty() {
+        // The local node's own key, when there is one.
+        let key_path = crate::identity::default_node_key_path();
+        if let Ok(k) =
+            crate::identity::read_public_key(&crate::identity::public_key_path(&key_path))
+        {
+            trusted.push(k);
+        }
+    }
+    match crate::verdict::verify_bundle(&a.path, &trusted) {
+        Ok(v) => {
+            if a.json {
+                let doc = v
+                    .verdict
+                    .to_json_pretty()
+                    .map_err(|e| CliError::from((exit::INTERNAL, e)))?;
+                println!("{}", String::from_utf8_lossy(&doc));
+            } else {
+                println!(
+                    "valid: {} {} (confidence {:.2}), signed by {} endorsed by node {}",
+                    v.verdict.verdict,
+                    v.verdict.patch_hash,
+                    v.verdict.confidence,
+                    v.successor_key,
+                    v.node_key
+                );
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            if code == 1 {
+                println!("invalid: {e}");
+                Ok(1)
+            } else {
+                Err(CliError::from((code, e)))
+            }
+        }
+    }
+}
+
+fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
+    match path {
+        Some(p) => {
+            crate::identity::load_node_key(p).map_err(|e| EvaluateError::Usage(e.to_string()))
+        }
+        None => {
+            let p = crate::identity::default_node_key_path();
+            if !p.exists() {
+                let public = crate::identity::generate_node_key(&p, false)
+                    .map_err(|e| EvaluateError::Internal(format!("creating the node key: {e}")))?;
+                eprintln!("fork: no node key yet: created {} ({public})", p.display());
+            }
+            crate::identity::load_node_key(&p).map_err(|e| EvaluateError::Usage(e.to_string()))
+        }
+    }
+}
+
+fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
+    let raw_patch = std::fs::read(&a.patch).map_err(|e| {
+        EvaluateError::Input(format!("cannot read patch {}: {e}", a.patch.display()))
+    })?;
+    let manifest =
+        crate::manifest::load(&a.runtime).map_err(|e| EvaluateError::Input(e.to_string()))?;
+    let (task_name, task) = manifest
+        .task(a.task.as_deref())
+        .map_err(|e| EvaluateError::Input(e.to_string()))?;
+    let (task_name, task) = (task_name.to_string(), task.clone());
+    let mut policy =
+        Policy::load(a.policy.as_deref()).map_err(|e| EvaluateError::Input(e.to_string()))?;
+    // Budgets: the policy's, then the task's, then the command line's.
+    let tb = task.budget.resolve().map_err(|e| {
+        EvaluateError::Input(format!(
+            "{}: task `{task_name}`: {e}",
+            manifest.file.display()
+        ))
+    })?;
+    let b = &mut policy.budgets;
+    if let Some(w) = tb.wall {
+        b.wall = w;
+    }
+    if let Some(m) = tb.memory_bytes {
+        b.memory_bytes = m;
+    }
+    if let Some(c) = tb.cpu_percent {
+        b.cpu_percent = c.round().max(1.0) as u32;
+    }
+    if let Some(d) = tb.disk_bytes {
+        b.disk_bytes = d;
+    }
+    if let Some(p) = tb.pids {
+        b.pids = p;
+    }
+    if let Some(c) = tb.api_cost_usd {
+        b.api_cost_usd = c;
+    }
+    b.apply(&a.budget.overrides(), "the command line")
+        .map_err(|e| EvaluateError::Usage(e.to_string()))?;
+    let run_id = crate::rundir::new_run_id();
+    let out_dir = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("fork-out").join(&run_id));
+    if std::fs::symlink_metadata(&out_dir).is_ok() {
+        return Err(EvaluateError::Usage(format!(
+            "--out {} already exists: choose a new directory (verdicts are never overwritten)",
+            out_dir.display()
+        )));
+    }
+    let patch_hash = format!("sha256:{}", sha256_hex(&raw_patch));
+    let task_doc = serde_json::to_vec(&(&task_name, &task))
+        .map_err(|e| EvaluateError::Internal(e.to_string()))?;
+    let task_hash = format!("sha256:{}", sha256_hex(&task_doc));
+    let runtime = std::fs::canonicalize(&a.runtime)
+        .map_err(|e| EvaluateError::Input(format!("--runtime {}: {e}", a.runtime.display())))?;
+    // The parent's live state files (and their journals) are invisible in the sandbox.
+    for s in &manifest.runtime.state {
+        let p = runtime.join(s);
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut q = p.clone().into_os_string();
+            q.push(suffix);
+            policy.filesystem.hide.push(PathBuf::from(q));
+        }
+    }
+    if let Some(k) = &a.key {
+        policy.filesystem.hide.push(k.clone());
+    }
+    Ok(Plan {
+        run_id,
+        manifest,
+        runtime,
+        task_name,
+        task,
+        policy,
+        raw_patch,
+        patch_hash,
+        task_hash,
+        out_dir,
+    })
+}
+
+/// sha256 over every state store: name and digest per file, in manifest order.
+fn combined_state_hash(files: &[(String, String)]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"fork-state-v1\0");
+    for (name, digest) in files {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(digest.as_bytes());
+        h.update([b'\n']);
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+/// The whole evaluation. Errors are failures to answer (bad input, a missing layer);
+/// a patch that fails a gate, does not apply or blows a budget is a REJECT verdict.
+pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
+    install_interrupt_flag();
+    INTERRUPTED.store(false, Ordering::SeqCst);
+    // Reclaim what crashed runs left behind before starting a new one.
+    let gc = crate::gc::collect();
+    if !gc.runs.is_empty() {
+        tracing::info!("reclaimed {} stale run(s)", gc.runs.len());
+    }
+    // 1 PLAN
+    let p = plan(a)?;
+    let node = load_node_key(a.key.as_deref())?;
+    let source_dir = p.runtime.join(&p.manifest.runtime.source);
+    let exclude = &p.manifest.runtime.exclude;
+    let (gate, parsed) = patch::check_patch(
+        &p.raw_patch,
+        &p.manifest.runtime.protected,
+        &source_dir,
+        &p.policy.gates,
+    );
+    let ephemeral = EphemeralKey::generate();
+    let staging = tempfile::Builder::new()
+        .prefix(".fork-stage-")
+        .tempdir_in(crate::rundir::base_dir())
+        .map_err(|e| EvaluateError::Internal(format!("creating a staging directory: {e}")))?;
+    std::fs::write(staging.path().join("patch.diff"), &p.raw_patch)
+        .map_err(|e| internal("staging")(e.to_string()))?;
+    let patch_artifact = (ArtifactType::Patch, staging.path().join("patch.diff"));
+
+    let parsed = match (gate, parsed) {
+        (
+            GateOutcome::Stopped {
+                gate: "parse",
+                reason,
+            },
+            _,
+        ) => {
+            return Err(EvaluateError::Input(format!(
+                "patch {} is malformed: {reason}",
+                a.patch.display()
+            )));
+        }
+        (GateOutcome::Stopped { gate, reason }, _) => {
+            // Rejected before anything is cloned: hashes of the parent as it stands.
+            let state: Vec<(String, String)> = p
+                .manifest
+                .runtime
+                .state
+                .iter()
+                .map(|s| {
+                    let d = file_sha256(&p.runtime.join(s)).unwrap_or_else(|_| "unreadable".into());
+                    (s.display().to_string(), d)
+                })
+                .collect();
+            let source_hash = tree_hash_excluding(&source_dir, exclude)
+                .map_err(|e| internal("hashing the source")(e.to_string()))?;
+            let evidence = Evidence {
+                gate: Some((gate.to_string(), reason.clone())),
+                ..Default::default()
+            };
+            let decision = decide(&evidence, &p.policy.decision);
+            let gate_report = GateReport {
+                passed: false,
+                violations: vec![format!("{gate}: {reason}")],
+            };
+            return finish(
+                &p,
+                decision,
+                combined_state_hash(&state),
+                source_hash,
+                None,
+                Some(gate_report),
+                vec![patch_artifact],
+                None,
+                &ephemeral,
+                &node,
+            )
+            .map(|ev| {
+                ephemeral.destroy();
+                ev
+            });
+        }
+        (GateOutcome::Passed, Some(patch)) => patch,
+        (GateOutcome::Passed, None) => {
+            return Err(EvaluateError::Internal(
+                "the gates passed but returned no patch".into(),
+            ));
+        }
+    };
+    check_interrupt()?;
+
+    // 2 FORK: one snapshot of each state store, shared by both sides.
+    let snap_dir = staging.path().join("state");
+    std::fs::create_dir(&snap_dir).map_err(|e| internal("staging")(e.to_string()))?;
+    let mut state_digests = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for s in &p.manifest.runtime.state {
+        let name = s
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| {
+                EvaluateError::Input(format!("state path {} has no file name", s.display()))
+            })?;
+        if !seen.insert(name.clone()) {
+            return Err(EvaluateError::Input(format!(
+                "{}: two state stores share the file name `{name}`",
+                p.manifest.file.display()
+            )));
+        }
+        let stats = snapshot(
+            &p.runtime.join(s),
+            &snap_dir.join(&name),
+            &SnapshotOptions::default(),
+        )
+        .map_err(|e| EvaluateError::Input(format!("snapshotting {}: {e}", s.display())))?;
+        tracing::info!(
+            "snapshot {}: {} bytes in {:?} ({} steps, {} restarts, longest step {:?})",
+            s.display(),
+            stats.bytes,
+            stats.elapsed,
+            stats.steps,
+            stats.restarts,
+            stats.longest_step
+        );
+        state_digests.push((s.display().to_string(), stats.sha256.clone()));
+        check_interrupt()?;
+    }
+    let state_hash = combined_state_hash(&state_digests);
+
+    // The patched side (3 PATCH inside), then the baseline side when asked.
+    let patched = run_side(
+        &p,
+        &source_dir,
+        &snap_dir,
+        Some(&parsed),
+        staging.path(),
+        "patched",
+    )?;
+    let (patched, source_hash) = match patched {
+        SideOrReject::Ran(r, h) => (r, h),
+        SideOrReject::DidNotApply(msg, h) => {
+            let evidence = Evidence {
+                apply_error: Some(msg),
+                ..Default::default()
+            };
+            let decision = decide(&evidence, &p.policy.decision);
+            let ev = finish(
+                &p,
+                decision,
+                state_hash,
+                h,
+                None,
+                Some(GateReport {
+                    passed: true,
+                    violations: vec![],
+                }),
+                vec![patch_artifact],
+                None,
+                &ephemeral,
+                &node,
+            )?;
+            ephemeral.destroy();
+            return Ok(ev);
+        }
+    };
+    check_interrupt()?;
+    let baseline = if p.task.baseline {
+        match run_side(&p, &source_dir, &snap_dir, None, staging.path(), "baseline")? {
+            SideOrReject::Ran(r, _) => Some(r),
+            SideOrReject::DidNotApply(..) => None,
+        }
+    } else {
+        None
+    };
+    check_interrupt()?;
+
+    // 5 VERDICT
+    let o = &patched.outcome;
+    let mut evidence = Evidence {
+        exit_code: if o.signal.is_none() {
+            Some(o.exit_code)
+        } else {
+            None
+        },
+        signal: o.signal,
+        budget_exceeded: o.budget_exceeded.map(|b| b.as_str().to_string()),
+        usage_summary: o
+            .budget_exceeded
+            .map(|b| crate::budget::describe(b, &p.policy.budgets, &o.usage)),
+        run_error: o.exec_error.clone(),
+        tests: patched.tests.clone(),
+        results_error: patched.results_error.clone(),
+        metrics: patched.metrics.clone(),
+        metrics_error: patched.metrics_error.clone(),
+        ..Default::default()
+    };
+    if let Some(b) = &baseline {
+        evidence.baseline_metrics = b.metrics.clone();
+    }
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(p.task.lower_is_better.iter().cloned());
+    let mut decision = decide(&evidence, &rules);
+    if p.task.repeat > 1 {
+        decision.caveats.push(format!(
+            "the task asks for repeat = {}; this version runs each side once",
+            p.task.repeat
+        ));
+    }
+    if let Some(b) = &baseline {
+        if b.outcome.exit_code != 0 || b.outcome.budget_exceeded.is_some() {
+            decision.caveats.push(format!(
+                "the baseline (unpatched) run itself ended with exit {}{}",
+                b.outcome.exit_code,
+                b.outcome
+                    .budget_exceeded
+                    .map(|k| format!(" ({} budget)", k.as_str()))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    let mut artifacts = vec![patch_artifact];
+    artifacts.extend(patched.artifacts.iter().cloned());
+    if let Some(b) = &baseline {
+        for (t, path) in &b.artifacts {
+            let t = match t {
+                ArtifactType::TestReport => ArtifactType::BaselineTestReport,
+                ArtifactType::Metrics => ArtifactType::BaselineMetrics,
+                other => *other,
+            };
+            artifacts.push((t, path.clone()));
+        }
+    }
+    let ev = finish(
+        &p,
+        decision,
+        state_hash,
+        source_hash,
+        Some(o),
+        Some(GateReport {
+            passed: true,
+            violations: vec![],
+        }),
+        artifacts,
+        patched.tests.as_ref(),
+        &ephemeral,
+        &node,
+    )?;
+    // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,
+    // the ephemeral secret is zeroized now, the node key when `node` drops.
+    ephemeral.destroy();
+    Ok(ev)
+}
+
+enum SideOrReject {
+    /// The side ran; the tree hash of its source.
+    Ran(SideResult, String),
+    /// The patch did not apply (message), with the unpatched tree hash.
+    DidNotApply(String, String),
+}
+
+/// One sandbox: copy, (patch), run, read the results, destroy.
+fn run_side(
+    p: &Plan,
+    source_dir: &Path,
+    snap_dir: &Path,
+    patch: Option<&Patch>,
+    staging: &Path,
+    side: &str,
+) -> Result<SideOrReject, EvaluateError> {
+    let mut sb = Sandbox::prepare(&p.policy)?;
+    let ws = Workspace::create(&sb.workspace())
+        .map_err(|e| internal("creating the workspace")(e.to_string()))?;
+    copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
+        .map_err(|e| internal("copying the source tree")(e.to_string()))?;
+    if let Some(t) = &p.manifest.runtime.tools {
+        copy_tree(&p.runtime.join(t), &ws.tools(), &[])
+            .map_err(|e| internal("copying the tools")(e.to_string()))?;
+    }
+    copy_tree(snap_dir, &ws.state(), &[])
+        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    check_interrupt()?;
+    // 3 PATCH (the patched side only).
+    if let Some(patch) = patch {
+        if let Err(e) = patch::apply(&ws.src(), patch) {
+            let h =
+                tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+            sb.destroy()?;
+            return Ok(SideOrReject::DidNotApply(e.to_string(), h));
+        }
+    }
+    let source_hash =
+        tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    // 4 EVALUATE
+    let mut extra = vec![
+        ("FORK_REPORTS".to_string(), format!("{WORKSPACE}/reports")),
+        ("FORK_STATE".to_string(), format!("{WORKSPACE}/state")),
+        ("FORK_TOOLS".to_string(), format!("{WORKSPACE}/tools")),
+        ("FORK_RUN_ID".to_string(), p.run_id.clone()),
+        ("FORK_TASK".to_string(), p.task_name.clone()),
+        ("FORK_SIDE".to_string(), side.to_string()),
+    ];
+    for (k, v) in &p.task.env {
+        extra.push((k.clone(), v.clone()));
+    }
+    let env = crate::run::successor_env(&p.policy, &extra);
+    // The successor's output goes to a log on its own capped disk, read back through our fd.
+    let log_path = sb.disk().join(".fork-output.log");
+    let log = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| internal("creating the output log")(e.to_string()))?;
+    let cwd = PathBuf::from(WORKSPACE).join("src");
+    let outcome = sb.run_in(&p.task.command, &env, &cwd, Some(&log))?;
+    if outcome.interrupted {
+        return Err(EvaluateError::Interrupted);
+    }
+    // The successor is dead: read its reports (hostile input, read with care).
+    let side_dir = staging.join(side);
+    std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
+    // Artifact names: tests.xml, metrics.json, ... for the patched side, baseline-* for the other.
+    let prefix = if side == "patched" {
+        String::new()
+    } else {
+        format!("{side}-")
+    };
+    let mut artifacts = Vec::new();
+    let reports = ws.reports();
+    let mut tests = None;
+    let mut results_error = None;
+    if let Some(r) = &p.task.results {
+        match results::read_report_file(&reports, &r.path, results::DEFAULT_MAX_REPORT_BYTES) {
+            Ok(bytes) => {
+                let parsed = match r.format {
+                    ResultsFormat::Junit => results::parse_junit(&bytes),
+                    ResultsFormat::Tap => results::parse_tap(&bytes),
+                    ResultsFormat::ExitStatus => Ok(results::TestReport::default()),
+                };
+                match parsed {
+                    Ok(t) => tests = Some(t),
+                    Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+                }
+                let name = Path::new(&r.path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "results".into());
+                let dest = side_dir.join(format!("{prefix}{name}"));
+                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
+                artifacts.push((ArtifactType::TestReport, dest));
+            }
+            Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+        }
+    }
+    let mut metrics = None;
+    let mut metrics_error = None;
+    if let Some(m) = &p.task.metrics {
+        match results::read_report_file(&reports, m, results::DEFAULT_MAX_REPORT_BYTES) {
+            Ok(bytes) => {
+                match results::parse_metrics(&bytes) {
+                    Ok(v) => metrics = Some(v),
+                    Err(e) => metrics_error = Some(format!("{m}: {e}")),
+                }
+                let dest = side_dir.join(format!("{prefix}metrics.json"));
+                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
+                artifacts.push((ArtifactType::Metrics, dest));
+            }
+            Err(e) => metrics_error = Some(format!("{m}: {e}")),
+        }
+    }
+    // Any other report files (top level, regular, bounded in count and size) travel too.
+    let declared: Vec<&str> = p
+        .task
+        .results
+        .iter()
+        .map(|r| r.path.as_str())
+        .chain(p.task.metrics.as_deref())
+        .collect();
+    if let Ok(rd) = std::fs::read_dir(&reports) {
+        let mut names: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !declared.contains(&n.as_str()))
+            .collect();
+        names.sort();
+        for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
+            // read_report_file refuses symlinks, non-regular and oversized files.
+            if let Ok(bytes) =
+                results::read_report_file(&reports, &name, results::DEFAULT_MAX_REPORT_BYTES)
+            {
+                let safe: String = name
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                let dest =
+                    side_dir.join(format!("{prefix}report-{}", safe.trim_start_matches('.')));
+                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
+                artifacts.push((ArtifactType::Other, dest));
+            }
+        }
+    }
+    // The output log, through the fd we opened (the successor may have replaced the path).
+    {
+        use std::io::{Read, Seek};
+        let mut f = log;
+        let mut buf = Vec::new();
+        if f.rewind().is_ok() {
+            let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
+        }
+        let dest = side_dir.join(format!("{prefix}output.log"));
+        std::fs::write(&dest, &buf).map_err(|e| internal("staging")(e.to_string()))?;
+        artifacts.push((ArtifactType::Log, dest));
+    }
+    let run_json = side_dir.join(format!("{prefix}sandbox.json"));
+    std::fs::write(
+        &run_json,
+        serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?,
+    )
+    .map_err(|e| internal("staging")(e.to_string()))?;
+    artifacts.push((ArtifactType::Other, run_json));
+    // 6 DESTROY this side's sandbox now.
+    sb.destroy()?;
+    Ok(SideOrReject::Ran(
+        SideResult {
+            outcome,
+            tests,
+            results_error,
+            metrics,
+            metrics_error,
+            artifacts,
+        },
+        source_hash,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    p: &Plan,
+    d: Decision,
+    state_hash: String,
+    source_hash: String,
+    outcome: Option<&Outcome>,
+    gate: Option<GateReport>,
+    artifacts: Vec<(ArtifactType, PathBuf)>,
+    tests: Option<&results::TestReport>,
+    ephemeral: &EphemeralKey,
+    node: &NodeKey,
+) -> Result<Evaluation, EvaluateError> {
+    let b = &p.policy.budgets;
+    let limits = BudgetLimits {
+        wall_s: Some(b.wall.as_secs_f64()),
+        cpu_percent: Some(b.cpu_percent),
+        memory_bytes: Some(b.memory_bytes),
+        disk_bytes: Some(b.disk_bytes),
+        pids: Some(b.pids),
+        api_cost_usd: Some(b.api_cost_usd),
+    };
+    let used = outcome
+        .map(|o| BudgetUsed {
+            wall_s: o.usage.wall_s,
+            cpu_s: o.usage.cpu_s,
+            memory_peak_bytes: o.usage.memory_peak_bytes,
+            disk_bytes: o.usage.disk_bytes,
+            pids_peak: o.usage.pids_peak,
+            api_cost_usd: o.usage.api_cost_usd,
+        })
+        .unwrap_or_default();
+    let counts = tests
+        .map(|t| TestCounts {
+            passed: t.passed() as u64,
+            failed: t.failed() as u64,
+            flaky: t.flaky() as u64,
+            skipped: t.skipped() as u64,
+        })
+        .unwrap_or_default();
+    let verdict = Verdict {
+        header: Header::new(),
+        verdict: d.verdict,
+        confidence: d.confidence,
+        patch_hash: p.patch_hash.clone(),
+        task_hash: p.task_hash.clone(),
+        state_hash,
+        source_hash,
+        evaluation_summary: d.summary,
+        caveats: d.caveats,
+        tests: counts,
+        metrics: d
+            .metrics
+            .into_iter()
+            .map(|m| Metric {
+                name: m.name,
+                baseline: m.baseline,
+                patched: m.patched,
+                change: m.change,
+                significant: m.significant,
+            })
+            .collect(),
+        budget: BudgetReport {
+            limits,
+            used,
+            exceeded: outcome.and_then(|o| o.budget_exceeded.map(|b| b.as_str().to_string())),
+        },
+        isolation: outcome
+            .and_then(|o| serde_json::to_value(&o.isolation).ok())
+            .unwrap_or_else(|| serde_json::json!({ "sandbox_started": false })),
+        artifacts: vec![],
+        successor_key: ephemeral.public().to_string(),
+        run_id: p.run_id.clone(),
+        task: p.task_name.clone(),
+        patch_gate: gate,
+    };
+    if let Some(parent) = p.out_dir.parent() {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| EvaluateError::Usage(format!("--out {}: {e}", p.out_dir.display())))?;
+        }
+    }
+    let written =
+        crate::verdict::write_bundle(&p.out_dir, &verdict, &artifacts, ephemeral, node)
+            .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))?;
+    Ok(Evaluation {
+        out_dir: written.dir,
+        verdict: written.verdict,
+    })
+}

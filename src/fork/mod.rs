@@ -1,0 +1,14 @@
+//! Lifecycle step 2, FORK: clone the runtime without disturbing it.
+//!
+//! * [`snapshot`]: the runtime's SQLite state, copied with SQLite's online backup API
+//!   while the parent keeps running and writing.
+//! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
+//!   copy of the source tree and tool registry, the tree hash, and cleanup.
+
+pub mod snapshot;
+pub mod workspace;
+
+pub use snapshot::{
+    file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
+};
+pub use workspace::{copy_tree, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError};

@@ -1,0 +1,676 @@
+//! The run's workspace: its layout, the copy of the source tree and the tool registry,
+//! the tree hash, and its removal.
+//!
+//! Layout (DESIGN.md, lifecycle step 2): `<tmp>/fork-<run-id>/{src,state,tools,reports,home}`.
+//!
+//! Copies ([`copy_tree`]) never follow symbolic links: a link is recreated as a link with
+//! the same target (an absolute target then resolves inside the sandbox's own root).
+//! Regular files are copied with `std::fs::copy`, which on Linux uses
+//! `copy_file_range(2)`: on filesystems that support it (btrfs, XFS with reflink, bcachefs,
+//! NFS 4.2 server-side copy, overlayfs over those) the copy is a reflink that shares
+//! blocks until written, elsewhere it is an in-kernel copy. Permission bits are kept
+//! except set-user-ID and set-group-ID, which are dropped; ownership is not kept (the copy
+//! belongs to the supervisor). Devices, FIFOs and sockets are skipped and counted.
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The workspace's subdirectories, in the order they are created.
+pub const SUBDIRS: [&str; 5] = ["src", "state", "tools", "reports", "home"];
+
+/// Errors of workspace creation, copies, hashing and removal.
+#[derive(Debug, Error)]
+pub enum WorkspaceError {
+    #[error("workspace {path} already exists: each run needs a fresh workspace (run `fork gc` to reclaim stale ones)")]
+    Exists { path: PathBuf },
+    #[error("{path} is not a directory")]
+    NotADirectory { path: PathBuf },
+    #[error("exclude pattern `{pattern}` is not a valid glob: {source}")]
+    BadGlob {
+        pattern: String,
+        #[source]
+        source: globset::Error,
+    },
+    #[error("copying would replace the directory {path} with a file or link: remove it first if that is intended")]
+    WouldReplaceDirectory { path: PathBuf },
+    #[error("refusing to delete across the mount point {path}: unmount it first (`fork gc` does)")]
+    MountPoint { path: PathBuf },
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> WorkspaceError + 'a {
+    move |source| WorkspaceError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A run's workspace directory and its fixed layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    root: PathBuf,
+}
+
+impl Workspace {
+    /// Creates `root` (mode 0700; it must not exist, its parents are created) and the
+    /// subdirectories `src/ state/ tools/ reports/ home/` (mode 0755) inside it.
+    pub fn create(root: &Path) -> Result<Workspace, WorkspaceError> {
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+        }
+        match fs::DirBuilder::new().mode(0o700).create(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(WorkspaceError::Exists {
+                    path: root.to_path_buf(),
+                })
+            }
+            Err(e) => return Err(io_err("create directory", root)(e)),
+        }
+        for sub in SUBDIRS {
+            let p = root.join(sub);
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&p)
+                .map_err(io_err("create directory", &p))?;
+        }
+        Ok(Workspace {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Opens an existing workspace (every subdirectory must be there).
+    pub fn open(root: &Path) -> Result<Workspace, WorkspaceError> {
+        for sub in SUBDIRS {
+            let p = root.join(sub);
+            let meta = fs::symlink_metadata(&p).map_err(io_err("open", &p))?;
+            if !meta.is_dir() {
+                return Err(WorkspaceError::NotADirectory { path: p });
+            }
+        }
+        Ok(Workspace {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The workspace directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    /// The patched source tree (`src/`).
+    pub fn src(&self) -> PathBuf {
+        self.root.join("src")
+    }
+    /// The state snapshots (`state/`).
+    pub fn state(&self) -> PathBuf {
+        self.root.join("state")
+    }
+    /// The copied tool registry (`tools/`).
+    pub fn tools(&self) -> PathBuf {
+        self.root.join("tools")
+    }
+    /// Where the successor writes its reports (`reports/`).
+    pub fn reports(&self) -> PathBuf {
+        self.root.join("reports")
+    }
+    /// The successor's `$HOME` (`home/`).
+    pub fn home(&self) -> PathBuf {
+        self.root.join("home")
+    }
+
+    /// Deletes the workspace; see [`remove_tree`]. Idempotent.
+    pub fn remove(&self) -> Result<(), WorkspaceError> {
+        remove_tree(&self.root)
+    }
+}
+
+/// What [`copy_tree`] copied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Regular files copied.
+    pub files: u64,
+    /// Directories created (not counting the destination itself).
+    pub dirs: u64,
+    /// Symbolic links recreated.
+    pub symlinks: u64,
+    /// Bytes of regular file content copied.
+    pub bytes: u64,
+    /// Devices, FIFOs and sockets skipped.
+    pub special_skipped: u64,
+    /// Entries left out by an exclude pattern (an excluded directory counts once).
+    pub excluded: u64,
+}
+
+fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
+    let mut b = GlobSetBuilder::new();
+    for pattern in exclude {
+        let trimmed = pattern.trim_end_matches('/');
+        let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+        let glob = GlobBuilder::new(trimmed)
+            .literal_separator(true)
+            .build()
+            .map_err(|source| WorkspaceError::BadGlob {
+                pattern: pattern.clone(),
+                source,
+            })?;
+        b.add(glob);
+    }
+    b.build().map_err(|source| WorkspaceError::BadGlob {
+        pattern: exclude.join(", "),
+        source,
+    })
+}
+
+/// Copies the tree `from` into the directory `to` (created if missing). `exclude` holds
+/// globs matched against paths relative to `from` (`*` stays within one path component,
+/// `**` crosses them: `.git`, `state`, `**/*.pyc`, `build/**`); an excluded directory is
+/// skipped with all its contents. Symlinks are copied as symlinks, never followed;
+/// permission bits are kept (minus set-user-ID/set-group-ID); special files are skipped
+/// and counted. If `to` lies inside `from`, it is not copied into itself. `to` may already
+/// hold a tree: directories are merged, files and symlinks in the way are replaced (never
+/// written through), and a directory in the way of a file is an error.
+pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
+    let excludes = build_excludes(exclude)?;
+    let from_meta = fs::metadata(from).map_err(io_err("read", from))?;
+    if !from_meta.is_dir() {
+        return Err(WorkspaceError::NotADirectory {
+            path: from.to_path_buf(),
+        });
+    }
+    fs::create_dir_all(to).map_err(io_err("create directory", to))?;
+    let to_meta = fs::metadata(to).map_err(io_err("read", to))?;
+    let to_id = (to_meta.dev(), to_meta.ino());
+
+    let mut stats = CopyStats::default();
+    // (source dir, destination dir, path relative to `from`)
+    let mut stack = vec![(from.to_path_buf(), to.to_path_buf(), PathBuf::new())];
+    // Directory modes are applied at the end, deepest first, so that a read-only
+    // directory can still be filled.
+    let mut dir_modes: Vec<(PathBuf, u32)> = vec![(to.to_path_buf(), from_meta.mode() & 0o1777)];
+    while let Some((src_dir, dst_dir, rel_dir)) = stack.pop() {
+        let entries = fs::read_dir(&src_dir).map_err(io_err("read directory", &src_dir))?;
+        for entry in entries {
+            let entry = entry.map_err(io_err("read directory", &src_dir))?;
+            let name = entry.file_name();
+            let rel = rel_dir.join(&name);
+            let src = entry.path();
+            let dst = dst_dir.join(&name);
+            if excludes.is_match(&rel) {
+                stats.excluded += 1;
+                continue;
+            }
+            let meta = fs::symlink_metadata(&src).map_err(io_err("stat", &src))?;
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                if (meta.dev(), meta.ino()) == to_id {
+                    // The destination itself, inside the source: never copy it into itself.
+                    stats.excluded += 1;
+                    continue;
+                }
+                if clear_dest(&dst, true)? {
+                    // Merge into the existing directory; its mode is set at the end.
+                    fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
+                        .map_err(io_err("set permissions on", &dst))?;
+                } else {
+                    fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&dst)
+                        .map_err(io_err("create directory", &dst))?;
+                }
+                stats.dirs += 1;
+                dir_modes.push((dst.clone(), meta.mode() & 0o1777));
+                stack.push((src, dst, rel));
+            } else if ft.is_file() {
+                clear_dest(&dst, false)?;
+                let n = fs::copy(&src, &dst).map_err(io_err("copy", &src))?;
+                if meta.mode() & 0o6000 != 0 {
+                    fs::set_permissions(&dst, fs::Permissions::from_mode(meta.mode() & 0o1777))
+                        .map_err(io_err("set permissions on", &dst))?;
+                }
+                stats.files += 1;
+                stats.bytes += n;
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&src).map_err(io_err("read link", &src))?;
+                clear_dest(&dst, false)?;
+                std::os::unix::fs::symlink(&target, &dst)
+                    .map_err(io_err("create symlink", &dst))?;
+                stats.symlinks += 1;
+            } else {
+                stats.special_skipped += 1;
+            }
+        }
+    }
+    for (dir, mode) in dir_modes.iter().rev() {
+        fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
+            .map_err(io_err("set permissions on", dir))?;
+    }
+    Ok(stats)
+}
+
+/// Makes room for a copy at `dst` in a destination that may already hold a tree: a file or
+/// symlink there is removed (never written through); an existing directory is kept when a
+/// directory is wanted (returns true: merge into it) and refused otherwise.
+fn clear_dest(dst: &Path, want_dir: bool) -> Result<bool, WorkspaceError> {
+    match fs::symlink_metadata(dst) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err("stat", dst)(e)),
+        Ok(m) if m.is_dir() => {
+            if want_dir {
+                Ok(true)
+            } else {
+                Err(WorkspaceError::WouldReplaceDirectory {
+                    path: dst.to_path_buf(),
+                })
+            }
+        }
+        Ok(_) => {
+            fs::remove_file(dst).map_err(io_err("replace", dst))?;
+            Ok(false)
+        }
+    }
+}
+
+fn put_bytes(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+/// A deterministic `sha256:<hex>` of the tree under `dir`: over every entry, sorted by
+/// relative path bytes, its type, its path, and for regular files the owner-execute bit
+/// and the sha256 of the contents, for symlinks the target (never followed). Other modes,
+/// owners and timestamps do not count. Devices, FIFOs and sockets count by type and name.
+pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
+    tree_hash_excluding(dir, &[])
+}
+
+/// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it
+/// (special files aside): the hash of the source a successor would get, without copying.
+pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
+    let excludes = build_excludes(exclude)?;
+    let meta = fs::metadata(dir).map_err(io_err("read", dir))?;
+    if !meta.is_dir() {
+        return Err(WorkspaceError::NotADirectory {
+            path: dir.to_path_buf(),
+        });
+    }
+    let mut entries: Vec<(PathBuf, fs::Metadata)> = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let abs = dir.join(&rel_dir);
+        for entry in fs::read_dir(&abs).map_err(io_err("read directory", &abs))? {
+            let entry = entry.map_err(io_err("read directory", &abs))?;
+            let rel = rel_dir.join(entry.file_name());
+            if excludes.is_match(&rel) {
+                continue;
+            }
+            let m = fs::symlink_metadata(entry.path()).map_err(io_err("stat", &entry.path()))?;
+            if m.is_dir() {
+                stack.push(rel.clone());
+            }
+            entries.push((rel, m));
+        }
+    }
+    entries.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+
+    let mut h = Sha256::new();
+    h.update(b"fork-tree-v1\0");
+    let mut buf = vec![0u8; 1 << 16];
+    for (rel, m) in &entries {
+        let ft = m.file_type();
+        let abs = dir.join(rel);
+        let tag: &[u8; 1] = if ft.is_dir() {
+            b"D"
+        } else if ft.is_file() {
+            b"F"
+        } else if ft.is_symlink() {
+            b"L"
+        } else if ft.is_fifo() {
+            b"P"
+        } else if ft.is_socket() {
+            b"S"
+        } else if ft.is_char_device() {
+            b"C"
+        } else {
+            b"B"
+        };
+        h.update(tag);
+        put_bytes(&mut h, rel.as_os_str().as_bytes());
+        if ft.is_file() {
+            h.update([u8::from(m.mode() & 0o100 != 0)]);
+            let mut f = fs::File::open(&abs).map_err(io_err("open", &abs))?;
+            let mut fh = Sha256::new();
+            loop {
+                let n = f.read(&mut buf).map_err(io_err("read", &abs))?;
+                if n == 0 {
+                    break;
+                }
+                fh.update(&buf[..n]);
+            }
+            h.update(fh.finalize());
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&abs).map_err(io_err("read link", &abs))?;
+            put_bytes(&mut h, target.as_os_str().as_bytes());
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+/// Deletes `path` and everything under it. Idempotent (a missing path is fine). Never
+/// follows symlinks and never crosses into another filesystem: a mount point left inside
+/// (say by a crashed sandbox) is an error, so a bind mount of host files is never emptied.
+/// Directories the successor made unreadable or unwritable are opened up (chmod 0700)
+/// before being emptied.
+pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("stat", path)(e)),
+    };
+    if !meta.is_dir() {
+        return fs::remove_file(path).map_err(io_err("remove", path));
+    }
+    let dev = meta.dev();
+    // Depth-first with an explicit stack: (dir, children already removed?)
+    let mut stack = vec![(path.to_path_buf(), false)];
+    while let Some((dir, emptied)) = stack.pop() {
+        if emptied {
+            fs::remove_dir(&dir).map_err(io_err("remove directory", &dir))?;
+            continue;
+        }
+        let dmeta = fs::symlink_metadata(&dir).map_err(io_err("stat", &dir))?;
+        if dmeta.dev() != dev {
+            return Err(WorkspaceError::MountPoint { path: dir });
+        }
+        if dmeta.mode() & 0o700 != 0o700 {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(io_err("open up", &dir))?;
+        }
+        stack.push((dir.clone(), true));
+        for entry in fs::read_dir(&dir).map_err(io_err("read directory", &dir))? {
+            let entry = entry.map_err(io_err("read directory", &dir))?;
+            let p = entry.path();
+            let ft = entry.file_type().map_err(io_err("stat", &p))?;
+            if ft.is_dir() {
+                stack.push((p, false));
+            } else {
+                fs::remove_file(&p).map_err(io_err("remove", &p))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn sample_tree(root: &Path) {
+        fs::create_dir_all(root.join("a/b")).unwrap();
+        fs::create_dir_all(root.join(".git/objects")).unwrap();
+        fs::create_dir_all(root.join("state")).unwrap();
+        fs::write(root.join("a/one.txt"), b"one").unwrap();
+        fs::write(root.join("a/b/two.py"), b"print(2)\n").unwrap();
+        fs::write(root.join("a/b/cache.pyc"), b"\0\0").unwrap();
+        fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+        fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(root.join(".git/objects/x"), b"blob").unwrap();
+        fs::write(root.join("state/hermes.db"), b"live").unwrap();
+        symlink("a/one.txt", root.join("link")).unwrap();
+        symlink("/etc/passwd", root.join("abs-link")).unwrap();
+        symlink("nowhere", root.join("dangling")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn workspace_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("fork-run1");
+        let ws = Workspace::create(&root).unwrap();
+        for (p, name) in [
+            (ws.src(), "src"),
+            (ws.state(), "state"),
+            (ws.tools(), "tools"),
+            (ws.reports(), "reports"),
+            (ws.home(), "home"),
+        ] {
+            assert!(p.is_dir());
+            assert_eq!(p, root.join(name));
+        }
+        assert_eq!(
+            fs::metadata(&root).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert!(matches!(
+            Workspace::create(&root).unwrap_err(),
+            WorkspaceError::Exists { .. }
+        ));
+        assert_eq!(Workspace::open(&root).unwrap(), ws);
+        ws.remove().unwrap();
+        assert!(!root.exists());
+        ws.remove().unwrap();
+    }
+
+    #[test]
+    fn copy_tree_keeps_links_modes_and_skips_specials() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("from");
+        sample_tree(&from);
+        let to = dir.path().join("to");
+        let excl = vec![
+            ".git".to_string(),
+            "state/".to_string(),
+            "**/*.pyc".to_string(),
+        ];
+        let stats = copy_tree(&from, &to, &excl).unwrap();
+        assert_eq!(stats.files, 3, "{stats:?}");
+        assert_eq!(stats.symlinks, 3);
+        assert_eq!(stats.special_skipped, 1);
+        assert_eq!(stats.excluded, 3);
+        assert_eq!(stats.dirs, 2);
+        assert_eq!(stats.bytes, 3 + 9 + 18);
+        assert_eq!(fs::read(to.join("a/b/two.py")).unwrap(), b"print(2)\n");
+        assert!(!to.join(".git").exists() && !to.join("state").exists());
+        assert!(!to.join("a/b/cache.pyc").exists());
+        assert!(!to.join("fifo").exists());
+        assert_eq!(
+            fs::read_link(to.join("link")).unwrap(),
+            Path::new("a/one.txt")
+        );
+        assert_eq!(
+            fs::read_link(to.join("abs-link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        assert!(fs::symlink_metadata(to.join("dangling"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            fs::metadata(to.join("run.sh"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755
+        );
+        // Same content, same hash (the fifo is the one difference: drop it first).
+        fs::remove_file(from.join("fifo")).unwrap();
+        fs::remove_dir_all(from.join(".git")).unwrap();
+        fs::remove_dir_all(from.join("state")).unwrap();
+        fs::remove_file(from.join("a/b/cache.pyc")).unwrap();
+        assert_eq!(tree_hash(&from).unwrap(), tree_hash(&to).unwrap());
+    }
+
+    #[test]
+    fn copy_tree_modes_and_setuid() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("from");
+        fs::create_dir_all(from.join("ro")).unwrap();
+        fs::write(from.join("ro/f"), b"x").unwrap();
+        fs::write(from.join("suid"), b"x").unwrap();
+        fs::set_permissions(from.join("suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+        fs::set_permissions(from.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+        let to = dir.path().join("to");
+        copy_tree(&from, &to, &[]).unwrap();
+        assert_eq!(fs::read(to.join("ro/f")).unwrap(), b"x");
+        assert_eq!(
+            fs::metadata(to.join("ro")).unwrap().permissions().mode() & 0o7777,
+            0o555
+        );
+        assert_eq!(
+            fs::metadata(to.join("suid")).unwrap().permissions().mode() & 0o7777,
+            0o755
+        );
+        // Removal opens read-only directories up.
+        remove_tree(&to).unwrap();
+        assert!(!to.exists());
+        fs::set_permissions(from.join("ro"), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn copy_tree_over_an_existing_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("from");
+        fs::create_dir_all(from.join("d")).unwrap();
+        fs::write(from.join("d/f"), b"new").unwrap();
+        fs::write(from.join("g"), b"g").unwrap();
+        let to = dir.path().join("to");
+        fs::create_dir_all(to.join("d")).unwrap();
+        fs::write(to.join("d/old"), b"kept").unwrap();
+        // A symlink in the way is replaced, not written through.
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"untouched").unwrap();
+        symlink(&outside, to.join("d/f")).unwrap();
+        let stats = copy_tree(&from, &to, &[]).unwrap();
+        assert_eq!(stats.files, 2);
+        assert_eq!(fs::read(to.join("d/f")).unwrap(), b"new");
+        assert!(!fs::symlink_metadata(to.join("d/f"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(fs::read(&outside).unwrap(), b"untouched");
+        assert_eq!(fs::read(to.join("d/old")).unwrap(), b"kept");
+        // A directory where the source has a file is refused.
+        fs::remove_file(to.join("g")).unwrap();
+        fs::create_dir(to.join("g")).unwrap();
+        let err = copy_tree(&from, &to, &[]).unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::WouldReplaceDirectory { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn copy_tree_into_itself_and_bad_glob() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("rt");
+        fs::create_dir_all(from.join("sub")).unwrap();
+        fs::write(from.join("sub/f"), b"x").unwrap();
+        let to = from.join("ws-src");
+        let stats = copy_tree(&from, &to, &[]).unwrap();
+        assert_eq!(stats.files, 1);
+        assert!(to.join("sub/f").exists());
+        assert!(!to.join("ws-src").exists());
+        let err = copy_tree(&from, &dir.path().join("x"), &["a[".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("a["), "{err}");
+        let err = copy_tree(&from.join("sub/f"), &dir.path().join("y"), &[]).unwrap_err();
+        assert!(matches!(err, WorkspaceError::NotADirectory { .. }));
+    }
+
+    #[test]
+    fn tree_hash_sensitivity() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        fs::create_dir_all(t.join("d")).unwrap();
+        fs::write(t.join("d/f.txt"), b"hello world").unwrap();
+        fs::write(t.join("g"), b"g").unwrap();
+        symlink("d/f.txt", t.join("l")).unwrap();
+        let base = tree_hash(&t).unwrap();
+        assert!(base.starts_with("sha256:") && base.len() == 7 + 64);
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // mtime does not count.
+        let f = fs::File::options()
+            .write(true)
+            .open(t.join("d/f.txt"))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
+        drop(f);
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // Any byte of content.
+        fs::write(t.join("d/f.txt"), b"hello World").unwrap();
+        let h = tree_hash(&t).unwrap();
+        assert_ne!(h, base);
+        fs::write(t.join("d/f.txt"), b"hello world").unwrap();
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // A name.
+        fs::rename(t.join("g"), t.join("h")).unwrap();
+        assert_ne!(tree_hash(&t).unwrap(), base);
+        fs::rename(t.join("h"), t.join("g")).unwrap();
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // The exec bit.
+        fs::set_permissions(t.join("g"), fs::Permissions::from_mode(0o755)).unwrap();
+        assert_ne!(tree_hash(&t).unwrap(), base);
+        fs::set_permissions(t.join("g"), fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // A link target.
+        fs::remove_file(t.join("l")).unwrap();
+        symlink("d/f.txT", t.join("l")).unwrap();
+        assert_ne!(tree_hash(&t).unwrap(), base);
+        fs::remove_file(t.join("l")).unwrap();
+        symlink("d/f.txt", t.join("l")).unwrap();
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // A file turned into a symlink with the same "content" differs by type.
+        fs::remove_file(t.join("g")).unwrap();
+        symlink("g", t.join("g")).unwrap();
+        assert_ne!(tree_hash(&t).unwrap(), base);
+        fs::remove_file(t.join("g")).unwrap();
+        fs::write(t.join("g"), b"g").unwrap();
+        assert_eq!(tree_hash(&t).unwrap(), base);
+
+        // An empty directory counts.
+        fs::create_dir(t.join("empty")).unwrap();
+        assert_ne!(tree_hash(&t).unwrap(), base);
+    }
+
+    #[test]
+    fn remove_tree_does_not_follow_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = dir.path().join("keep");
+        fs::create_dir(&keep).unwrap();
+        fs::write(keep.join("precious"), b"p").unwrap();
+        let ws = dir.path().join("ws");
+        fs::create_dir_all(ws.join("x")).unwrap();
+        symlink(&keep, ws.join("x/to-keep")).unwrap();
+        symlink(keep.join("precious"), ws.join("file-link")).unwrap();
+        remove_tree(&ws).unwrap();
+        assert!(!ws.exists());
+        assert_eq!(fs::read(keep.join("precious")).unwrap(), b"p");
+        remove_tree(&ws).unwrap();
+    }
+}

@@ -1,0 +1,690 @@
+//! Identities: the node's long-term ed25519 key and the per-run ephemeral keys.
+//!
+//! * The **node key** is the node's long-term identity (`fork keygen`). It stays on the
+//!   host, outside every sandbox, and endorses each run's ephemeral key. It lives in
+//!   `$XDG_CONFIG_HOME/fork/node.key` (else `$HOME/.config/fork/node.key`), mode 0600,
+//!   in a directory created 0700, with the public half beside it in `node.pub`.
+//! * An **ephemeral key** is generated for one run (lifecycle step 2), signs that run's
+//!   verdict, and is destroyed (zeroized) as soon as the verdict is signed.
+//!
+//! Secrets only ever sit in zeroizing memory: `ed25519_dalek::SigningKey` zeroizes itself
+//! on drop (the `zeroize` feature), and every buffer that holds the seed or its encoding
+//! is a [`zeroize::Zeroizing`].
+//!
+//! # Public keys
+//! Public keys are spelled `ed25519:<base64>` everywhere (standard alphabet, padded, 32
+//! bytes), see [`PublicKey::parse`] and its `Display`. A key id is the first 16 hex
+//! characters of the sha256 of the 32 public key bytes ([`PublicKey::key_id`]).
+//!
+//! # Node key file format
+//! A small PEM-like text file:
+//! ```text
+//! -----BEGIN FORK NODE KEY-----
+//! Key-Type: ed25519
+//! Public-Key: ed25519:<base64 of the 32-byte public key>
+//!
+//! <base64 of the 32-byte ed25519 seed (the secret key)>
+//! -----END FORK NODE KEY-----
+//! ```
+//! Headers come first, then one empty line, then the base64 seed. `Key-Type` is required;
+//! `Public-Key` is optional on load, but when present it must match the seed (this catches
+//! a damaged or hand-edited file). The `node.pub` file holds the single line
+//! `ed25519:<base64>`.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use thiserror::Error;
+use zeroize::Zeroizing;
+
+/// The prefix of every public key spelling.
+pub const PUBLIC_KEY_PREFIX: &str = "ed25519:";
+/// The first line of a node key file.
+pub const NODE_KEY_BEGIN: &str = "-----BEGIN FORK NODE KEY-----";
+/// The last line of a node key file.
+pub const NODE_KEY_END: &str = "-----END FORK NODE KEY-----";
+/// Largest node key file accepted (a real one is about 200 bytes).
+const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// Errors of key generation, loading, parsing and signature checks.
+#[derive(Debug, Error)]
+pub enum IdentityError {
+    #[error("a node key already exists at {path}: pass --force to replace it (the old identity is then lost for good)")]
+    KeyExists { path: PathBuf },
+    #[error("no node key at {path}: create one with `fork keygen` (or pass --key FILE)")]
+    KeyMissing { path: PathBuf },
+    #[error("node key {path} is accessible by group or others (mode {mode:04o}): run `chmod 600 {path}`")]
+    InsecurePermissions { path: PathBuf, mode: u32 },
+    #[error("node key {path} is not a regular file: point --key at the key file itself")]
+    NotAFile { path: PathBuf },
+    #[error("node key {path} is malformed: {reason}; restore it from a backup or create a new one with `fork keygen --force`")]
+    Malformed { path: PathBuf, reason: String },
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{input}` is not a public key: {reason} (expected ed25519:<base64 of 32 bytes>)")]
+    BadPublicKey { input: String, reason: String },
+    #[error("the signature does not verify with key {key}")]
+    BadSignature { key: String },
+}
+
+fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> IdentityError + 'a {
+    move |source| IdentityError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An ed25519 public key, spelled `ed25519:<base64>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PublicKey(VerifyingKey);
+
+impl PublicKey {
+    /// Builds a key from its 32 bytes; refuses points that are not on the curve and the
+    /// weak (small-order) keys for which a signature proves nothing.
+    pub fn from_bytes(bytes: &[u8; 32]) -> Result<PublicKey, IdentityError> {
+        let bad = |reason: &str| IdentityError::BadPublicKey {
+            input: format!("{PUBLIC_KEY_PREFIX}{}", STANDARD.encode(bytes)),
+            reason: reason.to_string(),
+        };
+        let key = VerifyingKey::from_bytes(bytes).map_err(|_| bad("not a point on the curve"))?;
+        if key.is_weak() {
+            return Err(bad("a weak (small-order) key"));
+        }
+        Ok(PublicKey(key))
+    }
+
+    /// Parses `ed25519:<base64>` (standard alphabet, padded, 32 bytes).
+    pub fn parse(s: &str) -> Result<PublicKey, IdentityError> {
+        let shown: String = s.chars().take(80).collect();
+        let bad = |reason: &str| IdentityError::BadPublicKey {
+            input: shown.clone(),
+            reason: reason.to_string(),
+        };
+        let b64 = s
+            .strip_prefix(PUBLIC_KEY_PREFIX)
+            .ok_or_else(|| bad("it does not start with `ed25519:`"))?;
+        let raw = STANDARD
+            .decode(b64)
+            .map_err(|e| bad(&format!("bad base64 ({e})")))?;
+        let bytes: [u8; 32] = raw
+            .as_slice()
+            .try_into()
+            .map_err(|_| bad(&format!("{} bytes instead of 32", raw.len())))?;
+        PublicKey::from_bytes(&bytes).map_err(|e| match e {
+            IdentityError::BadPublicKey { reason, .. } => bad(&reason),
+            other => other,
+        })
+    }
+
+    /// The 32 raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        self.0.as_bytes()
+    }
+
+    /// The first 16 hex characters of sha256(public key bytes).
+    pub fn key_id(&self) -> String {
+        let digest = Sha256::digest(self.as_bytes());
+        let mut id = hex::encode(digest);
+        id.truncate(16);
+        id
+    }
+
+    /// Verifies an ed25519 signature (strict verification: rejects malleable signatures).
+    pub fn verify(&self, message: &[u8], signature: &[u8]) -> Result<(), IdentityError> {
+        let bad = || IdentityError::BadSignature {
+            key: self.to_string(),
+        };
+        let sig = Signature::from_slice(signature).map_err(|_| bad())?;
+        self.0.verify_strict(message, &sig).map_err(|_| bad())
+    }
+}
+
+impl fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{PUBLIC_KEY_PREFIX}{}", STANDARD.encode(self.as_bytes()))
+    }
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({self})")
+    }
+}
+
+impl FromStr for PublicKey {
+    type Err = IdentityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PublicKey::parse(s)
+    }
+}
+
+impl serde::Serialize for PublicKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PublicKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        PublicKey::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `ed25519:<base64>`; same as [`PublicKey::parse`].
+pub fn parse_public_key(s: &str) -> Result<PublicKey, IdentityError> {
+    PublicKey::parse(s)
+}
+
+/// Spells a key `ed25519:<base64>`; same as its `Display`.
+pub fn format_public_key(key: &PublicKey) -> String {
+    key.to_string()
+}
+
+/// Anything that can sign with an ed25519 key: the node key and ephemeral keys.
+pub trait SigningIdentity {
+    /// The public half.
+    fn public_key(&self) -> PublicKey;
+    /// An ed25519 signature over `message`.
+    fn sign_message(&self, message: &[u8]) -> [u8; 64];
+}
+
+/// The node's long-term identity key, loaded from its file (or generated in memory).
+/// The secret is zeroized when this value is dropped.
+pub struct NodeKey {
+    signing: SigningKey,
+    public: PublicKey,
+    path: Option<PathBuf>,
+}
+
+impl NodeKey {
+    /// A fresh node key that lives only in memory (tests, tools); use
+    /// [`generate_node_key`] for the persistent one.
+    pub fn generate() -> NodeKey {
+        NodeKey::from_signing(SigningKey::generate(&mut rand::rngs::OsRng), None)
+    }
+
+    fn from_signing(signing: SigningKey, path: Option<PathBuf>) -> NodeKey {
+        // A key derived from a uniformly random or stored seed; its public half is a valid
+        // curve point by construction, so no check is needed here.
+        let public = PublicKey(signing.verifying_key());
+        NodeKey {
+            signing,
+            public,
+            path,
+        }
+    }
+
+    /// The public half.
+    pub fn public(&self) -> PublicKey {
+        self.public
+    }
+
+    /// The file this key was loaded from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Signs `message`.
+    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
+        self.signing.sign(message).to_bytes()
+    }
+}
+
+impl SigningIdentity for NodeKey {
+    fn public_key(&self) -> PublicKey {
+        self.public
+    }
+    fn sign_message(&self, message: &[u8]) -> [u8; 64] {
+        self.sign(message)
+    }
+}
+
+impl fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeKey")
+            .field("public", &self.public)
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A per-run key: generated at FORK, signs the verdict, destroyed right after.
+/// The secret lives in zeroizing memory and is wiped on drop or [`EphemeralKey::destroy`].
+pub struct EphemeralKey {
+    signing: SigningKey,
+    public: PublicKey,
+}
+
+impl EphemeralKey {
+    /// A fresh keypair from the operating system's random source.
+    pub fn generate() -> EphemeralKey {
+        let signing = SigningKey::generate(&mut rand::rngs::OsRng);
+        let public = PublicKey(signing.verifying_key());
+        EphemeralKey { signing, public }
+    }
+
+    /// The public half (it goes into the verdict as `successor_key`).
+    pub fn public(&self) -> PublicKey {
+        self.public
+    }
+
+    /// Signs `message`.
+    pub fn sign(&self, message: &[u8]) -> [u8; 64] {
+        self.signing.sign(message).to_bytes()
+    }
+
+    /// Wipes the secret now. (Dropping does the same; this makes the moment explicit.)
+    pub fn destroy(self) {
+        drop(self);
+    }
+}
+
+impl SigningIdentity for EphemeralKey {
+    fn public_key(&self) -> PublicKey {
+        self.public
+    }
+    fn sign_message(&self, message: &[u8]) -> [u8; 64] {
+        self.sign(message)
+    }
+}
+
+impl fmt::Debug for EphemeralKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EphemeralKey")
+            .field("public", &self.public)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The directory holding the node key: `$XDG_CONFIG_HOME/fork`, else `$HOME/.config/fork`
+/// (else the home directory from the password database). The sandbox masks it.
+pub fn node_key_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CONFIG_HOME") {
+        let x = PathBuf::from(x);
+        if x.is_absolute() {
+            return x.join("fork");
+        }
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute())
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::geteuid())
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        })
+        .unwrap_or_else(|| PathBuf::from("/"));
+    home.join(".config").join("fork")
+}
+
+/// `node_key_dir()/node.key`.
+pub fn default_node_key_path() -> PathBuf {
+    node_key_dir().join("node.key")
+}
+
+/// Where the public half of the key at `key_path` is written: the same name with the
+/// extension `.pub` (`node.key` → `node.pub`).
+pub fn public_key_path(key_path: &Path) -> PathBuf {
+    key_path.with_extension("pub")
+}
+
+fn encode_key_file(signing: &SigningKey) -> Zeroizing<String> {
+    let seed = Zeroizing::new(signing.to_bytes());
+    let seed_b64 = Zeroizing::new(STANDARD.encode(seed.as_slice()));
+    let public = PublicKey(signing.verifying_key());
+    // Large enough that it never reallocates (which would leave a copy of the seed behind).
+    let mut out = Zeroizing::new(String::with_capacity(1024));
+    out.push_str(NODE_KEY_BEGIN);
+    out.push_str("\nKey-Type: ed25519\nPublic-Key: ");
+    out.push_str(&public.to_string());
+    out.push_str("\n\n");
+    out.push_str(&seed_b64);
+    out.push('\n');
+    out.push_str(NODE_KEY_END);
+    out.push('\n');
+    out
+}
+
+fn decode_key_file(path: &Path, text: &str) -> Result<SigningKey, IdentityError> {
+    let bad = |reason: &str| IdentityError::Malformed {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    let mut lines = text.lines().map(str::trim_end);
+    if lines.next() != Some(NODE_KEY_BEGIN) {
+        return Err(bad(&format!("the first line is not `{NODE_KEY_BEGIN}`")));
+    }
+    let mut key_type = None;
+    let mut claimed_public = None;
+    for line in lines.by_ref() {
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| bad("a header line without `Name: value`"))?;
+        match name.trim() {
+            "Key-Type" => key_type = Some(value.trim().to_string()),
+            "Public-Key" => claimed_public = Some(value.trim().to_string()),
+            other => return Err(bad(&format!("unknown header `{other}`"))),
+        }
+    }
+    if key_type.as_deref() != Some("ed25519") {
+        return Err(bad("the `Key-Type: ed25519` header is missing"));
+    }
+    let mut b64 = Zeroizing::new(String::with_capacity(text.len()));
+    let mut ended = false;
+    for line in lines.by_ref() {
+        if line == NODE_KEY_END {
+            ended = true;
+            break;
+        }
+        b64.push_str(line.trim());
+    }
+    if !ended {
+        return Err(bad(&format!("the `{NODE_KEY_END}` line is missing")));
+    }
+    if lines.any(|l| !l.trim().is_empty()) {
+        return Err(bad("text after the end line"));
+    }
+    let raw = Zeroizing::new(
+        STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|_| bad("the secret is not valid base64"))?,
+    );
+    if raw.len() != 32 {
+        return Err(bad(&format!(
+            "the secret is {} bytes instead of 32",
+            raw.len()
+        )));
+    }
+    let mut seed = Zeroizing::new([0u8; 32]);
+    seed.copy_from_slice(&raw);
+    let signing = SigningKey::from_bytes(&seed);
+    if let Some(claimed) = claimed_public {
+        let derived = PublicKey(signing.verifying_key()).to_string();
+        if claimed != derived {
+            return Err(bad(&format!(
+                "its Public-Key header ({claimed}) does not match its secret ({derived})"
+            )));
+        }
+    }
+    Ok(signing)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("sync directory", dir))
+}
+
+/// Creates the node key at `path` (mode 0600; parent directories created 0700) and its
+/// public half beside it ([`public_key_path`], mode 0644). The file is written to a
+/// temporary name and moved into place, so it is never seen half written; without
+/// `force` the move refuses to replace an existing file (atomically, like `O_EXCL`).
+pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, IdentityError> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !force && fs::symlink_metadata(path).is_ok() {
+        return Err(IdentityError::KeyExists {
+            path: path.to_path_buf(),
+        });
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&parent)
+        .map_err(io_err("create directory", &parent))?;
+
+    let signing = SigningKey::generate(&mut rand::rngs::OsRng);
+    let public = PublicKey(signing.verifying_key());
+    let text = encode_key_file(&signing);
+
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".node-key-")
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(&parent)
+        .map_err(io_err("create a temporary file in", &parent))?;
+    tmp.write_all(text.as_bytes())
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(io_err("write", tmp.path()))?;
+    if force {
+        tmp.persist(path)
+            .map_err(|e| io_err("write", path)(e.error))?;
+    } else {
+        tmp.persist_noclobber(path).map_err(|e| {
+            if e.error.kind() == io::ErrorKind::AlreadyExists {
+                IdentityError::KeyExists {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                io_err("write", path)(e.error)
+            }
+        })?;
+    }
+
+    let pub_path = public_key_path(path);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".node-pub-")
+        .permissions(fs::Permissions::from_mode(0o644))
+        .tempfile_in(&parent)
+        .map_err(io_err("create a temporary file in", &parent))?;
+    writeln!(tmp, "{public}")
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(io_err("write", tmp.path()))?;
+    tmp.persist(&pub_path)
+        .map_err(|e| io_err("write", &pub_path)(e.error))?;
+    sync_dir(&parent)?;
+    Ok(public)
+}
+
+/// Loads the node key at `path`. Refuses a key file that group or others may access
+/// (the error names the `chmod 600` fix) and anything that is not a regular file.
+pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(IdentityError::KeyMissing {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(io_err("open", path)(e)),
+    };
+    // Check the file we opened, not the path, so a swap between check and read is harmless.
+    let meta = file.metadata().map_err(io_err("stat", path))?;
+    if !meta.file_type().is_file() {
+        return Err(IdentityError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(IdentityError::InsecurePermissions {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    if meta.len() > MAX_KEY_FILE_BYTES {
+        return Err(IdentityError::Malformed {
+            path: path.to_path_buf(),
+            reason: format!("{} bytes, far more than a key file holds", meta.len()),
+        });
+    }
+    // Room for the largest accepted file up front: a reallocation would leave a copy of
+    // the secret behind in freed memory.
+    let mut raw = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE_BYTES as usize + 64));
+    file.take(MAX_KEY_FILE_BYTES)
+        .read_to_end(&mut raw)
+        .map_err(io_err("read", path))?;
+    let text = std::str::from_utf8(&raw).map_err(|_| IdentityError::Malformed {
+        path: path.to_path_buf(),
+        reason: "it is not text".to_string(),
+    })?;
+    let signing = decode_key_file(path, text)?;
+    Ok(NodeKey::from_signing(signing, Some(path.to_path_buf())))
+}
+
+/// Reads a public key file (`node.pub`: one line `ed25519:<base64>`).
+pub fn read_public_key(path: &Path) -> Result<PublicKey, IdentityError> {
+    let text = fs::read_to_string(path).map_err(io_err("read", path))?;
+    PublicKey::parse(text.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn public_key_round_trip_and_key_id() {
+        let k = EphemeralKey::generate();
+        let s = k.public().to_string();
+        assert!(s.starts_with("ed25519:"));
+        let back = PublicKey::parse(&s).unwrap();
+        assert_eq!(back, k.public());
+        let id = back.key_id();
+        assert_eq!(id.len(), 16);
+        assert_eq!(id, hex::encode(Sha256::digest(back.as_bytes()))[..16]);
+        let json = serde_json::to_string(&back).unwrap();
+        assert_eq!(json, format!("\"{s}\""));
+        let from_json: PublicKey = serde_json::from_str(&json).unwrap();
+        assert_eq!(from_json, back);
+    }
+
+    #[test]
+    fn public_key_parse_errors() {
+        assert!(PublicKey::parse("ssh-ed25519 AAAA").is_err());
+        assert!(PublicKey::parse("ed25519:not base64!").is_err());
+        let short = format!("ed25519:{}", STANDARD.encode([1u8; 31]));
+        let msg = PublicKey::parse(&short).unwrap_err().to_string();
+        assert!(msg.contains("31 bytes"), "{msg}");
+        // The identity point is a weak key.
+        let mut ident = [0u8; 32];
+        ident[0] = 1;
+        let weak = format!("ed25519:{}", STANDARD.encode(ident));
+        let msg = PublicKey::parse(&weak).unwrap_err().to_string();
+        assert!(msg.contains("weak"), "{msg}");
+    }
+
+    #[test]
+    fn sign_and_verify() {
+        let k = EphemeralKey::generate();
+        let sig = k.sign(b"hello");
+        k.public().verify(b"hello", &sig).unwrap();
+        assert!(k.public().verify(b"hellO", &sig).is_err());
+        let other = EphemeralKey::generate();
+        assert!(other.public().verify(b"hello", &sig).is_err());
+        assert!(k.public().verify(b"hello", &sig[..63]).is_err());
+        k.destroy();
+    }
+
+    #[test]
+    fn keygen_load_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cfg").join("fork").join("node.key");
+        let public = generate_node_key(&path, false).unwrap();
+
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let dmeta = fs::metadata(path.parent().unwrap()).unwrap();
+        assert_eq!(dmeta.permissions().mode() & 0o777, 0o700);
+        let pub_path = dir.path().join("cfg/fork/node.pub");
+        assert_eq!(read_public_key(&pub_path).unwrap(), public);
+
+        let key = load_node_key(&path).unwrap();
+        assert_eq!(key.public(), public);
+        let sig = key.sign(b"m");
+        public.verify(b"m", &sig).unwrap();
+        assert!(!format!("{key:?}").contains(&STANDARD.encode(key.signing.to_bytes())));
+
+        // Never overwritten without force.
+        let before = fs::read(&path).unwrap();
+        let err = generate_node_key(&path, false).unwrap_err();
+        assert!(matches!(err, IdentityError::KeyExists { .. }), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), before);
+        // With force: a new identity.
+        let new_public = generate_node_key(&path, true).unwrap();
+        assert_ne!(new_public, public);
+        assert_eq!(load_node_key(&path).unwrap().public(), new_public);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        // Group- or world-readable keys are refused, naming the fix.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        let msg = load_node_key(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("chmod 600") && msg.contains("node.key"),
+            "{msg}"
+        );
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+
+        // A file whose header does not match its secret is refused.
+        let text = fs::read_to_string(&path).unwrap();
+        let other = EphemeralKey::generate().public().to_string();
+        let tampered = text.replace(&new_public.to_string(), &other);
+        fs::write(&path, tampered).unwrap();
+        let msg = load_node_key(&path).unwrap_err().to_string();
+        assert!(msg.contains("does not match"), "{msg}");
+
+        let missing = dir.path().join("nope.key");
+        assert!(matches!(
+            load_node_key(&missing).unwrap_err(),
+            IdentityError::KeyMissing { .. }
+        ));
+        assert!(matches!(
+            load_node_key(dir.path()).unwrap_err(),
+            IdentityError::NotAFile { .. }
+        ));
+    }
+
+    #[test]
+    fn malformed_key_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        for text in [
+            "hello",
+            "-----BEGIN FORK NODE KEY-----\nKey-Type: rsa\n\nAAAA\n-----END FORK NODE KEY-----\n",
+            "-----BEGIN FORK NODE KEY-----\nKey-Type: ed25519\n\nAAAA\n-----END FORK NODE KEY-----\n",
+            "-----BEGIN FORK NODE KEY-----\nKey-Type: ed25519\n\nAAAA\n",
+        ] {
+            fs::write(&path, text).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+            let err = load_node_key(&path).unwrap_err();
+            assert!(matches!(err, IdentityError::Malformed { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn default_paths_follow_xdg() {
+        // Only reads the environment; the expected value is derived the same documented way.
+        let p = default_node_key_path();
+        assert!(p.ends_with("fork/node.key"), "{}", p.display());
+        assert_eq!(p.parent().unwrap(), node_key_dir());
+        if let Some(x) = std::env::var_os("XDG_CONFIG_HOME").filter(|x| Path::new(x).is_absolute())
+        {
+            assert_eq!(p, PathBuf::from(x).join("fork/node.key"));
+        }
+    }
+}

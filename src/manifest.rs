@@ -1,0 +1,907 @@
+//! The runtime manifest, `fork.toml` at the runtime's root (DESIGN.md, "The runtime
+//! manifest"): what to clone (`[runtime]`) and how to evaluate it (`[tasks.NAME]`, in
+//! file order; the first task is the default).
+//!
+//! Unknown fields are errors. Every error names the file and the field and says what
+//! to write instead. Paths in `source`, `state` and `tools` must be relative and stay
+//! inside the runtime directory (symlinks included); `results.path` and `metrics` are
+//! relative to `$FORK_REPORTS` and may not leave it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::units::{parse_duration, parse_size};
+
+/// The manifest's file name, at the runtime's root.
+pub const MANIFEST_FILE: &str = "fork.toml";
+
+/// Environment variables fork sets for the successor; a task may not override them.
+pub const RESERVED_ENV: [&str; 5] = ["FORK_REPORTS", "FORK_STATE", "FORK_TOOLS", "HOME", "TMPDIR"];
+
+/// The most repetitions a task may ask for.
+pub const MAX_REPEAT: u32 = 1000;
+
+/// A manifest that could not be loaded.
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    #[error(
+        "{}: not found; create fork.toml at the runtime's root with a [runtime] table and at \
+         least one [tasks.NAME] table (see DESIGN.md, \"The runtime manifest\")",
+        path.display()
+    )]
+    Missing { path: PathBuf },
+    #[error("{}: cannot read it: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Bad TOML, a wrong type, a missing or unknown field (toml's message names the line,
+    /// the field and the expected fields).
+    #[error("{}: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    /// A value that parsed but is not acceptable.
+    #[error("{}: `{field}`: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        message: String,
+    },
+    #[error("{}: no task named `{name}`; the tasks are: {}", path.display(), available.join(", "))]
+    UnknownTask {
+        path: PathBuf,
+        name: String,
+        available: Vec<String>,
+    },
+}
+
+/// A parsed `fork.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub runtime: RuntimeSection,
+    /// The tasks in file order; the first one is the default.
+    #[serde(
+        default,
+        serialize_with = "serialize_tasks",
+        deserialize_with = "deserialize_tasks"
+    )]
+    pub tasks: Vec<(String, TaskSpec)>,
+    /// The file this manifest was loaded from (empty when parsed from a string).
+    #[serde(skip)]
+    pub file: PathBuf,
+}
+
+/// `[runtime]`: what fork clones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSection {
+    pub name: String,
+    /// The tree the patch applies to, relative to the runtime directory.
+    #[serde(default = "dot")]
+    pub source: PathBuf,
+    /// SQLite stores, snapshotted with the online backup API.
+    #[serde(default)]
+    pub state: Vec<PathBuf>,
+    /// The tool registry, copied into the successor's namespace.
+    #[serde(default)]
+    pub tools: Option<PathBuf>,
+    /// Glob patterns (relative to `source`) not copied into the clone's src/.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Glob patterns (relative to `source`) a patch may not touch.
+    #[serde(default)]
+    pub protected: Vec<String>,
+}
+
+fn dot() -> PathBuf {
+    PathBuf::from(".")
+}
+
+/// `[tasks.NAME]`: one evaluation task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// argv, run with cwd = the clone's src/.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<ResultsSpec>,
+    /// A JSON file `{"name": number, ...}`, relative to `$FORK_REPORTS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+    /// Also run the task on the unpatched clone and compare.
+    #[serde(default)]
+    pub baseline: bool,
+    #[serde(default = "one")]
+    pub repeat: u32,
+    #[serde(default)]
+    pub budget: TaskBudget,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Metric names (or `*` patterns) for which a smaller value is better, in addition to
+    /// the policy's `[decision] lower_is_better` list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lower_is_better: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `results = { format = "junit", path = "tests.xml" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultsSpec {
+    pub format: ResultsFormat,
+    /// Relative to `$FORK_REPORTS`.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultsFormat {
+    Junit,
+    Tap,
+    ExitStatus,
+}
+
+/// `budget = { wall = "10m", memory = "1GiB", cpu = "200", disk = "10GiB",
+/// pids = 512, api_cost = "5.00" }`: human units, kept as written (numbers are
+/// accepted and kept as their decimal text); see [`TaskBudget::resolve`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskBudget {
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub wall: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory: Option<String>,
+    /// Percent of one CPU ("200" = two CPUs; "200%" also accepted).
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cpu: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub disk: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pids: Option<String>,
+    /// US dollars ("5.00" or "$5").
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub api_cost: Option<String>,
+}
+
+/// A [`TaskBudget`] in machine units; `None` where the task sets no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BudgetValues {
+    pub wall: Option<Duration>,
+    pub memory_bytes: Option<u64>,
+    pub cpu_percent: Option<f64>,
+    pub disk_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    pub api_cost_usd: Option<f64>,
+}
+
+/// A budget value that is not acceptable: `budget.<field>` and why, with the fix.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("budget.{field}: {message}")]
+pub struct BudgetError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl TaskBudget {
+    /// Parses every set value; zero limits are refused (a budget of nothing).
+    pub fn resolve(&self) -> Result<BudgetValues, BudgetError> {
+        fn get<T>(
+            field: &'static str,
+            v: &Option<String>,
+            f: impl Fn(&str) -> Result<T, String>,
+        ) -> Result<Option<T>, BudgetError> {
+            v.as_deref()
+                .map(|s| f(s).map_err(|message| BudgetError { field, message }))
+                .transpose()
+        }
+        Ok(BudgetValues {
+            wall: get("wall", &self.wall, parse_wall)?,
+            memory_bytes: get("memory", &self.memory, parse_bytes)?,
+            cpu_percent: get("cpu", &self.cpu, parse_cpu)?,
+            disk_bytes: get("disk", &self.disk, parse_bytes)?,
+            pids: get("pids", &self.pids, parse_pids)?,
+            api_cost_usd: get("api_cost", &self.api_cost, parse_api_cost)?,
+        })
+    }
+}
+
+/// A positive duration such as "10m".
+pub fn parse_wall(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err(format!(
+            "`{s}` is zero: write a positive duration like 30s, 10m or 1h"
+        ));
+    }
+    Ok(d)
+}
+
+/// A positive size such as "1GiB".
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err(format!(
+            "`{s}` is zero: write a positive size like 512MiB or 2GiB"
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Percent of one CPU: "200" or "200%" (two CPUs), positive.
+pub fn parse_cpu(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix('%').unwrap_or(t).trim();
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a CPU share: write a percent of one CPU, like \"50\" or \"200\" (two CPUs)"
+        )),
+    }
+}
+
+/// A positive process count.
+pub fn parse_pids(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a process count: write a positive integer like 512"
+        )),
+    }
+}
+
+/// US dollars: "5.00", "$5" or "0".
+pub fn parse_api_cost(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_prefix('$').unwrap_or(t);
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not an amount: write US dollars like \"5.00\""
+        )),
+    }
+}
+
+/// Accepts a string or a number (kept as its decimal text).
+fn human<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string in human units such as \"10m\" or \"1GiB\", or a number")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+    }
+    d.deserialize_any(V)
+}
+
+fn serialize_tasks<S: Serializer>(tasks: &[(String, TaskSpec)], s: S) -> Result<S::Ok, S::Error> {
+    let mut m = s.serialize_map(Some(tasks.len()))?;
+    for (k, v) in tasks {
+        m.serialize_entry(k, v)?;
+    }
+    m.end()
+}
+
+/// Reads `[tasks.*]` in document order (toml keeps table order).
+fn deserialize_tasks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, TaskSpec)>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<(String, TaskSpec)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a table of tasks, e.g. [tasks.tests] command = [\"make\", \"test\"]")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out: Vec<(String, TaskSpec)> = Vec::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let spec: TaskSpec = map.next_value()?;
+                if out.iter().any(|(n, _)| *n == name) {
+                    return Err(de::Error::custom(format!("task `{name}` is defined twice")));
+                }
+                out.push((name, spec));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(V)
+}
+
+/// Loads and checks `<runtime_dir>/fork.toml`.
+pub fn load(runtime_dir: &Path) -> Result<Manifest, ManifestError> {
+    let path = runtime_dir.join(MANIFEST_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ManifestError::Missing { path })
+        }
+        Err(e) => return Err(ManifestError::Read { path, source: e }),
+    };
+    let manifest = Manifest::from_toml(&text, &path)?;
+    manifest.validate(runtime_dir)?;
+    Ok(manifest)
+}
+
+impl Manifest {
+    /// Parses manifest text and checks everything that does not need the filesystem.
+    /// `file` is only used in messages.
+    pub fn from_toml(text: &str, file: &Path) -> Result<Manifest, ManifestError> {
+        let mut m: Manifest = toml::from_str(text).map_err(|e| ManifestError::Syntax {
+            path: file.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        m.file = file.to_path_buf();
+        m.check_values()?;
+        Ok(m)
+    }
+
+    /// The named task, or the first one when `name` is `None`.
+    pub fn task(&self, name: Option<&str>) -> Result<(&str, &TaskSpec), ManifestError> {
+        let found = match name {
+            None => self.tasks.first(),
+            Some(n) => self.tasks.iter().find(|(k, _)| k == n),
+        };
+        found
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| ManifestError::UnknownTask {
+                path: self.file.clone(),
+                name: name.unwrap_or_default().to_string(),
+                available: self.tasks.iter().map(|(k, _)| k.clone()).collect(),
+            })
+    }
+
+    /// The names of the tasks, in file order.
+    pub fn task_names(&self) -> Vec<&str> {
+        self.tasks.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    fn invalid(&self, field: impl Into<String>, message: impl Into<String>) -> ManifestError {
+        ManifestError::Invalid {
+            path: self.file.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Value checks that do not touch the filesystem.
+    fn check_values(&self) -> Result<(), ManifestError> {
+        let r = &self.runtime;
+        if r.name.is_empty()
+            || r.name.len() > 64
+            || !r
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err(self.invalid(
+                "runtime.name",
+                format!(
+                    "{:?} is not a usable name: write 1-64 letters, digits, '.', '_' or '-', \
+                     e.g. name = \"hermes-demo\"",
+                    r.name
+                ),
+            ));
+        }
+        self.lexical_path("runtime.source", &r.source)?;
+        for (i, p) in r.state.iter().enumerate() {
+            self.lexical_path(&format!("runtime.state[{i}]"), p)?;
+        }
+        if let Some(t) = &r.tools {
+            self.lexical_path("runtime.tools", t)?;
+        }
+        for (field, list) in [
+            ("runtime.exclude", &r.exclude),
+            ("runtime.protected", &r.protected),
+        ] {
+            for (i, g) in list.iter().enumerate() {
+                self.check_glob(&format!("{field}[{i}]"), g)?;
+            }
+        }
+        if self.tasks.is_empty() {
+            return Err(self.invalid(
+                "tasks",
+                "no task defined: add one, e.g. [tasks.tests] command = [\"make\", \"test\"]",
+            ));
+        }
+        for (name, t) in &self.tasks {
+            self.check_task(name, t)?;
+        }
+        Ok(())
+    }
+
+    fn check_task(&self, name: &str, t: &TaskSpec) -> Result<(), ManifestError> {
+        let field = |f: &str| format!("tasks.{name}.{f}");
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+        {
+            return Err(self.invalid(
+                format!("tasks.{name}"),
+                "a task name may only hold letters, digits, '_' and '-'; rename the table",
+            ));
+        }
+        if t.command.is_empty() || t.command[0].is_empty() {
+            return Err(self.invalid(
+                field("command"),
+                "empty command: write the argv, e.g. command = [\"python3\", \"tests/run.py\"]",
+            ));
+        }
+        if t.command.iter().any(|a| a.contains('\0')) {
+            return Err(self.invalid(
+                field("command"),
+                "an argument contains a NUL byte; remove it",
+            ));
+        }
+        if let Some(res) = &t.results {
+            self.report_path(&field("results.path"), &res.path)?;
+        }
+        if let Some(m) = &t.metrics {
+            self.report_path(&field("metrics"), m)?;
+        }
+        if t.repeat == 0 || t.repeat > MAX_REPEAT {
+            return Err(self.invalid(
+                field("repeat"),
+                format!(
+                    "{} is out of range: write a count from 1 to {MAX_REPEAT}",
+                    t.repeat
+                ),
+            ));
+        }
+        if let Err(e) = t.budget.resolve() {
+            return Err(self.invalid(field(&format!("budget.{}", e.field)), e.message));
+        }
+        for (k, v) in &t.env {
+            let valid = k.bytes().enumerate().all(|(i, b)| {
+                b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit())
+            });
+            if k.is_empty() || !valid {
+                return Err(self.invalid(
+                    field(&format!("env.{k}")),
+                    "not a valid variable name: use letters, digits and '_', not starting with a digit",
+                ));
+            }
+            if RESERVED_ENV.contains(&k.as_str()) {
+                return Err(self.invalid(
+                    field(&format!("env.{k}")),
+                    format!(
+                        "{k} is set by fork for the successor and cannot be overridden; remove it"
+                    ),
+                ));
+            }
+            if v.contains('\0') {
+                return Err(
+                    self.invalid(field(&format!("env.{k}")), "the value contains a NUL byte")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Relative, no `..`: checked before touching the filesystem.
+    fn lexical_path(&self, field: &str, p: &Path) -> Result<(), ManifestError> {
+        if p.as_os_str().is_empty() {
+            return Err(self.invalid(
+                field,
+                "empty path: write a path relative to the runtime directory",
+            ));
+        }
+        if p.is_absolute() {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{} is absolute: write it relative to the runtime directory (the one holding \
+                     fork.toml), e.g. \"state/hermes.db\"",
+                    p.display()
+                ),
+            ));
+        }
+        if p.components().any(|c| c == Component::ParentDir) {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{} leaves the runtime directory through `..`: everything fork clones must \
+                     live under the directory holding fork.toml",
+                    p.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn report_path(&self, field: &str, p: &str) -> Result<(), ManifestError> {
+        let path = Path::new(p);
+        let ok = !p.is_empty()
+            && !path.is_absolute()
+            && path
+                .components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+            && path.components().any(|c| matches!(c, Component::Normal(_)));
+        if !ok {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{p:?} must be a file name relative to $FORK_REPORTS without `..`, \
+                     e.g. \"tests.xml\""
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_glob(&self, field: &str, g: &str) -> Result<(), ManifestError> {
+        if g.is_empty() {
+            return Err(self.invalid(field, "empty pattern: remove it"));
+        }
+        if g.starts_with('/') || g.split('/').any(|c| c == "..") {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{g:?} must be relative to the source tree without `..`, e.g. \"tests/**\""
+                ),
+            ));
+        }
+        globset::GlobBuilder::new(g)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| self.invalid(field, format!("{g:?} is not a valid glob: {e}")))?;
+        Ok(())
+    }
+
+    /// Filesystem checks: `source`, `state` and `tools` exist under `runtime_dir`, with
+    /// the right type, and do not resolve outside it (through symlinks).
+    pub fn validate(&self, runtime_dir: &Path) -> Result<(), ManifestError> {
+        self.check_values()?;
+        let root = runtime_dir.canonicalize().map_err(|e| {
+            self.invalid(
+                "runtime",
+                format!(
+                    "the runtime directory {} cannot be resolved: {e}",
+                    runtime_dir.display()
+                ),
+            )
+        })?;
+        let r = &self.runtime;
+        self.inside(&root, "runtime.source", &r.source, true)?;
+        for (i, p) in r.state.iter().enumerate() {
+            self.inside(&root, &format!("runtime.state[{i}]"), p, false)?;
+        }
+        if let Some(t) = &r.tools {
+            self.inside(&root, "runtime.tools", t, true)?;
+        }
+        Ok(())
+    }
+
+    fn inside(
+        &self,
+        root: &Path,
+        field: &str,
+        p: &Path,
+        want_dir: bool,
+    ) -> Result<(), ManifestError> {
+        self.lexical_path(field, p)?;
+        let full = root.join(p);
+        let real = full.canonicalize().map_err(|e| {
+            let what = if e.kind() == io::ErrorKind::NotFound {
+                "does not exist".to_string()
+            } else {
+                format!("cannot be resolved ({e})")
+            };
+            self.invalid(
+                field,
+                format!(
+                    "{} {what} under {}: fix the path or create the {}",
+                    p.display(),
+                    root.display(),
+                    if want_dir { "directory" } else { "file" }
+                ),
+            )
+        })?;
+        if !real.starts_with(root) {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{} resolves to {}, outside the runtime directory {} (through a symlink); \
+                     point it at a path that really lives there",
+                    p.display(),
+                    real.display(),
+                    root.display()
+                ),
+            ));
+        }
+        let is_dir = real.is_dir();
+        if want_dir && !is_dir {
+            return Err(self.invalid(field, format!("{} is not a directory", p.display())));
+        }
+        if !want_dir && !real.is_file() {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{} is not a regular file (a SQLite database is expected)",
+                    p.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-demo")
+    }
+
+    const GOOD: &str = r#"
+[runtime]
+name = "demo"
+source = "."
+state = ["state/db.sqlite"]
+tools = "tools"
+exclude = ["state"]
+protected = ["tests/**"]
+
+[tasks.zeta]
+command = ["true"]
+
+[tasks.alpha]
+command = ["python3", "bench.py"]
+metrics = "metrics.json"
+baseline = true
+repeat = 3
+budget = { wall = "90s", memory = "512MiB", cpu = 200, pids = 64, disk = "1GiB", api_cost = "$2.50" }
+env = { MODE = "fast" }
+"#;
+
+    /// A runtime directory with the given manifest and the files GOOD names.
+    fn runtime(manifest: &str) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("state")).unwrap();
+        std::fs::create_dir_all(d.path().join("tools")).unwrap();
+        std::fs::write(d.path().join("state/db.sqlite"), b"").unwrap();
+        std::fs::write(d.path().join(MANIFEST_FILE), manifest).unwrap();
+        d
+    }
+
+    fn load_err(manifest: &str) -> String {
+        let d = runtime(manifest);
+        let e = load(d.path()).expect_err("the manifest should be rejected");
+        let s = e.to_string();
+        assert!(s.contains("fork.toml"), "the error names the file: {s}");
+        s
+    }
+
+    #[test]
+    fn demo_manifest_loads_in_file_order() {
+        let m = load(&demo()).unwrap();
+        assert_eq!(m.runtime.name, "hermes-demo");
+        assert_eq!(m.runtime.source, PathBuf::from("."));
+        assert_eq!(m.runtime.state, vec![PathBuf::from("state/hermes.db")]);
+        assert_eq!(m.runtime.tools.as_deref(), Some(Path::new("tools")));
+        assert_eq!(m.runtime.exclude, ["state", ".git", "__pycache__"]);
+        assert_eq!(m.runtime.protected, ["tests/**", "bench/**", "fork.toml"]);
+        assert_eq!(m.task_names(), ["tests", "compress"]);
+        let (name, tests) = m.task(None).unwrap();
+        assert_eq!(name, "tests");
+        assert_eq!(tests.command, ["python3", "tests/run.py"]);
+        assert_eq!(
+            tests.results,
+            Some(ResultsSpec {
+                format: ResultsFormat::Junit,
+                path: "tests.xml".into()
+            })
+        );
+        assert_eq!((tests.repeat, tests.baseline), (1, false));
+        let (_, c) = m.task(Some("compress")).unwrap();
+        assert_eq!(c.metrics.as_deref(), Some("metrics.json"));
+        assert!(c.baseline);
+        assert_eq!(c.repeat, 5);
+        let b = c.budget.resolve().unwrap();
+        assert_eq!(b.wall, Some(Duration::from_secs(600)));
+        assert_eq!(b.memory_bytes, Some(1 << 30));
+        assert_eq!(b.cpu_percent, None);
+        assert_eq!(m.file, demo().join(MANIFEST_FILE));
+    }
+
+    #[test]
+    fn order_numbers_and_round_trip() {
+        let d = runtime(GOOD);
+        let m = load(d.path()).unwrap();
+        assert_eq!(m.task_names(), ["zeta", "alpha"]);
+        assert_eq!(m.task(None).unwrap().0, "zeta");
+        let (_, a) = m.task(Some("alpha")).unwrap();
+        assert_eq!(a.budget.cpu.as_deref(), Some("200"));
+        let b = a.budget.resolve().unwrap();
+        assert_eq!(b.cpu_percent, Some(200.0));
+        assert_eq!(b.pids, Some(64));
+        assert_eq!(b.api_cost_usd, Some(2.5));
+        assert_eq!(b.disk_bytes, Some(1 << 30));
+        assert_eq!(a.env.get("MODE").map(String::as_str), Some("fast"));
+        let text = toml::to_string(&m).unwrap();
+        let again = Manifest::from_toml(&text, &m.file).unwrap();
+        assert_eq!(again, m);
+        assert_eq!(again.task_names(), ["zeta", "alpha"]);
+    }
+
+    #[test]
+    fn missing_file_and_bad_toml() {
+        let d = tempfile::tempdir().unwrap();
+        let e = load(d.path()).unwrap_err();
+        assert!(matches!(e, ManifestError::Missing { .. }));
+        let s = e.to_string();
+        assert!(
+            s.contains("fork.toml: not found") && s.contains("[runtime]"),
+            "{s}"
+        );
+
+        let s = load_err("[runtime\nname = \"x\"\n");
+        assert!(s.contains("line 1"), "{s}");
+        let s = load_err("[runtime]\nsource = \".\"\n[tasks.t]\ncommand = [\"true\"]\n");
+        assert!(s.contains("missing field `name`"), "{s}");
+        let s = load_err("[runtime]\nname = \"x\"\n[tasks.t]\ncommand = \"make test\"\n");
+        assert!(s.contains("invalid type") && s.contains("command"), "{s}");
+    }
+
+    #[test]
+    fn unknown_fields_are_named_with_the_alternatives() {
+        let s = load_err(&GOOD.replace("tools = \"tools\"", "tool = \"tools\""));
+        assert!(
+            s.contains("unknown field `tool`") && s.contains("`tools`"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("baseline = true", "baseline = true\ntimeout = 5"));
+        assert!(
+            s.contains("unknown field `timeout`") && s.contains("`budget`"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("pids = 64", "threads = 64"));
+        assert!(
+            s.contains("unknown field `threads`") && s.contains("`pids`"),
+            "{s}"
+        );
+        let s = load_err(&format!("{GOOD}\n[extra]\nx = 1\n"));
+        assert!(s.contains("unknown field `extra`"), "{s}");
+        let s = load_err(&GOOD.replace(
+            "metrics = \"metrics.json\"",
+            "results = { format = \"xunit\", path = \"r.xml\" }",
+        ));
+        assert!(s.contains("xunit") && s.contains("junit"), "{s}");
+    }
+
+    #[test]
+    fn escaping_paths_are_refused() {
+        let s = load_err(&GOOD.replace("state/db.sqlite", "../db.sqlite"));
+        assert!(
+            s.contains("`runtime.state[0]`") && s.contains("`..`"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("source = \".\"", "source = \"/srv/app\""));
+        assert!(
+            s.contains("`runtime.source`") && s.contains("absolute"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("tools = \"tools\"", "tools = \"no-such-dir\""));
+        assert!(
+            s.contains("`runtime.tools`") && s.contains("does not exist"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace(
+            "metrics = \"metrics.json\"",
+            "metrics = \"../../etc/x.json\"",
+        ));
+        assert!(
+            s.contains("`tasks.alpha.metrics`") && s.contains("$FORK_REPORTS"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("protected = [\"tests/**\"]", "protected = [\"../**\"]"));
+        assert!(s.contains("`runtime.protected[0]`"), "{s}");
+
+        // a symlink inside the runtime pointing outside it
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("real.db"), b"").unwrap();
+        let d = runtime(&GOOD.replace("state/db.sqlite", "state/link.db"));
+        std::os::unix::fs::symlink(
+            outside.path().join("real.db"),
+            d.path().join("state/link.db"),
+        )
+        .unwrap();
+        let s = load(d.path()).unwrap_err().to_string();
+        assert!(s.contains("outside the runtime directory"), "{s}");
+
+        let s = load_err(&GOOD.replace("state/db.sqlite", "tools"));
+        assert!(s.contains("not a regular file"), "{s}");
+    }
+
+    #[test]
+    fn bad_units_and_values() {
+        let s = load_err(&GOOD.replace("\"90s\"", "\"soon\""));
+        assert!(
+            s.contains("`tasks.alpha.budget.wall`") && s.contains("30s, 10m or 1h"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("\"512MiB\"", "\"lots\""));
+        assert!(
+            s.contains("`tasks.alpha.budget.memory`") && s.contains("512MiB"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("pids = 64", "pids = 0"));
+        assert!(s.contains("`tasks.alpha.budget.pids`"), "{s}");
+        let s = load_err(&GOOD.replace("cpu = 200", "cpu = \"fast\""));
+        assert!(s.contains("`tasks.alpha.budget.cpu`"), "{s}");
+        let s = load_err(&GOOD.replace("wall = \"90s\"", "wall = true"));
+        assert!(s.contains("human units"), "{s}");
+        let s = load_err(&GOOD.replace("repeat = 3", "repeat = 0"));
+        assert!(
+            s.contains("`tasks.alpha.repeat`") && s.contains("from 1"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("command = [\"true\"]", "command = []"));
+        assert!(s.contains("`tasks.zeta.command`"), "{s}");
+        let s = load_err(&GOOD.replace("MODE = \"fast\"", "HOME = \"/root\""));
+        assert!(
+            s.contains("`tasks.alpha.env.HOME`") && s.contains("cannot be overridden"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace("name = \"demo\"", "name = \"my demo\""));
+        assert!(s.contains("`runtime.name`"), "{s}");
+        let s = load_err("[runtime]\nname = \"x\"\n");
+        assert!(s.contains("`tasks`") && s.contains("no task"), "{s}");
+    }
+
+    #[test]
+    fn unknown_task_lists_the_tasks() {
+        let m = load(&demo()).unwrap();
+        let s = m.task(Some("bench")).unwrap_err().to_string();
+        assert!(
+            s.contains("no task named `bench`") && s.contains("tests, compress"),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,1074 @@
+//! Exact patch application (DESIGN.md, lifecycle step 3).
+//!
+//! - Context and removed lines must match byte for byte, including the final newline.
+//!   A hunk may be found at an offset from where its header says (as `git apply`
+//!   does), never with fuzz. As in `git apply`, a hunk that starts at line 1 (or 0)
+//!   must match at the start of the file, and a hunk without trailing context must
+//!   match at its end.
+//! - A hunk whose result is already in the file while its preimage is not is refused
+//!   as "already applied": the patch is never silently reverse-applied (SWE-bench #228).
+//! - Atomic: every file's new content is computed in memory first; the tree is written
+//!   only when every hunk of every file applied. If a write fails midway, the files
+//!   already written are restored.
+//! - Every path is checked to stay inside the tree and not to pass through a symlink.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use thiserror::Error;
+
+use super::gates::check_path;
+use super::parse::{ChangeKind, FilePatch, Hunk, LineKind, Patch};
+
+/// What an applied patch changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ApplySummary {
+    pub files_changed: usize,
+    pub insertions: usize,
+    pub deletions: usize,
+}
+
+/// Why a patch did not apply. The tree is unchanged whenever this is returned.
+#[derive(Debug, Error)]
+pub enum ApplyError {
+    /// A hunk's context or removed lines are not in the file (at any offset).
+    #[error("{file}: hunk {hunk} does not apply: {detail}")]
+    HunkMismatch {
+        file: String,
+        /// 1-based hunk number within the file.
+        hunk: usize,
+        /// The first mismatching line: where, what the patch expected, what was found.
+        detail: String,
+    },
+    /// The hunk's result is already present: the patch (or this part) was applied before.
+    #[error(
+        "{file}: hunk {hunk} is already applied (the file already contains its result \
+         and not its preimage); refusing to reverse-apply or re-apply the patch"
+    )]
+    AlreadyApplied { file: String, hunk: usize },
+    /// The file is in the wrong state for the change (missing, already exists, binary…).
+    #[error("{file}: {problem}")]
+    File { file: String, problem: String },
+    /// The path leaves the tree or passes through a symlink.
+    #[error("{file}: unsafe path: {reason}")]
+    UnsafePath { file: String, reason: String },
+    /// Reading or writing the tree failed.
+    #[error("{file}: {op} failed: {source}")]
+    Io {
+        file: String,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ApplyError {
+    /// The file the error is about (a path relative to the tree).
+    pub fn file(&self) -> &str {
+        match self {
+            ApplyError::HunkMismatch { file, .. }
+            | ApplyError::AlreadyApplied { file, .. }
+            | ApplyError::File { file, .. }
+            | ApplyError::UnsafePath { file, .. }
+            | ApplyError::Io { file, .. } => file,
+        }
+    }
+
+    /// The 1-based hunk number, for hunk-level errors.
+    pub fn hunk(&self) -> Option<usize> {
+        match self {
+            ApplyError::HunkMismatch { hunk, .. } | ApplyError::AlreadyApplied { hunk, .. } => {
+                Some(*hunk)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A file's content and permission bits, as planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileState {
+    content: Vec<u8>,
+    perm: u32,
+}
+
+/// One line of a file: its bytes without the newline, and whether a newline follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Line {
+    text: Vec<u8>,
+    nl: bool,
+}
+
+/// Applies `patch` to the files under `tree`, exactly and atomically.
+pub fn apply(tree: &Path, patch: &Patch) -> Result<ApplySummary, ApplyError> {
+    let mut plan = Plan {
+        tree,
+        originals: BTreeMap::new(),
+        planned: BTreeMap::new(),
+    };
+    for f in &patch.files {
+        plan.file(f)?;
+    }
+    plan.write()?;
+    Ok(ApplySummary {
+        files_changed: patch.files.len(),
+        insertions: patch.insertions(),
+        deletions: patch.deletions(),
+    })
+}
+
+struct Plan<'a> {
+    tree: &'a Path,
+    /// The state of each touched path on disk before anything is written.
+    originals: BTreeMap<String, Option<FileState>>,
+    /// The state each touched path will have (`None`: absent).
+    planned: BTreeMap<String, Option<FileState>>,
+}
+
+const MODE_TYPE_MASK: u32 = 0o170000;
+const MODE_REGULAR: u32 = 0o100000;
+
+impl Plan<'_> {
+    /// The current state of `path`: as planned so far, else as on disk.
+    fn current(&mut self, path: &str) -> Result<Option<FileState>, ApplyError> {
+        if let Some(s) = self.planned.get(path) {
+            return Ok(s.clone());
+        }
+        if let Some(s) = self.originals.get(path) {
+            return Ok(s.clone());
+        }
+        check_path(self.tree, path).map_err(|reason| ApplyError::UnsafePath {
+            file: path.to_string(),
+            reason,
+        })?;
+        let full = self.tree.join(path);
+        let state = match fs::symlink_metadata(&full) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(ApplyError::Io {
+                    file: path.to_string(),
+                    op: "stat",
+                    source: e,
+                })
+            }
+            Ok(m) if m.is_file() => {
+                let content = fs::read(&full).map_err(|e| ApplyError::Io {
+                    file: path.to_string(),
+                    op: "read",
+                    source: e,
+                })?;
+                Some(FileState {
+                    content,
+                    perm: m.permissions().mode() & 0o7777,
+                })
+            }
+            Ok(m) => {
+                return Err(ApplyError::File {
+                    file: path.to_string(),
+                    problem: format!(
+                        "is a {} in the tree, not a regular file",
+                        if m.is_dir() {
+                            "directory"
+                        } else {
+                            "special file"
+                        }
+                    ),
+                })
+            }
+        };
+        self.originals.insert(path.to_string(), state.clone());
+        Ok(state)
+    }
+
+    fn set(&mut self, path: &str, state: Option<FileState>) -> Result<(), ApplyError> {
+        // Make sure the original is recorded (and the path checked) before planning it.
+        self.current(path)?;
+        self.planned.insert(path.to_string(), state);
+        Ok(())
+    }
+
+    fn file(&mut self, f: &FilePatch) -> Result<(), ApplyError> {
+        let label = match (f.kind, &f.old_path, &f.new_path) {
+            (ChangeKind::Rename | ChangeKind::Copy, Some(a), Some(b)) => format!("{a} -> {b}"),
+            _ => f.path().to_string(),
+        };
+        let file_err = |problem: String| ApplyError::File {
+            file: label.clone(),
+            problem,
+        };
+        if f.binary {
+            return Err(file_err(
+                "binary changes cannot be applied; only text hunks are supported".into(),
+            ));
+        }
+        for mode in [f.new_mode, f.old_mode].into_iter().flatten() {
+            if mode & MODE_TYPE_MASK != MODE_REGULAR {
+                return Err(file_err(format!(
+                    "mode {mode:o} is not a regular file; symlinks and submodules are not supported"
+                )));
+            }
+        }
+        let need = |p: &Option<String>, which: &str| {
+            p.clone()
+                .ok_or_else(|| file_err(format!("the patch gives no {which} path")))
+        };
+        match f.kind {
+            ChangeKind::Modify => {
+                let path = need(&f.new_path, "new")?;
+                let Some(cur) = self.current(&path)? else {
+                    return Err(file_err(
+                        "does not exist in the tree, but the patch modifies it".into(),
+                    ));
+                };
+                let content = apply_hunks(&label, &cur.content, &f.hunks)?;
+                let perm = new_perm(f, cur.perm);
+                self.set(&path, Some(FileState { content, perm }))
+            }
+            ChangeKind::Create => {
+                let path = need(&f.new_path, "new")?;
+                let result = apply_hunks(&label, &[], &f.hunks)?;
+                if let Some(cur) = self.current(&path)? {
+                    if cur.content == result && !f.hunks.is_empty() {
+                        return Err(ApplyError::AlreadyApplied {
+                            file: label.clone(),
+                            hunk: 1,
+                        });
+                    }
+                    return Err(file_err(
+                        "already exists in the tree, but the patch creates it".into(),
+                    ));
+                }
+                let perm = perm_for_mode(f.new_mode.unwrap_or(0o100644));
+                self.set(
+                    &path,
+                    Some(FileState {
+                        content: result,
+                        perm,
+                    }),
+                )
+            }
+            ChangeKind::Delete => {
+                let path = need(&f.old_path, "old")?;
+                let Some(cur) = self.current(&path)? else {
+                    return Err(file_err(
+                        "does not exist in the tree, but the patch deletes it (was the patch \
+                         already applied?)"
+                            .into(),
+                    ));
+                };
+                let rest = apply_hunks(&label, &cur.content, &f.hunks)?;
+                if !rest.is_empty() {
+                    return Err(file_err(format!(
+                        "the patch deletes the file but does not remove all of it ({} bytes \
+                         would remain); the file differs from what the patch expects",
+                        rest.len()
+                    )));
+                }
+                self.set(&path, None)
+            }
+            ChangeKind::Rename | ChangeKind::Copy => {
+                let from = need(&f.old_path, "old")?;
+                let to = need(&f.new_path, "new")?;
+                let Some(cur) = self.current(&from)? else {
+                    let already = self.current(&to)?.is_some();
+                    return Err(file_err(format!(
+                        "`{from}` does not exist in the tree{}",
+                        if already && f.kind == ChangeKind::Rename {
+                            " and the target exists (was the patch already applied?)"
+                        } else {
+                            ""
+                        }
+                    )));
+                };
+                if self.current(&to)?.is_some() {
+                    return Err(file_err(format!(
+                        "`{to}` already exists in the tree; a {} may not overwrite it",
+                        if f.kind == ChangeKind::Rename {
+                            "rename"
+                        } else {
+                            "copy"
+                        }
+                    )));
+                }
+                let content = apply_hunks(&label, &cur.content, &f.hunks)?;
+                let perm = new_perm(f, cur.perm);
+                if f.kind == ChangeKind::Rename {
+                    self.set(&from, None)?;
+                }
+                self.set(&to, Some(FileState { content, perm }))
+            }
+        }
+    }
+
+    /// Writes the planned states; on failure restores what was already written.
+    fn write(self) -> Result<(), ApplyError> {
+        let changes: Vec<(&String, &Option<FileState>)> = self
+            .planned
+            .iter()
+            .filter(|(p, s)| self.originals.get(*p) != Some(*s))
+            .collect();
+        // Deletions first, so that a path freed by a rename can be reused.
+        let (deletes, writes): (Vec<_>, Vec<_>) =
+            changes.into_iter().partition(|(_, s)| s.is_none());
+        let mut done: Vec<&String> = Vec::new();
+        let mut created_dirs: Vec<PathBuf> = Vec::new();
+        let mut result = Ok(());
+        for (path, state) in deletes.into_iter().chain(writes) {
+            let r = match state {
+                None => self.remove(path),
+                Some(s) => self.store(path, s, &mut created_dirs),
+            };
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+            done.push(path);
+        }
+        if result.is_err() {
+            // Best effort: put back every file already written, newest first.
+            for path in done.into_iter().rev() {
+                let full = self.tree.join(path);
+                match self.originals.get(path) {
+                    Some(Some(orig)) => {
+                        let _ = write_file(&full, orig);
+                    }
+                    _ => {
+                        let _ = fs::remove_file(&full);
+                    }
+                }
+            }
+            for d in created_dirs.iter().rev() {
+                let _ = fs::remove_dir(d);
+            }
+        }
+        result
+    }
+
+    fn remove(&self, path: &str) -> Result<(), ApplyError> {
+        let full = self.tree.join(path);
+        fs::remove_file(&full).map_err(|e| ApplyError::Io {
+            file: path.to_string(),
+            op: "delete",
+            source: e,
+        })?;
+        // Like git apply: drop directories the deletion left empty (never the tree).
+        let mut dir = full.parent();
+        while let Some(d) = dir {
+            if d == self.tree || !d.starts_with(self.tree) || fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+        Ok(())
+    }
+
+    fn store(
+        &self,
+        path: &str,
+        state: &FileState,
+        created_dirs: &mut Vec<PathBuf>,
+    ) -> Result<(), ApplyError> {
+        let full = self.tree.join(path);
+        let io_err = |op: &'static str| {
+            let file = path.to_string();
+            move |source| ApplyError::Io { file, op, source }
+        };
+        if let Some(parent) = full.parent() {
+            let mut missing = Vec::new();
+            let mut d = parent;
+            while !d.exists() && d.starts_with(self.tree) && d != self.tree {
+                missing.push(d.to_path_buf());
+                match d.parent() {
+                    Some(p) => d = p,
+                    None => break,
+                }
+            }
+            for m in missing.into_iter().rev() {
+                fs::create_dir(&m).map_err(io_err("create directory"))?;
+                created_dirs.push(m);
+            }
+        }
+        write_file(&full, state).map_err(io_err("write"))
+    }
+}
+
+/// Writes through a temporary file in the same directory and renames it into place.
+fn write_file(full: &Path, state: &FileState) -> io::Result<()> {
+    let dir = full
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".fork-apply-")
+        .tempfile_in(dir)?;
+    io::Write::write_all(&mut tmp, &state.content)?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(state.perm))?;
+    tmp.persist(full).map_err(|e| e.error)?;
+    Ok(())
+}
+
+fn perm_for_mode(mode: u32) -> u32 {
+    if mode & 0o111 != 0 {
+        0o755
+    } else {
+        0o644
+    }
+}
+
+/// The permission bits after a modification: unchanged unless the patch changes the mode.
+fn new_perm(f: &FilePatch, current: u32) -> u32 {
+    match (f.old_mode, f.new_mode) {
+        (Some(a), Some(b)) if a != b => {
+            if b & 0o111 != 0 {
+                current | ((current & 0o444) >> 2)
+            } else {
+                current & !0o111
+            }
+        }
+        _ => current,
+    }
+}
+
+fn split_lines(content: &[u8]) -> Vec<Line> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, &b) in content.iter().enumerate() {
+        if b == b'\n' {
+            out.push(Line {
+                text: content[start..i].to_vec(),
+                nl: true,
+            });
+            start = i + 1;
+        }
+    }
+    if start < content.len() {
+        out.push(Line {
+            text: content[start..].to_vec(),
+            nl: false,
+        });
+    }
+    out
+}
+
+fn join_lines(lines: &[Line]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(lines.iter().map(|l| l.text.len() + 1).sum());
+    for l in lines {
+        out.extend_from_slice(&l.text);
+        if l.nl {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+fn side(h: &Hunk, skip: LineKind) -> Vec<Line> {
+    h.lines
+        .iter()
+        .filter(|l| l.kind != skip)
+        .map(|l| Line {
+            text: l.text.clone(),
+            nl: !l.no_newline,
+        })
+        .collect()
+}
+
+fn matches_at(image: &[Line], pos: usize, want: &[Line]) -> bool {
+    pos + want.len() <= image.len() && image[pos..pos + want.len()] == *want
+}
+
+/// Where `want` matches in `image`: at `expected` or the nearest offset from it, not
+/// before `min`; only at the start or end when the hunk demands it.
+fn find(
+    image: &[Line],
+    want: &[Line],
+    expected: usize,
+    min: usize,
+    at_start: bool,
+    at_end: bool,
+) -> Option<usize> {
+    if want.len() > image.len() {
+        return None;
+    }
+    let max = image.len() - want.len();
+    if at_end {
+        let pos = max;
+        return (pos >= min && (!at_start || pos == 0) && matches_at(image, pos, want))
+            .then_some(pos);
+    }
+    if at_start {
+        return (min == 0 && matches_at(image, 0, want)).then_some(0);
+    }
+    if min > max {
+        return None;
+    }
+    let expected = expected.clamp(min, max);
+    for d in 0..=(max - min) {
+        let fwd = expected + d;
+        if fwd <= max && matches_at(image, fwd, want) {
+            return Some(fwd);
+        }
+        if d > 0 && expected >= min + d && matches_at(image, expected - d, want) {
+            return Some(expected - d);
+        }
+        if fwd > max && expected < min + d {
+            break;
+        }
+    }
+    None
+}
+
+fn show_line(l: &Line) -> String {
+    let s = String::from_utf8_lossy(&l.text);
+    let mut out: String = s.chars().take(100).collect();
+    if s.chars().count() > 100 {
+        out.push('…');
+    }
+    if l.nl {
+        format!("`{out}`")
+    } else {
+        format!("`{out}` (no newline at end of file)")
+    }
+}
+
+/// Describes the first line where `want` differs from `image` at `pos`, with line
+/// numbers of the original file (`shift` = lines added so far by earlier hunks).
+fn first_mismatch(image: &[Line], want: &[Line], pos: usize, shift: isize) -> String {
+    let orig = |i: usize| (i as isize - shift + 1).max(1);
+    for (j, w) in want.iter().enumerate() {
+        match image.get(pos + j) {
+            None => {
+                return format!(
+                    "expected {} at line {} but the file ends after line {}",
+                    show_line(w),
+                    orig(pos + j),
+                    (image.len() as isize - shift).max(0)
+                )
+            }
+            Some(got) if got != w => {
+                return format!(
+                    "line {}: expected {}, found {}",
+                    orig(pos + j),
+                    show_line(w),
+                    show_line(got)
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    format!(
+        "the lines match at line {} but not where the hunk must be (at the start or end of the file)",
+        orig(pos)
+    )
+}
+
+/// Applies one file's hunks to `content`.
+fn apply_hunks(label: &str, content: &[u8], hunks: &[Hunk]) -> Result<Vec<u8>, ApplyError> {
+    let mut image = split_lines(content);
+    let mut min = 0usize; // hunks apply in order and never overlap
+    let mut drift: isize = 0; // how far the previous hunk was from where it said
+    let mut shift: isize = 0; // lines added minus removed by the hunks applied so far
+    for (k, h) in hunks.iter().enumerate() {
+        let pre = side(h, LineKind::Add);
+        let post = side(h, LineKind::Remove);
+        let leading = h
+            .lines
+            .iter()
+            .take_while(|l| l.kind == LineKind::Context)
+            .count();
+        let trailing = h
+            .lines
+            .iter()
+            .rev()
+            .take_while(|l| l.kind == LineKind::Context)
+            .count();
+        let at_start = h.old_start == 0 || (h.old_start == 1 && h.old_count > 0);
+        let at_end = trailing == 0;
+        let base = if h.old_count == 0 {
+            h.old_start
+        } else {
+            h.old_start - 1
+        } as isize;
+        let expected = (base + shift + drift).max(0) as usize;
+        match find(&image, &pre, expected, min, at_start, at_end) {
+            Some(pos) => {
+                drift = pos as isize - (base + shift);
+                let n = post.len();
+                image.splice(pos..pos + pre.len(), post);
+                min = pos + n;
+                shift += n as isize - pre.len() as isize;
+            }
+            None => {
+                // Is the hunk's result already there? Then refuse, never reverse.
+                let post_start = h.new_start == 0 || (h.new_start == 1 && h.new_count > 0);
+                if !post.is_empty()
+                    && post != pre
+                    && find(&image, &post, expected, min, post_start, at_end).is_some()
+                {
+                    return Err(ApplyError::AlreadyApplied {
+                        file: label.to_string(),
+                        hunk: k + 1,
+                    });
+                }
+                let at = if at_end {
+                    image.len().saturating_sub(pre.len()).max(min)
+                } else if at_start {
+                    0
+                } else {
+                    expected.clamp(min, image.len())
+                };
+                let mut detail = first_mismatch(&image, &pre, at, shift);
+                if leading == 0 && trailing == 0 && !pre.is_empty() {
+                    detail.push_str(
+                        "; the hunk has no context lines: regenerate the diff with context (git diff -U3)",
+                    );
+                }
+                return Err(ApplyError::HunkMismatch {
+                    file: label.to_string(),
+                    hunk: k + 1,
+                    detail,
+                });
+            }
+        }
+    }
+    if let Some(i) = image.iter().rev().skip(1).position(|l| !l.nl) {
+        let line = image.len() - 1 - i;
+        return Err(ApplyError::HunkMismatch {
+            file: label.to_string(),
+            hunk: hunks.len(),
+            detail: format!(
+                "the result would have a line without a newline before its end (line {line})"
+            ),
+        });
+    }
+    Ok(join_lines(&image))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::patch::parse::parse;
+    use std::process::Command;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn fixture_patch(name: &str) -> Patch {
+        let p = root().join("fixtures/patches").join(name);
+        let raw = fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        parse(&raw).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
+        fs::create_dir_all(to).unwrap();
+        for entry in fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if skip.iter().any(|s| name == *s) {
+                continue;
+            }
+            let ty = entry.file_type().unwrap();
+            if ty.is_dir() {
+                copy_tree(&entry.path(), &to.join(&name), skip);
+            } else if ty.is_file() {
+                fs::copy(entry.path(), to.join(&name)).unwrap();
+            }
+        }
+    }
+
+    /// A fork-like workspace: src/ (the tree without state), state/, reports/, home/, tmp/.
+    struct Workspace {
+        _dir: tempfile::TempDir,
+        src: PathBuf,
+        base: PathBuf,
+    }
+
+    fn workspace() -> Workspace {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().to_path_buf();
+        let demo = root().join("fixtures/hermes-demo");
+        copy_tree(
+            &demo,
+            &base.join("src"),
+            &["state", ".git", "__pycache__", "reports"],
+        );
+        copy_tree(&demo.join("state"), &base.join("state"), &[]);
+        copy_tree(&demo.join("tools"), &base.join("tools"), &[]);
+        for d in ["reports", "home", "tmp"] {
+            fs::create_dir_all(base.join(d)).unwrap();
+        }
+        Workspace {
+            src: base.join("src"),
+            base,
+            _dir: dir,
+        }
+    }
+
+    /// Runs a command in src/ with only the successor's variables set.
+    fn run_in(ws: &Workspace, args: &[&str], reports: &str) -> std::process::Output {
+        let reports = ws.base.join(reports);
+        fs::create_dir_all(&reports).unwrap();
+        Command::new("python3")
+            .args(args)
+            .current_dir(&ws.src)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("FORK_REPORTS", &reports)
+            .env("FORK_STATE", ws.base.join("state"))
+            .env("FORK_TOOLS", ws.base.join("tools"))
+            .env("HOME", ws.base.join("home"))
+            .env("TMPDIR", ws.base.join("tmp"))
+            .output()
+            .expect("python3 runs")
+    }
+
+    fn junit_counts(xml: &str) -> (usize, usize, usize) {
+        let attr = |name: &str| -> usize {
+            let key = format!(" {name}=\"");
+            let start = xml.find(&key).unwrap() + key.len();
+            xml[start..].split('"').next().unwrap().parse().unwrap()
+        };
+        (attr("tests"), attr("failures"), attr("errors"))
+    }
+
+    fn metrics(ws: &Workspace, reports: &str) -> serde_json::Value {
+        let out = run_in(ws, &["bench/compress.py", "--sessions", "100"], reports);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = fs::read_to_string(ws.base.join(reports).join("metrics.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// Every file under `dir` with its bytes and permission bits.
+    fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let e = e.unwrap();
+                let m = fs::symlink_metadata(e.path()).unwrap();
+                if m.is_dir() {
+                    stack.push(e.path());
+                } else {
+                    out.insert(
+                        e.path().strip_prefix(dir).unwrap().to_path_buf(),
+                        (fs::read(e.path()).unwrap(), m.permissions().mode()),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn swap_compressor_applies_keeps_tests_green_and_improves_metrics() {
+        let ws = workspace();
+        let before = metrics(&ws, "before");
+        let summary = apply(&ws.src, &fixture_patch("swap-compressor.diff")).unwrap();
+        assert_eq!(summary.files_changed, 1);
+        assert!(
+            summary.insertions > 50 && summary.deletions > 5,
+            "{summary:?}"
+        );
+
+        let out = run_in(&ws, &["tests/run.py"], "tests");
+        let xml = fs::read_to_string(ws.base.join("tests/tests.xml")).unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{xml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (tests, failures, errors) = junit_counts(&xml);
+        assert!(tests >= 15, "{xml}");
+        assert_eq!((failures, errors), (0, 0));
+
+        let after = metrics(&ws, "after");
+        let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+        assert!(
+            num(&after, "compressed_bytes") < 0.8 * num(&before, "compressed_bytes"),
+            "{before} -> {after}"
+        );
+        assert!(
+            num(&after, "ratio") < num(&before, "ratio") - 0.1,
+            "{before} -> {after}"
+        );
+        // No stray writes in the tree (no reports/, no __pycache__).
+        assert!(!ws.src.join("reports").exists());
+        assert!(!ws.src.join("hermes/__pycache__").exists());
+    }
+
+    #[test]
+    fn unpatched_demo_passes_and_breaks_test_makes_tests_fail() {
+        let ws = workspace();
+        let out = run_in(&ws, &["tests/run.py"], "clean");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (_, f, e) = junit_counts(&fs::read_to_string(ws.base.join("clean/tests.xml")).unwrap());
+        assert_eq!((f, e), (0, 0));
+
+        apply(&ws.src, &fixture_patch("breaks-test.diff")).unwrap();
+        let out = run_in(&ws, &["tests/run.py"], "broken");
+        assert!(!out.status.success());
+        let xml = fs::read_to_string(ws.base.join("broken/tests.xml")).unwrap();
+        let (tests, failures, errors) = junit_counts(&xml);
+        assert!(tests >= 15);
+        assert!((1..=2).contains(&(failures + errors)), "{xml}");
+        assert!(xml.contains("<failure"), "{xml}");
+    }
+
+    #[test]
+    fn does_not_apply_names_file_and_hunk_and_leaves_the_tree_untouched() {
+        let ws = workspace();
+        let before = snapshot(&ws.src);
+        let err = apply(&ws.src, &fixture_patch("does-not-apply.diff")).unwrap_err();
+        match &err {
+            ApplyError::HunkMismatch { file, hunk, detail } => {
+                assert_eq!(file, "hermes/runtime.py");
+                assert_eq!(*hunk, 1);
+                assert!(detail.contains("says: {plan.tool_output}"), "{detail}");
+                assert!(
+                    detail.contains("found `        plan.reply = f\"Used"),
+                    "{detail}"
+                );
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(err.hunk(), Some(1));
+        assert_eq!(snapshot(&ws.src), before);
+    }
+
+    #[test]
+    fn failing_later_file_leaves_earlier_files_unwritten() {
+        // touches-protected changes compressor.py then tests/test_compressor.py; make
+        // the second one fail: nothing may be written.
+        let ws = workspace();
+        let t = ws.src.join("tests/test_compressor.py");
+        let text = fs::read_to_string(&t)
+            .unwrap()
+            .replace("(1, 3, compressor", "(2, 3, compressor");
+        fs::write(&t, text).unwrap();
+        let before = snapshot(&ws.src);
+        let err = apply(&ws.src, &fixture_patch("touches-protected.diff")).unwrap_err();
+        assert_eq!(err.file(), "tests/test_compressor.py");
+        assert_eq!(snapshot(&ws.src), before);
+    }
+
+    #[test]
+    fn already_applied_patch_is_refused_not_reversed() {
+        let ws = workspace();
+        for name in [
+            "swap-compressor.diff",
+            "noop-comment.diff",
+            "hostile-escape.diff",
+        ] {
+            apply(&ws.src, &fixture_patch(name)).unwrap();
+            let before = snapshot(&ws.src);
+            let err = apply(&ws.src, &fixture_patch(name)).unwrap_err();
+            assert!(
+                matches!(err, ApplyError::AlreadyApplied { hunk: 1, .. }),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains("already applied"), "{err}");
+            assert_eq!(snapshot(&ws.src), before, "{name}");
+        }
+    }
+
+    #[test]
+    fn offsets_are_allowed_fuzz_is_not() {
+        let ws = workspace();
+        let f = ws.src.join("hermes/registry.py");
+        let orig = fs::read_to_string(&f).unwrap();
+        // five extra lines at the top: the hunk is found at an offset
+        fs::write(&f, format!("# a\n# b\n# c\n# d\n# e\n{orig}")).unwrap();
+        apply(&ws.src, &fixture_patch("noop-comment.diff")).unwrap();
+        let now = fs::read_to_string(&f).unwrap();
+        assert!(now.contains("class RegistryError(Exception):\n    # raised for any manifest or module problem\n    pass\n"));
+        assert!(now.starts_with("# a\n"));
+
+        // one changed context line: no fuzz, the hunk fails
+        fs::write(
+            &f,
+            orig.replace(
+                "class RegistryError(Exception):",
+                "class RegistryError(ValueError):",
+            ),
+        )
+        .unwrap();
+        let err = apply(&ws.src, &fixture_patch("noop-comment.diff")).unwrap_err();
+        assert!(
+            matches!(err, ApplyError::HunkMismatch { hunk: 1, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("class RegistryError(Exception):"),
+            "{err}"
+        );
+    }
+
+    fn apply_text(tree: &Path, patch: &str) -> Result<ApplySummary, ApplyError> {
+        apply(tree, &parse(patch.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn create_delete_rename_modes_and_no_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        fs::write(t.join("a.txt"), "one\ntwo\nthree").unwrap();
+        fs::write(t.join("gone.txt"), "bye\n").unwrap();
+        fs::write(t.join("run.sh"), "echo hi\n").unwrap();
+        fs::set_permissions(t.join("run.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+        let patch = "\
+diff --git a/a.txt b/a.txt
+index 1111111..2222222 100644
+--- a/a.txt
++++ b/a.txt
+@@ -1,3 +1,3 @@
+ one
+ two
+-three
+\\ No newline at end of file
++three
+diff --git a/gone.txt b/gone.txt
+deleted file mode 100644
+index 3333333..0000000
+--- a/gone.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+diff --git a/new/dir/x.py b/new/dir/x.py
+new file mode 100755
+index 0000000..4444444
+--- /dev/null
++++ b/new/dir/x.py
+@@ -0,0 +1,2 @@
++#!/usr/bin/env python3
++print('x')
+diff --git a/run.sh b/run.sh
+old mode 100644
+new mode 100755
+diff --git a/a.txt b/b.txt
+similarity index 90%
+rename from a.txt
+rename to b.txt
+index 2222222..5555555 100644
+--- a/a.txt
++++ b/b.txt
+@@ -1,3 +1,4 @@
+ one
+ two
+ three
++four
+";
+        let s = apply_text(t, patch).unwrap();
+        assert_eq!(
+            s,
+            ApplySummary {
+                files_changed: 5,
+                insertions: 4,
+                deletions: 2
+            }
+        );
+        assert!(!t.join("a.txt").exists());
+        assert_eq!(
+            fs::read_to_string(t.join("b.txt")).unwrap(),
+            "one\ntwo\nthree\nfour\n"
+        );
+        assert!(!t.join("gone.txt").exists());
+        let x = t.join("new/dir/x.py");
+        assert_eq!(
+            fs::read_to_string(&x).unwrap(),
+            "#!/usr/bin/env python3\nprint('x')\n"
+        );
+        assert_eq!(
+            fs::metadata(&x).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert_eq!(
+            fs::metadata(t.join("run.sh")).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        let leftovers: Vec<_> = fs::read_dir(t)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(leftovers
+            .iter()
+            .all(|n| !n.to_string_lossy().starts_with(".fork-apply-")));
+
+        // again: the first entry (a.txt) is gone now
+        let err = apply_text(t, patch).unwrap_err();
+        assert!(matches!(err, ApplyError::File { .. }), "{err}");
+        assert!(err.to_string().contains("a.txt: does not exist"), "{err}");
+    }
+
+    #[test]
+    fn file_state_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        fs::write(t.join("exists.txt"), "other\n").unwrap();
+        let create = "--- /dev/null\n+++ b/exists.txt\n@@ -0,0 +1 @@\n+new\n";
+        let err = apply_text(t, create).unwrap_err();
+        assert!(err.to_string().contains("already exists"), "{err}");
+        fs::write(t.join("exists.txt"), "new\n").unwrap();
+        let err = apply_text(t, create).unwrap_err();
+        assert!(matches!(err, ApplyError::AlreadyApplied { .. }), "{err}");
+
+        let delete_partial = "--- a/exists.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-new\n";
+        fs::write(t.join("exists.txt"), "new\nmore\n").unwrap();
+        let err = apply_text(t, delete_partial).unwrap_err();
+        assert!(matches!(err, ApplyError::HunkMismatch { .. }), "{err}");
+
+        let outside = "--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n";
+        let err = apply_text(t, outside).unwrap_err();
+        assert!(matches!(err, ApplyError::UnsafePath { .. }), "{err}");
+
+        std::os::unix::fs::symlink("/tmp", t.join("link")).unwrap();
+        let through = "--- /dev/null\n+++ b/link/evil\n@@ -0,0 +1 @@\n+x\n";
+        let err = apply_text(t, through).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+
+        let binary = fs::read(root().join("fixtures/patches/adds-binary.diff")).unwrap();
+        let err = apply(t, &parse(&binary).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("binary"), "{err}");
+    }
+
+    #[test]
+    fn start_and_end_anchors_and_ambiguous_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        // a hunk at line 1 must match at the start, not further down
+        fs::write(t.join("f"), "x\na\nb\nc\n").unwrap();
+        let at_start = "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n-a\n+A\n b\n";
+        let err = apply_text(t, at_start).unwrap_err();
+        assert!(
+            matches!(err, ApplyError::HunkMismatch { hunk: 1, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("line 1: expected `a`, found `x`"),
+            "{err}"
+        );
+        // no trailing context: must match at the end
+        let at_end = "--- a/f\n+++ b/f\n@@ -2,2 +2,2 @@\n a\n-b\n+B\n";
+        let err = apply_text(t, at_end).unwrap_err();
+        assert!(matches!(err, ApplyError::HunkMismatch { .. }), "{err}");
+        // repeated blocks: the nearest to the header's position wins
+        fs::write(t.join("g"), "k\nv\nk\nv\nk\nv\nk\nv\n").unwrap();
+        let near = "--- a/g\n+++ b/g\n@@ -5,3 +5,3 @@\n k\n-v\n+V\n k\n";
+        apply_text(t, near).unwrap();
+        assert_eq!(
+            fs::read_to_string(t.join("g")).unwrap(),
+            "k\nv\nk\nv\nk\nV\nk\nv\n"
+        );
+    }
+}

@@ -1,0 +1,343 @@
+//! The signed verdict bundle on disk: all that survives a run.
+//!
+//! ```text
+//! out/<run-id>/
+//!   verdict.json            the verdict document, pretty JSON (what `--json` prints)
+//!   verdict.dsse.json       DSSE envelope, payloadType application/vnd.fork.verdict+json:
+//!                           an in-toto Statement v1 whose predicate is the verdict and
+//!                           whose subjects are the patch, the patched source tree and
+//!                           verdict.json's bytes; signed by the run's ephemeral key
+//!   endorsement.dsse.json   DSSE envelope, payloadType application/vnd.fork.endorsement+json:
+//!                           the node key's endorsement of that ephemeral key for this run
+//!   artifacts/<name>        evidence files, each listed in the verdict with sha256 and size
+//! ```
+//! Every JSON file is pretty-printed with a final newline, and `fork verify` requires the
+//! envelopes in exactly that form (and verdict.json byte for byte, through its signed
+//! digest), so any change to any byte of the bundle is detected.
+//!
+//! The bundle is built in a temporary directory next to the destination
+//! (`.<name>.partial-XXXXXX`, which `fork gc` may delete) and renamed into place with
+//! `RENAME_NOREPLACE`, so a crash never leaves a half bundle under the final name and an
+//! existing bundle is never replaced.
+
+use crate::identity::{EphemeralKey, NodeKey, PublicKey, SigningIdentity};
+use crate::verdict::sign::{self, Endorsement, SignError};
+use crate::verdict::{Artifact, ArtifactType, Verdict};
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The verdict document.
+pub const VERDICT_FILE: &str = "verdict.json";
+/// The verdict's DSSE envelope.
+pub const VERDICT_ENVELOPE_FILE: &str = "verdict.dsse.json";
+/// The endorsement's DSSE envelope.
+pub const ENDORSEMENT_FILE: &str = "endorsement.dsse.json";
+/// The artifacts directory.
+pub const ARTIFACTS_DIR: &str = "artifacts";
+/// Infix of the temporary directory a bundle is built in (`.<name>.partial-XXXXXX`).
+pub const PARTIAL_INFIX: &str = ".partial-";
+
+/// Why a bundle could not be written.
+#[derive(Debug, Error)]
+pub enum BundleError {
+    #[error("{path} already exists: a verdict bundle is never overwritten; pick another --out or remove it")]
+    Exists { path: PathBuf },
+    #[error("artifact {path} is not a regular file (symlinks, directories and special files are never bundled)")]
+    ArtifactNotRegular { path: PathBuf },
+    #[error("the verdict is not valid: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    #[error("cannot sign the verdict: {0}")]
+    Sign(#[from] SignError),
+    #[error("cannot serialize the verdict: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BundleError + 'a {
+    move |source| BundleError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A bundle that was written.
+#[derive(Debug, Clone)]
+pub struct WrittenBundle {
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// The verdict as written (artifacts and successor_key filled in).
+    pub verdict: Verdict,
+    /// The endorsement as signed.
+    pub endorsement: Endorsement,
+    /// The node key that endorsed it.
+    pub node_key: PublicKey,
+}
+
+/// A file name safe for `artifacts/`: letters, digits, `.`, `_`, `-`; not hidden.
+fn sanitize_name(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.starts_with('.') {
+        s.insert(0, '_');
+    }
+    if s.is_empty() {
+        s.push_str("artifact");
+    }
+    s.truncate(200);
+    s
+}
+
+fn pick_name(used: &mut HashSet<String>, kind: ArtifactType, source: &Path) -> String {
+    let base = sanitize_name(
+        &source
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    let mut candidates = vec![base.clone(), format!("{}-{base}", kind.as_str())];
+    candidates.extend((2..).take(10_000).map(|i| format!("{i}-{base}")));
+    for c in candidates {
+        if used.insert(c.clone()) {
+            return c;
+        }
+    }
+    // 10 000 artifacts with one name: fall back on a counter nobody used.
+    let c = format!("{}-{base}", used.len());
+    used.insert(c.clone());
+    c
+}
+
+/// Copies `source` (a regular file, symlinks never followed, FIFOs never waited on) to the
+/// new file `dest`, hashing what is copied. Returns (bare hex sha256, bytes).
+fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64), BundleError> {
+    let mut input = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(source)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(BundleError::ArtifactNotRegular {
+                path: source.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(io_err("open artifact", source)(e)),
+    };
+    let meta = input.metadata().map_err(io_err("stat", source))?;
+    if !meta.file_type().is_file() {
+        return Err(BundleError::ArtifactNotRegular {
+            path: source.to_path_buf(),
+        });
+    }
+    let mut output = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(dest)
+        .map_err(io_err("create", dest))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut bytes = 0u64;
+    loop {
+        let n = input.read(&mut buf).map_err(io_err("read", source))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        output.write_all(&buf[..n]).map_err(io_err("write", dest))?;
+        bytes += n as u64;
+    }
+    output.sync_all().map_err(io_err("sync", dest))?;
+    Ok((hex::encode(hasher.finalize()), bytes))
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(io_err("write", path))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), BundleError> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("sync directory", dir))
+}
+
+/// Writes the signed bundle to `out_dir` (which must not exist; its parent is created).
+///
+/// The artifacts are copied into `artifacts/` (regular files only, never following
+/// symlinks; names sanitized, and made unique with a `<type>-` or `<n>-` prefix), hashed
+/// as they are copied, and listed in the verdict, replacing its `artifacts`; the verdict's
+/// `successor_key` is set to `ephemeral`'s public key. The verdict must then pass
+/// [`Verdict::validate`]. It is signed by `ephemeral` and endorsed by `node`; see the
+/// module docs for the layout. The caller destroys the ephemeral key afterwards.
+pub fn write_bundle(
+    out_dir: &Path,
+    verdict: &Verdict,
+    artifacts: &[(ArtifactType, PathBuf)],
+    ephemeral: &EphemeralKey,
+    node: &NodeKey,
+) -> Result<WrittenBundle, BundleError> {
+    if fs::symlink_metadata(out_dir).is_ok() {
+        return Err(BundleError::Exists {
+            path: out_dir.to_path_buf(),
+        });
+    }
+    let name = out_dir
+        .file_name()
+        .ok_or_else(|| {
+            io_err("use as a bundle directory", out_dir)(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the path has no final component",
+            ))
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).map_err(io_err("create directory", &parent))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}{PARTIAL_INFIX}"))
+        .tempdir_in(&parent)
+        .map_err(io_err("create a temporary directory in", &parent))?;
+    let staging = tmp.path().to_path_buf();
+
+    // Artifacts first: their hashes go into the verdict.
+    let art_dir = staging.join(ARTIFACTS_DIR);
+    fs::create_dir(&art_dir).map_err(io_err("create directory", &art_dir))?;
+    let mut used = HashSet::new();
+    let mut listed = Vec::with_capacity(artifacts.len());
+    for (kind, source) in artifacts {
+        let file = pick_name(&mut used, *kind, source);
+        let (sha256, bytes) = copy_artifact(source, &art_dir.join(&file))?;
+        listed.push(Artifact {
+            kind: *kind,
+            path: format!("{ARTIFACTS_DIR}/{file}"),
+            sha256,
+            bytes,
+        });
+    }
+    sync_dir(&art_dir)?;
+
+    let mut verdict = verdict.clone();
+    verdict.artifacts = listed;
+    verdict.successor_key = ephemeral.public().to_string();
+    verdict.validate().map_err(BundleError::Invalid)?;
+
+    let document = verdict.to_json_pretty()?;
+    let (envelope, payload) = sign::sign_verdict(&verdict, &document, ephemeral)?;
+    let (endorsement, endorsement_env) =
+        sign::endorse(&verdict, &payload, &ephemeral.public(), node)?;
+
+    write_new(&staging.join(VERDICT_FILE), &document)?;
+    write_new(
+        &staging.join(VERDICT_ENVELOPE_FILE),
+        &envelope.to_json_pretty()?,
+    )?;
+    write_new(
+        &staging.join(ENDORSEMENT_FILE),
+        &endorsement_env.to_json_pretty()?,
+    )?;
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+        .map_err(io_err("set permissions on", &staging))?;
+    sync_dir(&staging)?;
+
+    rename_no_replace(&parent, &staging, out_dir)?;
+    // The directory now has its final name; nothing is left to clean up.
+    let _ = tmp.keep();
+    sync_dir(&parent)?;
+    Ok(WrittenBundle {
+        dir: out_dir.to_path_buf(),
+        verdict,
+        endorsement,
+        node_key: node.public_key(),
+    })
+}
+
+/// Renames `from` to `to` (both in `parent`), failing if `to` exists.
+fn rename_no_replace(parent: &Path, from: &Path, to: &Path) -> Result<(), BundleError> {
+    let dir = fs::File::open(parent).map_err(io_err("open directory", parent))?;
+    let from_name = from.file_name().unwrap_or_default();
+    let to_name = to.file_name().unwrap_or_default();
+    match nix::fcntl::renameat2(
+        &dir,
+        from_name,
+        &dir,
+        to_name,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    ) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EEXIST) => Err(BundleError::Exists {
+            path: to.to_path_buf(),
+        }),
+        Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOSYS) => {
+            // A filesystem without RENAME_NOREPLACE: check, then rename (a small window).
+            if fs::symlink_metadata(to).is_ok() {
+                return Err(BundleError::Exists {
+                    path: to.to_path_buf(),
+                });
+            }
+            fs::rename(from, to).map_err(io_err("move the bundle to", to))
+        }
+        Err(e) => Err(io_err("move the bundle to", to)(io::Error::from(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_sanitized_and_unique() {
+        let mut used = HashSet::new();
+        let p = Path::new("/r/tests.xml");
+        assert_eq!(
+            pick_name(&mut used, ArtifactType::TestReport, p),
+            "tests.xml"
+        );
+        assert_eq!(
+            pick_name(&mut used, ArtifactType::BaselineTestReport, p),
+            "baseline_test_report-tests.xml"
+        );
+        assert_eq!(
+            pick_name(&mut used, ArtifactType::BaselineTestReport, p),
+            "2-tests.xml"
+        );
+        assert_eq!(sanitize_name(".hidden"), "_.hidden");
+        assert_eq!(sanitize_name("a b/ç"), "a_b__");
+        assert_eq!(sanitize_name(""), "artifact");
+        for name in ["tests.xml", "_.hidden", "a_b__"] {
+            assert!(crate::verdict::is_valid_artifact_path(&format!(
+                "artifacts/{name}"
+            )));
+        }
+    }
+}

@@ -1,0 +1,882 @@
+//! `fork verify`: checks a verdict bundle (layout in [`crate::verdict::bundle`]).
+//!
+//! In order: a trusted node key was given; the verdict envelope is a DSSE envelope of
+//! the verdict type whose signature verifies with the `successor_key` named in its
+//! statement's predicate; the statement is an in-toto Statement v1 with our predicate type
+//! and the subjects `patch`, `source` and `verdict.json` matching the verdict's
+//! `patch_hash`, `source_hash` and verdict.json's sha256; verdict.json is the signed
+//! predicate; the verdict passes the schema checks; the endorsement envelope is signed by
+//! one of the trusted node keys and binds this ephemeral key, run id, patch hash, task hash
+//! and statement; both envelopes are byte for byte in the form `fork` writes; every listed
+//! artifact is a regular file with the listed size and sha256; and nothing unlisted lies
+//! in `artifacts/` or in the bundle. Each failure is its own [`VerifyError`] variant.
+
+use crate::identity::PublicKey;
+use crate::verdict::bundle::{
+    ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
+};
+use crate::verdict::sign::{
+    decode_base64_any, Endorsement, Envelope, EnvelopeSignature, Statement,
+    ENDORSEMENT_PAYLOAD_TYPE, ENDORSEMENT_TYPE, STATEMENT_TYPE, SUBJECT_PATCH, SUBJECT_SOURCE,
+    SUBJECT_VERDICT_DOCUMENT, VERDICT_PAYLOAD_TYPE, VERDICT_PREDICATE_TYPE,
+};
+use crate::verdict::{sha256_digest, Verdict};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Largest JSON file of a bundle that is read.
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// A bundle that passed every check.
+#[derive(Debug, Clone)]
+pub struct VerifiedVerdict {
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// The verdict (as signed).
+    pub verdict: Verdict,
+    /// The run's ephemeral key that signed it.
+    pub successor_key: PublicKey,
+    /// The trusted node key that endorsed the ephemeral key.
+    pub node_key: PublicKey,
+    /// The endorsement.
+    pub endorsement: Endorsement,
+    /// `sha256:<hex>` of the signed statement.
+    pub statement_sha256: String,
+}
+
+/// Why a bundle failed verification. Each names what was wrong.
+#[derive(Debug, Error)]
+pub enum VerifyError {
+    #[error("no trusted node key: pass --trust ed25519:<key> (the key in the signing node's node.pub), or create this node's key with `fork keygen`")]
+    NoTrustedKeys,
+    #[error("{path} is not a verdict bundle: pass the bundle directory or its {VERDICT_FILE}")]
+    NotABundle { path: PathBuf },
+    #[error("{path} is missing from the bundle")]
+    Missing { path: PathBuf },
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is malformed: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+    #[error("{path} is not byte for byte as fork wrote it (edited or reformatted?)")]
+    NotCanonical { path: PathBuf },
+    #[error("{path} has payloadType `{found}`, expected `{expected}`")]
+    PayloadType {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("the verdict's successor_key is not a usable key: {reason}")]
+    BadSuccessorKey { reason: String },
+    #[error("the verdict envelope's signature does not verify with the successor key {key}: the verdict was altered or signed by another key")]
+    VerdictSignature { key: String },
+    #[error("the signed statement is not a fork verdict statement: {reason}")]
+    Statement { reason: String },
+    #[error(
+        "the statement's subject `{subject}` has sha256 {signed}, but the verdict says {actual}"
+    )]
+    SubjectMismatch {
+        subject: String,
+        signed: String,
+        actual: String,
+    },
+    #[error("{VERDICT_FILE} is not the signed verdict: {reason}")]
+    DocumentMismatch { reason: String },
+    #[error("the verdict fails the schema checks: {}", .0.join("; "))]
+    Schema(Vec<String>),
+    #[error("the endorsement is signed by {claimed}, which is not a trusted node key (trusted: {}): add it with --trust if you trust that node", .trusted.join(", "))]
+    UntrustedNodeKey {
+        claimed: String,
+        trusted: Vec<String>,
+    },
+    #[error("the endorsement's signature does not verify with the node key {key} it names")]
+    EndorsementSignature { key: String },
+    #[error("the endorsement does not match the verdict: it endorses {field} {endorsed}, the verdict has {actual}")]
+    EndorsementMismatch {
+        field: &'static str,
+        endorsed: String,
+        actual: String,
+    },
+    #[error("artifact {path} is listed in the verdict but missing")]
+    ArtifactMissing { path: PathBuf },
+    #[error("artifact {path} is not a regular file")]
+    ArtifactNotRegular { path: PathBuf },
+    #[error("artifact {path} is {actual} bytes, the verdict lists {listed}")]
+    ArtifactSize {
+        path: PathBuf,
+        listed: u64,
+        actual: u64,
+    },
+    #[error("artifact {path} has sha256 {actual}, the verdict lists {listed}")]
+    ArtifactHash {
+        path: PathBuf,
+        listed: String,
+        actual: String,
+    },
+    #[error("{path} is in artifacts/ but not listed in the verdict")]
+    UnlistedArtifact { path: PathBuf },
+    #[error("{path} does not belong in a verdict bundle")]
+    UnexpectedFile { path: PathBuf },
+}
+
+impl VerifyError {
+    /// The exit code `fork verify` uses (DESIGN.md): 64 without a trusted key (usage),
+    /// 65 when the input is not a readable bundle (not a bundle, a file missing, malformed
+    /// JSON), 70 for an I/O failure, and 1 (invalid) for every failed check.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            VerifyError::NoTrustedKeys => 64,
+            VerifyError::NotABundle { .. }
+            | VerifyError::Missing { .. }
+            | VerifyError::Malformed { .. } => 65,
+            VerifyError::Io { .. } => 70,
+            _ => 1,
+        }
+    }
+}
+
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VerifyError + 'a {
+    move |source| {
+        if source.kind() == io::ErrorKind::NotFound {
+            VerifyError::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            VerifyError::Io {
+                action,
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+}
+
+fn malformed(path: &Path, reason: impl ToString) -> VerifyError {
+    VerifyError::Malformed {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
+    let f = fs::File::open(path).map_err(io_err("open", path))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_err("read", path))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(malformed(path, "larger than 64 MiB"));
+    }
+    Ok(bytes)
+}
+
+/// The bundle directory for `path`: the directory itself, or the parent of its verdict.json.
+fn bundle_dir(path: &Path) -> Result<PathBuf, VerifyError> {
+    let meta = fs::metadata(path).map_err(io_err("open", path))?;
+    if meta.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.file_name().is_some_and(|n| n == VERDICT_FILE) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        return Ok(parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf));
+    }
+    Err(VerifyError::NotABundle {
+        path: path.to_path_buf(),
+    })
+}
+
+/// Requires `bytes` to be exactly the envelope `fork` writes for `env`, signed by `key`:
+/// standard padded base64, the key's id as keyid, one signature, pretty JSON + newline.
+fn check_canonical(
+    path: &Path,
+    bytes: &[u8],
+    env: &Envelope,
+    key: &PublicKey,
+) -> Result<(), VerifyError> {
+    let not_canonical = || VerifyError::NotCanonical {
+        path: path.to_path_buf(),
+    };
+    if env.signatures.len() != 1 {
+        return Err(not_canonical());
+    }
+    let payload = decode_base64_any(&env.payload).ok_or_else(not_canonical)?;
+    let sig = decode_base64_any(&env.signatures[0].sig).ok_or_else(not_canonical)?;
+    let canonical = Envelope {
+        payload: STANDARD.encode(payload),
+        payload_type: env.payload_type.clone(),
+        signatures: vec![EnvelopeSignature {
+            keyid: Some(key.key_id()),
+            sig: STANDARD.encode(sig),
+        }],
+    };
+    let expected = canonical.to_json_pretty().map_err(|e| malformed(path, e))?;
+    if expected != bytes {
+        return Err(not_canonical());
+    }
+    Ok(())
+}
+
+fn subject_digest(statement: &Statement<Verdict>, name: &str) -> Result<String, VerifyError> {
+    let mut found = statement.subject.iter().filter(|s| s.name == name);
+    let subject = found.next().ok_or_else(|| VerifyError::Statement {
+        reason: format!("no subject named `{name}`"),
+    })?;
+    if found.next().is_some() {
+        return Err(VerifyError::Statement {
+            reason: format!("two subjects named `{name}`"),
+        });
+    }
+    let hex = subject
+        .digest
+        .get("sha256")
+        .filter(|h| crate::verdict::is_sha256_hex(h))
+        .ok_or_else(|| VerifyError::Statement {
+            reason: format!("subject `{name}` has no sha256 digest"),
+        })?;
+    Ok(format!("sha256:{hex}"))
+}
+
+/// Verifies the bundle at `path` (the bundle directory or its verdict.json) against the
+/// trusted node keys. See the module docs for every check.
+pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdict, VerifyError> {
+    if trusted.is_empty() {
+        return Err(VerifyError::NoTrustedKeys);
+    }
+    let dir = bundle_dir(path)?;
+
+    // 1. The verdict envelope, signed by the successor key its predicate names.
+    let env_path = dir.join(VERDICT_ENVELOPE_FILE);
+    let env_bytes = read_json_file(&env_path)?;
+    let envelope: Envelope =
+        serde_json::from_slice(&env_bytes).map_err(|e| malformed(&env_path, e))?;
+    if envelope.payload_type != VERDICT_PAYLOAD_TYPE {
+        return Err(VerifyError::PayloadType {
+            path: env_path,
+            found: envelope.payload_type,
+            expected: VERDICT_PAYLOAD_TYPE.to_string(),
+        });
+    }
+    let unverified = envelope
+        .payload_bytes()
+        .map_err(|e| malformed(&env_path, e))?;
+    let statement: Statement<Verdict> = serde_json::from_slice(&unverified).map_err(|e| {
+        malformed(
+            &env_path,
+            format!("its payload is not a verdict statement: {e}"),
+        )
+    })?;
+    let successor_key =
+        statement
+            .predicate
+            .successor_public_key()
+            .map_err(|e| VerifyError::BadSuccessorKey {
+                reason: e.to_string(),
+            })?;
+    let payload = envelope
+        .verify(VERDICT_PAYLOAD_TYPE, &successor_key)
+        .map_err(|_| VerifyError::VerdictSignature {
+            key: successor_key.to_string(),
+        })?;
+    check_canonical(&env_path, &env_bytes, &envelope, &successor_key)?;
+    let statement_sha256 = sha256_digest(&payload);
+
+    // 2. The statement.
+    if statement.statement_type != STATEMENT_TYPE {
+        return Err(VerifyError::Statement {
+            reason: format!(
+                "_type is `{}`, expected `{STATEMENT_TYPE}`",
+                statement.statement_type
+            ),
+        });
+    }
+    if statement.predicate_type != VERDICT_PREDICATE_TYPE {
+        return Err(VerifyError::Statement {
+            reason: format!(
+                "predicateType is `{}`, expected `{VERDICT_PREDICATE_TYPE}`",
+                statement.predicate_type
+            ),
+        });
+    }
+    if statement.subject.len() != 3 {
+        return Err(VerifyError::Statement {
+            reason: format!(
+                "{} subjects, expected patch, source and verdict.json",
+                statement.subject.len()
+            ),
+        });
+    }
+    let verdict = &statement.predicate;
+    for (name, actual) in [
+        (SUBJECT_PATCH, &verdict.patch_hash),
+        (SUBJECT_SOURCE, &verdict.source_hash),
+    ] {
+        let signed = subject_digest(&statement, name)?;
+        if &signed != actual {
+            return Err(VerifyError::SubjectMismatch {
+                subject: name.to_string(),
+                signed,
+                actual: actual.clone(),
+            });
+        }
+    }
+
+    // 3. verdict.json is the signed document, byte for byte.
+    let doc_path = dir.join(VERDICT_FILE);
+    let doc_bytes = read_json_file(&doc_path)?;
+    let signed_doc = subject_digest(&statement, SUBJECT_VERDICT_DOCUMENT)?;
+    let actual_doc = sha256_digest(&doc_bytes);
+    if signed_doc != actual_doc {
+        return Err(VerifyError::DocumentMismatch {
+            reason: format!("its sha256 is {actual_doc}, the signed statement says {signed_doc}"),
+        });
+    }
+    let document = Verdict::from_json(&doc_bytes).map_err(|e| malformed(&doc_path, e))?;
+    if &document != verdict {
+        return Err(VerifyError::DocumentMismatch {
+            reason: "its content differs from the signed predicate".to_string(),
+        });
+    }
+
+    // 4. The schema.
+    verdict.validate().map_err(VerifyError::Schema)?;
+
+    // 5. The endorsement, by a trusted node key, binding this run.
+    let end_path = dir.join(ENDORSEMENT_FILE);
+    let end_bytes = read_json_file(&end_path)?;
+    let end_env: Envelope =
+        serde_json::from_slice(&end_bytes).map_err(|e| malformed(&end_path, e))?;
+    if end_env.payload_type != ENDORSEMENT_PAYLOAD_TYPE {
+        return Err(VerifyError::PayloadType {
+            path: end_path,
+            found: end_env.payload_type,
+            expected: ENDORSEMENT_PAYLOAD_TYPE.to_string(),
+        });
+    }
+    let end_unverified = end_env
+        .payload_bytes()
+        .map_err(|e| malformed(&end_path, e))?;
+    let claimed: Endorsement = serde_json::from_slice(&end_unverified)
+        .map_err(|e| malformed(&end_path, format!("its payload is not an endorsement: {e}")))?;
+    let node_key = trusted
+        .iter()
+        .find(|k| end_env.verify(ENDORSEMENT_PAYLOAD_TYPE, k).is_ok())
+        .copied()
+        .ok_or_else(|| {
+            if trusted.contains(&claimed.node_key) {
+                VerifyError::EndorsementSignature {
+                    key: claimed.node_key.to_string(),
+                }
+            } else {
+                VerifyError::UntrustedNodeKey {
+                    claimed: claimed.node_key.to_string(),
+                    trusted: trusted.iter().map(ToString::to_string).collect(),
+                }
+            }
+        })?;
+    check_canonical(&end_path, &end_bytes, &end_env, &node_key)?;
+    let endorsement = claimed;
+    let bind = |field: &'static str, endorsed: String, actual: String| {
+        if endorsed == actual {
+            Ok(())
+        } else {
+            Err(VerifyError::EndorsementMismatch {
+                field,
+                endorsed,
+                actual,
+            })
+        }
+    };
+    bind(
+        "_type",
+        endorsement.endorsement_type.clone(),
+        ENDORSEMENT_TYPE.to_string(),
+    )?;
+    bind(
+        "node_key",
+        endorsement.node_key.to_string(),
+        node_key.to_string(),
+    )?;
+    bind(
+        "ephemeral_key",
+        endorsement.ephemeral_key.to_string(),
+        successor_key.to_string(),
+    )?;
+    bind("run_id", endorsement.run_id.clone(), verdict.run_id.clone())?;
+    bind(
+        "patch_hash",
+        endorsement.patch_hash.clone(),
+        verdict.patch_hash.clone(),
+    )?;
+    bind(
+        "task_hash",
+        endorsement.task_hash.clone(),
+        verdict.task_hash.clone(),
+    )?;
+    bind(
+        "statement_sha256",
+        endorsement.statement_sha256.clone(),
+        statement_sha256.clone(),
+    )?;
+
+    // 6. Artifacts, and nothing else in the bundle.
+    check_artifacts(&dir, verdict)?;
+
+    Ok(VerifiedVerdict {
+        dir,
+        verdict: statement.predicate,
+        successor_key,
+        node_key,
+        endorsement,
+        statement_sha256,
+    })
+}
+
+fn hash_file_no_follow(path: &Path) -> Result<(String, u64), VerifyError> {
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                VerifyError::ArtifactNotRegular {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                io_err("open", path)(e)
+            }
+        })?;
+    if !f.metadata().map_err(io_err("stat", path))?.is_file() {
+        return Err(VerifyError::ArtifactNotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n_total = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io_err("read", path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        n_total += n as u64;
+    }
+    Ok((hex::encode(h.finalize()), n_total))
+}
+
+fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
+    let art_dir = dir.join(ARTIFACTS_DIR);
+    let mut listed = HashSet::new();
+    for a in &verdict.artifacts {
+        let path = dir.join(&a.path);
+        listed.insert(path.clone());
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(VerifyError::ArtifactMissing { path })
+            }
+            Err(e) => return Err(io_err("stat", &path)(e)),
+        };
+        if !meta.file_type().is_file() {
+            return Err(VerifyError::ArtifactNotRegular { path });
+        }
+        if meta.len() != a.bytes {
+            return Err(VerifyError::ArtifactSize {
+                path,
+                listed: a.bytes,
+                actual: meta.len(),
+            });
+        }
+        let (sha, bytes) = hash_file_no_follow(&path)?;
+        if bytes != a.bytes {
+            return Err(VerifyError::ArtifactSize {
+                path,
+                listed: a.bytes,
+                actual: bytes,
+            });
+        }
+        if sha != a.sha256 {
+            return Err(VerifyError::ArtifactHash {
+                path,
+                listed: a.sha256.clone(),
+                actual: sha,
+            });
+        }
+    }
+    match fs::symlink_metadata(&art_dir) {
+        Ok(m) if m.is_dir() => {
+            for entry in fs::read_dir(&art_dir).map_err(io_err("read directory", &art_dir))? {
+                let entry = entry.map_err(io_err("read directory", &art_dir))?;
+                let p = entry.path();
+                if !listed.contains(&p) {
+                    return Err(VerifyError::UnlistedArtifact { path: p });
+                }
+            }
+        }
+        Ok(_) => return Err(VerifyError::UnexpectedFile { path: art_dir }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("stat", &art_dir)(e)),
+    }
+    let allowed = [
+        VERDICT_FILE,
+        VERDICT_ENVELOPE_FILE,
+        ENDORSEMENT_FILE,
+        ARTIFACTS_DIR,
+    ];
+    for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
+        let entry = entry.map_err(io_err("read directory", dir))?;
+        let name = entry.file_name();
+        if !allowed.iter().any(|a| name == *a) {
+            return Err(VerifyError::UnexpectedFile { path: entry.path() });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{EphemeralKey, NodeKey};
+    use crate::verdict::bundle::{write_bundle, BundleError};
+    use crate::verdict::sign;
+    use crate::verdict::tests::sample_verdict;
+    use crate::verdict::ArtifactType;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        out: PathBuf,
+        node: NodeKey,
+        reports: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = dir.path().join("reports");
+        fs::create_dir(&reports).unwrap();
+        fs::write(
+            reports.join("tests.xml"),
+            "<testsuite tests=\"2\"><testcase name=\"a\"/><testcase name=\"b\"/></testsuite>\n",
+        )
+        .unwrap();
+        fs::write(reports.join("metrics.json"), "{\"p99_ms\": 33.6}\n").unwrap();
+        let out = dir.path().join("out").join("run-1");
+        let eph = EphemeralKey::generate();
+        let node = NodeKey::generate();
+        let v = sample_verdict(&eph.public());
+        write_bundle(
+            &out,
+            &v,
+            &[
+                (ArtifactType::TestReport, reports.join("tests.xml")),
+                (ArtifactType::Metrics, reports.join("metrics.json")),
+            ],
+            &eph,
+            &node,
+        )
+        .unwrap();
+        eph.destroy();
+        Fixture {
+            _dir: dir,
+            out,
+            node,
+            reports,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let f = fixture();
+        let ok = verify_bundle(&f.out, &[f.node.public()]).unwrap();
+        assert_eq!(ok.node_key, f.node.public());
+        assert_eq!(ok.verdict.artifacts.len(), 2);
+        assert_eq!(ok.verdict.artifacts[0].path, "artifacts/tests.xml");
+        assert_eq!(
+            ok.verdict.artifacts[0].bytes,
+            fs::metadata(f.reports.join("tests.xml")).unwrap().len()
+        );
+        assert_eq!(ok.endorsement.ephemeral_key, ok.successor_key);
+        // Through verdict.json too; and verdict.json is the document as written.
+        let again = verify_bundle(&f.out.join(VERDICT_FILE), &[f.node.public()]).unwrap();
+        assert_eq!(again.verdict, ok.verdict);
+        let doc = fs::read(f.out.join(VERDICT_FILE)).unwrap();
+        assert_eq!(doc, ok.verdict.to_json_pretty().unwrap());
+        // No temporary directory left next to the bundle.
+        let siblings: Vec<_> = fs::read_dir(f.out.parent().unwrap()).unwrap().collect();
+        assert_eq!(siblings.len(), 1);
+    }
+
+    fn positions(len: usize, count: usize) -> Vec<usize> {
+        if len <= count {
+            return (0..len).collect();
+        }
+        let mut p: Vec<usize> = (0..count).map(|i| i * len / count).collect();
+        p.extend([len - 1, len - 2]);
+        p
+    }
+
+    #[test]
+    fn any_flipped_byte_fails() {
+        let f = fixture();
+        let trusted = [f.node.public()];
+        let files = [
+            VERDICT_FILE,
+            VERDICT_ENVELOPE_FILE,
+            ENDORSEMENT_FILE,
+            "artifacts/tests.xml",
+            "artifacts/metrics.json",
+        ];
+        let mut tried = 0;
+        for name in files {
+            let path = f.out.join(name);
+            let original = fs::read(&path).unwrap();
+            for (count, mask) in [(120, 0x01u8), (40, 0x20), (20, 0x80)] {
+                for pos in positions(original.len(), count) {
+                    let mut bytes = original.clone();
+                    bytes[pos] ^= mask;
+                    fs::write(&path, &bytes).unwrap();
+                    let r = verify_bundle(&f.out, &trusted);
+                    assert!(
+                        r.is_err(),
+                        "flipping byte {pos} of {name} with {mask:#04x} went unnoticed"
+                    );
+                    tried += 1;
+                }
+            }
+            fs::write(&path, &original).unwrap();
+            verify_bundle(&f.out, &trusted).unwrap();
+        }
+        assert!(tried > 500, "{tried}");
+    }
+
+    #[test]
+    fn trust_is_required() {
+        let f = fixture();
+        let err = verify_bundle(&f.out, &[]).unwrap_err();
+        assert!(matches!(err, VerifyError::NoTrustedKeys));
+        assert_eq!(err.exit_code(), 64);
+        assert!(err.to_string().contains("--trust"), "{err}");
+
+        let stranger = NodeKey::generate();
+        let err = verify_bundle(&f.out, &[stranger.public()]).unwrap_err();
+        assert!(matches!(err, VerifyError::UntrustedNodeKey { .. }), "{err}");
+        assert_eq!(err.exit_code(), 1);
+        assert!(err.to_string().contains(&f.node.public().to_string()));
+        // Trusting several keys, one of which endorsed it, is fine.
+        verify_bundle(&f.out, &[stranger.public(), f.node.public()]).unwrap();
+    }
+
+    fn rewrite_signed(f: &Fixture, verdict: &Verdict, signer: &EphemeralKey) {
+        let doc = verdict.to_json_pretty().unwrap();
+        let (env, _) = sign::sign_verdict(verdict, &doc, signer).unwrap();
+        fs::write(f.out.join(VERDICT_FILE), &doc).unwrap();
+        fs::write(
+            f.out.join(VERDICT_ENVELOPE_FILE),
+            env.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn swapped_ephemeral_key_fails() {
+        let f = fixture();
+        let ok = verify_bundle(&f.out, &[f.node.public()]).unwrap();
+        // An attacker with their own ephemeral key re-signs a changed verdict but keeps the
+        // node's endorsement: the endorsement names another ephemeral key.
+        let attacker = EphemeralKey::generate();
+        let mut forged = ok.verdict.clone();
+        forged.verdict = crate::verdict::VerdictKind::Approve;
+        forged.evaluation_summary = "All good, trust me.".into();
+        forged.successor_key = attacker.public().to_string();
+        rewrite_signed(&f, &forged, &attacker);
+        let err = verify_bundle(&f.out, &[f.node.public()]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::EndorsementMismatch {
+                    field: "ephemeral_key",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        // Signed by the attacker while naming the real successor key: bad signature.
+        let mut envelope: Envelope =
+            serde_json::from_slice(&fs::read(f.out.join(VERDICT_ENVELOPE_FILE)).unwrap()).unwrap();
+        let doc = ok.verdict.to_json_pretty().unwrap();
+        let st = sign::verdict_statement(&ok.verdict, &doc).unwrap();
+        let payload = serde_json::to_vec(&st).unwrap();
+        envelope = Envelope {
+            signatures: Envelope::sign(VERDICT_PAYLOAD_TYPE, &payload, &attacker).signatures,
+            payload: STANDARD.encode(&payload),
+            ..envelope
+        };
+        fs::write(f.out.join(VERDICT_FILE), &doc).unwrap();
+        fs::write(
+            f.out.join(VERDICT_ENVELOPE_FILE),
+            envelope.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+        let err = verify_bundle(&f.out, &[f.node.public()]).unwrap_err();
+        assert!(matches!(err, VerifyError::VerdictSignature { .. }), "{err}");
+    }
+
+    #[test]
+    fn endorsement_of_another_run_fails() {
+        // Two runs endorsed by the same node: moving one's endorsement to the other fails.
+        let a = fixture();
+        let dir = tempfile::tempdir().unwrap();
+        let other_out = dir.path().join("run-2");
+        let eph = EphemeralKey::generate();
+        write_bundle(
+            &other_out,
+            &sample_verdict(&eph.public()),
+            &[],
+            &eph,
+            &a.node,
+        )
+        .unwrap();
+        fs::copy(
+            other_out.join(ENDORSEMENT_FILE),
+            a.out.join(ENDORSEMENT_FILE),
+        )
+        .unwrap();
+        let err = verify_bundle(&a.out, &[a.node.public()]).unwrap_err();
+        assert!(
+            matches!(err, VerifyError::EndorsementMismatch { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_extra_and_replaced_artifacts_fail() {
+        let f = fixture();
+        let trusted = [f.node.public()];
+        let art = f.out.join("artifacts/tests.xml");
+        let saved = fs::read(&art).unwrap();
+
+        fs::remove_file(&art).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::ArtifactMissing { .. }), "{err}");
+        assert!(err.to_string().contains("tests.xml"));
+
+        // A symlink to identical content is still not a regular file.
+        let elsewhere = f.out.parent().unwrap().join("copy.xml");
+        fs::write(&elsewhere, &saved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &art).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(
+            matches!(err, VerifyError::ArtifactNotRegular { .. }),
+            "{err}"
+        );
+        fs::remove_file(&art).unwrap();
+        fs::write(&art, &saved).unwrap();
+        verify_bundle(&f.out, &trusted).unwrap();
+
+        let mut longer = saved.clone();
+        longer.push(b'\n');
+        fs::write(&art, &longer).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::ArtifactSize { .. }), "{err}");
+        fs::write(&art, &saved).unwrap();
+
+        let extra = f.out.join("artifacts/extra.txt");
+        fs::write(&extra, b"smuggled").unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::UnlistedArtifact { .. }), "{err}");
+        assert!(err.to_string().contains("extra.txt"));
+        fs::remove_file(&extra).unwrap();
+
+        let stray = f.out.join("notes.txt");
+        fs::write(&stray, b"x").unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::UnexpectedFile { .. }), "{err}");
+        fs::remove_file(&stray).unwrap();
+
+        fs::remove_file(f.out.join(ENDORSEMENT_FILE)).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains(ENDORSEMENT_FILE));
+
+        let err = verify_bundle(&f.reports.join("tests.xml"), &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::NotABundle { .. }), "{err}");
+    }
+
+    #[test]
+    fn reformatted_envelope_is_not_canonical() {
+        let f = fixture();
+        let p = f.out.join(VERDICT_ENVELOPE_FILE);
+        let env: Envelope = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+        fs::write(&p, serde_json::to_vec(&env).unwrap()).unwrap();
+        let err = verify_bundle(&f.out, &[f.node.public()]).unwrap_err();
+        assert!(matches!(err, VerifyError::NotCanonical { .. }), "{err}");
+    }
+
+    #[test]
+    fn bundle_refusals() {
+        let f = fixture();
+        let eph = EphemeralKey::generate();
+        let v = sample_verdict(&eph.public());
+        // Never overwrites.
+        let err = write_bundle(&f.out, &v, &[], &eph, &f.node).unwrap_err();
+        assert!(matches!(err, BundleError::Exists { .. }), "{err}");
+
+        let parent = f.out.parent().unwrap().to_path_buf();
+        let count = || fs::read_dir(&parent).unwrap().count();
+        let before = count();
+
+        // A symlinked artifact is refused, and nothing is left behind.
+        let link = f.reports.join("link.xml");
+        std::os::unix::fs::symlink(f.reports.join("tests.xml"), &link).unwrap();
+        let out2 = parent.join("run-2");
+        let err = write_bundle(
+            &out2,
+            &v,
+            &[(ArtifactType::TestReport, link)],
+            &eph,
+            &f.node,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, BundleError::ArtifactNotRegular { .. }),
+            "{err}"
+        );
+        assert_eq!(count(), before);
+
+        // A FIFO is refused without waiting for a writer.
+        let fifo = f.reports.join("pipe.xml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = write_bundle(
+            &out2,
+            &v,
+            &[(ArtifactType::TestReport, fifo)],
+            &eph,
+            &f.node,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, BundleError::ArtifactNotRegular { .. }),
+            "{err}"
+        );
+
+        // An invalid verdict is refused.
+        let mut bad = v.clone();
+        bad.confidence = 2.0;
+        let err = write_bundle(&out2, &bad, &[], &eph, &f.node).unwrap_err();
+        assert!(matches!(err, BundleError::Invalid(_)), "{err}");
+        assert!(err.to_string().contains("confidence"));
+        assert_eq!(count(), before);
+        assert!(!out2.exists());
+    }
+}

@@ -1,0 +1,196 @@
+//! Helpers shared by the integration tests: they drive the real `fork` binary.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub fn fork_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fork"))
+}
+
+/// The hostile probe (examples/hostile.rs), built by `cargo test` beside the binary.
+pub fn hostile_bin() -> PathBuf {
+    let p = fork_bin()
+        .parent()
+        .expect("binary dir")
+        .join("examples")
+        .join("hostile");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build --examples` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A private scratch directory outside /tmp (so the sandbox sees it only read-only).
+pub fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// The result of one `fork run`.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Value,
+    pub run_root: PathBuf,
+}
+
+impl Run {
+    /// The probe's JSON line (the last line of stdout that parses).
+    pub fn probe(&self) -> Value {
+        self.stdout
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no probe output; stdout={} stderr={}",
+                    self.stdout, self.stderr
+                )
+            })
+    }
+    pub fn budget(&self) -> Option<String> {
+        self.report["budget_exceeded"].as_str().map(str::to_string)
+    }
+}
+
+/// A `fork` command with a private run root (so parallel tests never see each other's runs).
+pub fn fork_cmd(run_root: &Path) -> Command {
+    let mut c = Command::new(fork_bin());
+    c.env("FORK_RUN_ROOT", run_root);
+    c.stdin(Stdio::null());
+    c
+}
+
+/// `fork run [flags] -- cmd...` with a report; asserts nothing is left behind afterwards.
+pub fn run(flags: &[&str], cmd: &[&str]) -> Run {
+    let run_root = scratch("runs");
+    let report = run_root.join("report.json");
+    let mut c = fork_cmd(&run_root);
+    c.arg("run")
+        .args(flags)
+        .arg("--report")
+        .arg(&report)
+        .arg("--")
+        .args(cmd);
+    let out: Output = c.output().expect("spawn fork");
+    let code = out.status.code().unwrap_or(-1);
+    let report_v = std::fs::read(&report)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let r = Run {
+        code,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report: report_v,
+        run_root: run_root.clone(),
+    };
+    if let Some(id) = r.report["run_id"].as_str() {
+        assert_nothing_left(&run_root, id);
+    }
+    r
+}
+
+/// Runs the hostile probe in the default sandbox.
+pub fn probe(flags: &[&str], args: &[&str]) -> Run {
+    let h = hostile_bin();
+    let mut cmd = vec![h.to_str().unwrap()];
+    cmd.extend_from_slice(args);
+    run(flags, &cmd)
+}
+
+/// No run directory, mount, cgroup or process of run `id` remains.
+pub fn assert_nothing_left(run_root: &Path, id: &str) {
+    let dir = run_root.join(format!("fork-{id}"));
+    assert!(!dir.exists(), "run directory {} left behind", dir.display());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&format!("fork-{id}")),
+        "a mount of run {id} is left behind"
+    );
+    for cg in cgroup_dirs(id) {
+        panic!("cgroup {} left behind", cg.display());
+    }
+    assert!(processes_matching(&format!("fork-{id}")).is_empty());
+}
+
+/// cgroup directories named fork-<id> anywhere under /sys/fs/cgroup (bounded walk).
+pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let name = format!("fork-{id}");
+    let mut found = Vec::new();
+    let mut stack = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        if depth > 6 {
+            continue;
+        }
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                if e.file_name().to_string_lossy() == name {
+                    found.push(e.path());
+                }
+                stack.push((e.path(), depth + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Pids whose command line contains `needle`.
+pub fn processes_matching(needle: &str) -> Vec<i32> {
+    processes_where(|cmdline| cmdline.contains(needle))
+}
+
+/// Pids whose command line starts with `prefix`.
+pub fn processes_starting(prefix: &str) -> Vec<i32> {
+    processes_where(|cmdline| cmdline.starts_with(prefix))
+}
+
+fn processes_where(pred: impl Fn(&str) -> bool) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let s = String::from_utf8_lossy(&c).replace('\0', " ");
+            if pred(&s) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+pub const EPERM: i64 = 1;
+pub const ENOENT: i64 = 2;
+pub const EACCES: i64 = 13;
+pub const EROFS: i64 = 30;
+pub const ENOSYS: i64 = 38;

@@ -1,0 +1,618 @@
+//! The hostile suite for `fork run`: each case runs the hostile probe (examples/hostile.rs)
+//! through the real binary, in its own sandbox process, and shows it contained. Every
+//! probe only touches what it or this test created, on loopback, bounded.
+//!
+//! These tests need root (the default policy mounts a capped tmpfs and creates cgroups),
+//! as on the project's CI machine.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+macro_rules! need_root {
+    () => {
+        if !is_root() {
+            eprintln!("this test drives the sandbox with the default policy, which needs root");
+            return;
+        }
+    };
+}
+
+fn assert_denied(args: &[&str], errno: i64) {
+    let r = probe(&[], args);
+    assert_eq!(r.code, 0, "probe {args:?} exit; stderr={}", r.stderr);
+    let p = r.probe();
+    assert_eq!(p["succeeded"], false, "{args:?} was NOT contained: {p}");
+    assert_eq!(p["errno"].as_i64(), Some(errno), "{args:?}: {p}");
+}
+
+#[test]
+fn seccomp_refuses_the_dangerous_syscalls() {
+    need_root!();
+    for probe in [
+        "ptrace",
+        "process_vm_readv",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "chroot",
+        "unshare-user",
+        "unshare-net",
+        "setns",
+        "clone-newuser",
+        "bpf",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "reboot",
+        "swapon",
+        "swapoff",
+        "mknod-char",
+        "tiocsti",
+        "tioclinux",
+        "personality-noaslr",
+        "open_by_handle_at",
+    ] {
+        assert_denied(&[probe], EPERM);
+    }
+    // clone3's flags cannot be inspected: it gets ENOSYS so libc falls back to clone.
+    assert_denied(&["clone3"], ENOSYS);
+}
+
+#[test]
+fn harmless_calls_still_work() {
+    need_root!();
+    for probe in ["mknod-fifo", "personality-query"] {
+        let p = probe_ok(probe);
+        assert_eq!(
+            p["succeeded"], true,
+            "{probe} should work in the sandbox: {p}"
+        );
+    }
+    let r = run(&[], &["python3", "-c", "import threading,subprocess; t=threading.Thread(target=print,args=('t',)); t.start(); t.join(); print(subprocess.run(['sh','-c','echo sub'],capture_output=True).stdout.decode().strip())"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("sub"), "{}", r.stdout);
+}
+
+fn probe_ok(name: &str) -> serde_json::Value {
+    let r = probe(&[], &[name]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    r.probe()
+}
+
+#[test]
+fn no_privileges_inside() {
+    need_root!();
+    let r = probe(&[], &["getuid"]);
+    let p = r.probe();
+    let st = &p["status"];
+    for k in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        assert_eq!(st[k], "0000000000000000", "{k} must be empty: {p}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1");
+    assert_eq!(st["Seccomp"], "2");
+    // uid 0 inside maps to an unprivileged host uid, never host root.
+    let host_uid = r.report["isolation"]["host_uid"].as_u64().unwrap();
+    assert_ne!(host_uid, 0);
+    let iso = &r.report["isolation"];
+    for k in [
+        "userns", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns",
+    ] {
+        assert_eq!(iso[k], true, "{k}: {iso}");
+    }
+    assert_eq!(iso["landlock_enforced"], "fully_enforced");
+    assert!(iso["landlock_abi"].as_u64().unwrap() >= 1);
+    assert_eq!(iso["seccomp"], "default");
+    assert!(iso["cgroup"] == "v1" || iso["cgroup"] == "v2");
+}
+
+#[test]
+fn host_filesystem_is_read_only() {
+    need_root!();
+    let d = scratch("rofs");
+    let victim = d.join("victim.txt");
+    std::fs::write(&victim, b"original").unwrap();
+    let r = probe(&[], &["write-file", victim.to_str().unwrap()]);
+    let p = r.probe();
+    assert_eq!(p["succeeded"], false, "{p}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"original");
+    // Creating a new file in a host directory fails too.
+    let r = probe(&[], &["write-file", d.join("new.txt").to_str().unwrap()]);
+    assert_eq!(r.probe()["succeeded"], false);
+    assert!(!d.join("new.txt").exists());
+    for host_path in [
+        "/etc/fork-hostile-probe",
+        "/usr/fork-hostile-probe",
+        "/fork-hostile-probe",
+    ] {
+        let r = probe(&[], &["write-file", host_path]);
+        assert_eq!(r.probe()["succeeded"], false, "{host_path}");
+        assert!(!Path::new(host_path).exists());
+    }
+    // The workspace, /tmp and /dev/shm are writable.
+    for ok in [
+        "/tmp/successor/f",
+        "/tmp/f",
+        "/dev/shm/f",
+        "/tmp/successor/home/f",
+    ] {
+        let r = probe(&[], &["write-file", ok]);
+        assert_eq!(r.probe()["succeeded"], true, "{ok}: {}", r.stdout);
+    }
+}
+
+#[test]
+fn symlink_and_hardlink_tricks_stay_inside() {
+    need_root!();
+    let d = scratch("links");
+    let victim = d.join("victim.txt");
+    std::fs::write(&victim, b"original").unwrap();
+    let r = probe(
+        &[],
+        &["symlink-escape", "/tmp/successor", victim.to_str().unwrap()],
+    );
+    assert_eq!(r.probe()["succeeded"], false, "{}", r.stdout);
+    let r = probe(
+        &[],
+        &["hardlink", "/tmp/successor", victim.to_str().unwrap()],
+    );
+    assert_eq!(r.probe()["succeeded"], false, "{}", r.stdout);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"original");
+}
+
+#[test]
+fn secrets_are_invisible() {
+    need_root!();
+    // The node key directory ($XDG_CONFIG_HOME/fork) and the policy's hide list.
+    let cfg = scratch("xdg");
+    std::fs::create_dir_all(cfg.join("fork")).unwrap();
+    std::fs::write(cfg.join("fork/node.key"), b"SECRET-NODE-KEY").unwrap();
+    let secret = scratch("hide");
+    std::fs::write(secret.join("token"), b"SECRET-TOKEN").unwrap();
+    let policy = secret.join("policy.toml");
+    let text = std::fs::read_to_string(repo().join("policies/default.toml"))
+        .unwrap()
+        .replace(
+            "hide = [",
+            &format!("hide = [\"{}\", ", secret.join("token").display()),
+        )
+        .replace(
+            "profile = \"seccomp/default.json\"",
+            &format!(
+                "profile = \"{}\"",
+                repo().join("policies/seccomp/default.json").display()
+            ),
+        );
+    std::fs::write(&policy, text).unwrap();
+    let run_root = scratch("runs");
+    let key = cfg.join("fork/node.key");
+    let out = fork_cmd(&run_root)
+        .env("XDG_CONFIG_HOME", &cfg)
+        .args([
+            "run",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "cat {} {} 2>&1; ls {} 2>&1; ls /run | wc -l",
+            key.display(),
+            secret.join("token").display(),
+            cfg.join("fork").display()
+        ))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("SECRET"), "a secret leaked: {stdout}");
+    assert!(
+        stdout.trim_end().ends_with('0'),
+        "/run must be empty: {stdout}"
+    );
+}
+
+#[test]
+fn devices_are_minimal() {
+    need_root!();
+    let p = probe_ok("devices");
+    let text = p.to_string();
+    for want in [
+        "null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "ptmx",
+    ] {
+        assert!(text.contains(want), "/dev lacks {want}: {text}");
+    }
+    for bad in ["sda", "vda", "nvme", "loop", "mem\"", "kmsg", "mapper"] {
+        assert!(!text.contains(bad), "/dev exposes {bad}: {text}");
+    }
+    // No device can be created, and /dev itself is read-only.
+    assert_denied(&["mknod-char", "/tmp/successor"], EPERM);
+    let r = probe(&[], &["write-file", "/dev/fork-hostile"]);
+    assert_eq!(r.probe()["succeeded"], false);
+}
+
+#[test]
+fn host_processes_are_invisible_and_unkillable() {
+    need_root!();
+    let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = victim.id().to_string();
+    let r = probe(&[], &["kill", &pid, "15"]);
+    let p = r.probe();
+    assert_eq!(p["succeeded"], false, "{p}");
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // pid 1 is fork's init.
+    let r = run(
+        &[],
+        &["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; echo $$"],
+    );
+    assert!(r.stdout.contains("__sandbox-init"), "{}", r.stdout);
+}
+
+#[test]
+fn environment_is_scrubbed() {
+    need_root!();
+    let run_root = scratch("runs");
+    let h = hostile_bin();
+    let out = fork_cmd(&run_root)
+        .env("FORK_TEST_SECRET", "supervisor-secret-value")
+        .env("AWS_SECRET_ACCESS_KEY", "supervisor-secret-value")
+        .args(["run", "--", h.to_str().unwrap(), "env"])
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!s.contains("supervisor-secret-value"), "{s}");
+    let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap()).unwrap();
+    let env = v["env"].as_object().expect("env object");
+    let allowed = [
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "TERM",
+        "TZ",
+        "FORK_WORKSPACE",
+        "FORK_RUN_ID",
+    ];
+    for k in env.keys() {
+        assert!(
+            allowed.contains(&k.as_str()),
+            "unexpected variable {k} in the sandbox"
+        );
+    }
+    assert_eq!(env["HOME"], "/tmp/successor/home");
+    assert_eq!(env["TMPDIR"], "/tmp");
+    // Nothing readable through the init's environment either.
+    let out = fork_cmd(&run_root)
+        .env("FORK_TEST_SECRET", "supervisor-secret-value")
+        .args(["run", "--", h.to_str().unwrap(), "proc1-environ"])
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!s.contains("supervisor-secret-value"), "{s}");
+}
+
+#[test]
+fn network_is_loopback_only() {
+    need_root!();
+    let p = probe_ok("ifaces");
+    let text = p.to_string();
+    assert!(text.contains("lo"), "{text}");
+    assert!(!text.contains("eth") && !text.contains("ens"), "{text}");
+    // A host loopback service is unreachable.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let r = probe(&[], &["connect-tcp", &addr]);
+    assert_eq!(r.probe()["succeeded"], false, "{}", r.stdout);
+    assert!(
+        listener.accept().is_err(),
+        "the host listener got a connection"
+    );
+    // UDP to the host's loopback does not arrive either.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let uaddr = udp.local_addr().unwrap().to_string();
+    let _ = probe(&[], &["udp-send", &uaddr]);
+    let mut buf = [0u8; 64];
+    assert!(
+        udp.recv(&mut buf).is_err(),
+        "a datagram crossed the namespace"
+    );
+}
+
+#[test]
+fn landlock_restricts_tcp_by_policy() {
+    need_root!();
+    // The default policy refuses TCP bind/connect (Landlock ABI >= 4) inside the sandbox too.
+    let r = probe(&[], &["bind-tcp", "0"]);
+    let p = r.probe();
+    assert_eq!(p["succeeded"], false, "{p}");
+    assert_eq!(p["errno"].as_i64(), Some(EACCES), "{p}");
+}
+
+#[test]
+fn wall_budget_kills_promptly() {
+    need_root!();
+    let t = Instant::now();
+    let r = run(&["--wall", "2s"], &["sleep", "30"]);
+    let took = t.elapsed();
+    assert_eq!(r.budget().as_deref(), Some("wall"), "{}", r.report);
+    assert_eq!(r.code, 137);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(took >= Duration::from_secs(2));
+}
+
+#[test]
+fn memory_budget_ooms_a_big_allocation() {
+    need_root!();
+    let r = probe(&["--memory", "128MiB"], &["alloc", "1024"]);
+    assert_eq!(
+        r.budget().as_deref(),
+        Some("memory"),
+        "{} {}",
+        r.report,
+        r.stdout
+    );
+    let peak = r.report["usage"]["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak <= 129 << 20, "peak {peak}");
+}
+
+#[test]
+fn pids_budget_stops_a_bounded_fork_loop() {
+    need_root!();
+    let r = probe(&["--pids", "64"], &["fork-many", "200", "5"]);
+    assert_eq!(r.budget().as_deref(), Some("pids"), "{}", r.report);
+    let peak = r.report["usage"]["pids_peak"].as_u64().unwrap();
+    assert!(peak <= 64, "peak {peak}");
+    assert!(
+        peak >= 32,
+        "the loop should get near the limit, peak {peak}"
+    );
+}
+
+#[test]
+fn disk_budget_stops_a_big_write() {
+    need_root!();
+    let r = probe(
+        &["--disk", "64MiB"],
+        &["write-bytes", "/tmp/successor/big", "400"],
+    );
+    assert_eq!(
+        r.budget().as_deref(),
+        Some("disk"),
+        "{} {}",
+        r.report,
+        r.stdout
+    );
+    let used = r.report["usage"]["disk_bytes"].as_u64().unwrap();
+    assert!(used <= 64 << 20, "used {used}");
+    // /tmp shares the same cap.
+    let r = probe(&["--disk", "64MiB"], &["write-bytes", "/tmp/big", "400"]);
+    assert_eq!(r.budget().as_deref(), Some("disk"), "{}", r.report);
+}
+
+#[test]
+fn exit_status_is_the_commands() {
+    need_root!();
+    assert_eq!(run(&[], &["sh", "-c", "exit 7"]).code, 7);
+    let r = run(&[], &["sh", "-c", "kill -TERM $$"]);
+    assert_eq!(r.code, 143);
+    assert_eq!(r.report["signal"], 15);
+    let r = run(&[], &["definitely-not-a-command-fork"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("not found"), "{}", r.stderr);
+}
+
+#[test]
+fn init_reaps_orphans_and_nothing_remains() {
+    need_root!();
+    let r = probe(&[], &["orphans", "20", "60"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // `run` asserted that no process, mount, cgroup or directory of the run remains;
+    // the orphans (sleeping 60 s) were killed with the namespace.
+    let id = r.report["run_id"].as_str().unwrap();
+    assert!(processes_matching(&format!("fork-{id}")).is_empty());
+}
+
+#[test]
+fn supervisor_death_kills_the_tree_and_gc_reclaims() {
+    need_root!();
+    let run_root = scratch("runs");
+    let marker = format!("{}", 2_000 + (std::process::id() % 1000));
+    let h = hostile_bin();
+    let mut sup = fork_cmd(&run_root)
+        .args(["run", "--", h.to_str().unwrap(), "sleep", &marker])
+        .spawn()
+        .unwrap();
+    // Wait until the probe runs in the sandbox.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The probe itself (not the supervisor, whose argv also names it).
+    let needle = format!("{} sleep {marker}", h.display());
+    while processes_starting(&needle).is_empty() {
+        assert!(Instant::now() < deadline, "the probe never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sup.kill().unwrap(); // SIGKILL: no cleanup code runs in the supervisor.
+    sup.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_starting(&needle).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox outlived its supervisor"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The run directory (and its mounts, cgroup) are left; gc reclaims them.
+    let leftovers: Vec<_> = std::fs::read_dir(&run_root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fork-"))
+        .collect();
+    assert_eq!(leftovers.len(), 1);
+    let id = leftovers[0].file_name().to_string_lossy()["fork-".len()..].to_string();
+    let out = fork_cmd(&run_root).args(["gc", "--json"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        rep["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == id.as_str()),
+        "{rep}"
+    );
+    assert_nothing_left(&run_root, &id);
+}
+
+#[test]
+fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
+    need_root!();
+    let run_root = scratch("runs");
+    let report = run_root.join("r.json");
+    let mut sup = fork_cmd(&run_root)
+        .args([
+            "run",
+            "--report",
+            report.to_str().unwrap(),
+            "--",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let st = sup.wait().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(st.code(), Some(137));
+    let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(rep["interrupted"], true);
+    assert_nothing_left(&run_root, rep["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn workspace_round_trip() {
+    need_root!();
+    let ws = scratch("ws");
+    std::fs::write(ws.join("input.txt"), b"in").unwrap();
+    let r = run(
+        &["--workspace", ws.to_str().unwrap()],
+        &[
+            "sh",
+            "-c",
+            "cat input.txt > output.txt; echo -n out >> output.txt",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(std::fs::read(ws.join("output.txt")).unwrap(), b"inout");
+}
+
+#[test]
+fn strict_policy_shows_only_system_directories() {
+    need_root!();
+    let strict = repo().join("policies/strict.toml");
+    let r = run(&["--policy", strict.to_str().unwrap()], &["ls", "/"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let entries: Vec<&str> = r.stdout.split_whitespace().collect();
+    for absent in ["root", "home", "work", "var", "opt", "srv"] {
+        assert!(
+            !entries.contains(&absent),
+            "strict root shows /{absent}: {entries:?}"
+        );
+    }
+    for present in ["usr", "tmp", "proc", "dev", "etc"] {
+        assert!(
+            entries.contains(&present),
+            "strict root lacks /{present}: {entries:?}"
+        );
+    }
+    assert_eq!(r.report["isolation"]["root"], "minimal");
+}
+
+#[test]
+fn bad_policy_is_exit_65_naming_the_file() {
+    let d = scratch("badpolicy");
+    let p = d.join("broken.toml");
+    std::fs::write(&p, "[budget]\nwal = \"1h\"\n").unwrap();
+    let out = fork_cmd(&d)
+        .args(["run", "--policy", p.to_str().unwrap(), "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(65));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.toml") && err.contains("wal"), "{err}");
+    let out = fork_cmd(&d)
+        .args(["run", "--wall", "soon", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn missing_layer_is_exit_69_naming_it() {
+    need_root!();
+    // An unprivileged user cannot mount the capped workspace: the disk layer is missing.
+    let d = scratch("unpriv");
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(fork_bin())
+        .args(["run", "--", "true"])
+        .env("FORK_RUN_ROOT", &d)
+        .env("HOME", &d)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("isolation layer") && err.contains("Fix:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_reports_every_layer() {
+    let out = Command::new(fork_bin())
+        .args(["check", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 11);
+    if is_root() {
+        assert_eq!(out.status.code(), Some(0), "{v}");
+        assert!(layers.iter().all(|l| l["available"] == true), "{v}");
+    }
+}
