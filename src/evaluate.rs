@@ -415,7 +415,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
                 passed: false,
                 violations: vec![format!("{gate}: {reason}")],
             };
-            return finish(
+            let ev = finish(
                 &p,
                 decision,
                 combined_state_hash(&state),
@@ -426,11 +426,9 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
                 None,
                 &ephemeral,
                 &node,
-            )
-            .map(|ev| {
-                ephemeral.destroy();
-                ev
-            });
+            )?;
+            ephemeral.destroy();
+            return Ok(ev);
         }
         (GateOutcome::Passed, Some(patch)) => patch,
         (GateOutcome::Passed, None) => {
@@ -489,7 +487,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
         "patched",
     )?;
     let (patched, source_hash) = match patched {
-        SideOrReject::Ran(r, h) => (r, h),
+        SideOrReject::Ran(r, h) => (*r, h),
         SideOrReject::DidNotApply(msg, h) => {
             let evidence = Evidence {
                 apply_error: Some(msg),
@@ -518,7 +516,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
     check_interrupt()?;
     let baseline = if p.task.baseline {
         match run_side(&p, &source_dir, &snap_dir, None, staging.path(), "baseline")? {
-            SideOrReject::Ran(r, _) => Some(r),
+            SideOrReject::Ran(r, _) => Some(*r),
             SideOrReject::DidNotApply(..) => None,
         }
     } else {
@@ -607,7 +605,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
 
 enum SideOrReject {
     /// The side ran; the tree hash of its source.
-    Ran(SideResult, String),
+    Ran(Box<SideResult>, String),
     /// The patch did not apply (message), with the unpatched tree hash.
     DidNotApply(String, String),
 }
@@ -781,14 +779,14 @@ fn run_side(
     // 6 DESTROY this side's sandbox now.
     sb.destroy()?;
     Ok(SideOrReject::Ran(
-        SideResult {
+        Box::new(SideResult {
             outcome,
             tests,
             results_error,
             metrics,
             metrics_error,
             artifacts,
-        },
+        }),
         source_hash,
     ))
 }

@@ -504,7 +504,7 @@ impl Sandbox {
                 InitMsg::Landlock { status } => {
                     isolation.landlock_abi = Some(status.abi);
                     isolation.landlock_enforced = Some(
-                        serde_json::to_value(&status.enforced)
+                        serde_json::to_value(status.enforced)
                             .ok()
                             .and_then(|v| v.as_str().map(str::to_string))
                             .unwrap_or_else(|| format!("{:?}", status.enforced)),
@@ -981,9 +981,9 @@ fn kill_pidfd(pidfd: &OwnedFd) {
 fn observation(start: Instant, s: &cgroup::CgroupSample, disk: Option<&Path>) -> Observation {
     let (disk_used, disk_size) = match disk.and_then(|d| nix::sys::statvfs::statvfs(d).ok()) {
         Some(v) => {
-            let bs = v.fragment_size() as u64;
-            let size = v.blocks() as u64 * bs;
-            let free = v.blocks_free() as u64 * bs;
+            let bs = v.fragment_size();
+            let size = v.blocks() * bs;
+            let free = v.blocks_free() * bs;
             (Some(size.saturating_sub(free)), Some(size))
         }
         None => (None, None),

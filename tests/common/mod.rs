@@ -129,9 +129,8 @@ pub fn assert_nothing_left(run_root: &Path, id: &str) {
         !mounts.contains(&format!("fork-{id}")),
         "a mount of run {id} is left behind"
     );
-    for cg in cgroup_dirs(id) {
-        panic!("cgroup {} left behind", cg.display());
-    }
+    let cgroups = cgroup_dirs(id);
+    assert!(cgroups.is_empty(), "cgroups left behind: {cgroups:?}");
     assert!(processes_matching(&format!("fork-{id}")).is_empty());
 }
 
