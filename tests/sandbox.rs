@@ -616,3 +616,52 @@ fn check_reports_every_layer() {
         assert!(layers.iter().all(|l| l["available"] == true), "{v}");
     }
 }
+
+#[test]
+fn init_forwards_signals_to_the_command() {
+    need_root!();
+    let run_root = scratch("runs");
+    let report = run_root.join("r.json");
+    // The command exits 3 when SIGUSR1 reaches it (and only then: it would sleep 20 s).
+    let mut sup = fork_cmd(&run_root)
+        .args(["run", "--report", report.to_str().unwrap(), "--"])
+        .args([
+            "sh",
+            "-c",
+            "trap 'exit 3' USR1; echo ready > /tmp/successor/ready; i=0; while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done",
+        ])
+        .spawn()
+        .unwrap();
+    let sup_pid = sup.id() as i32;
+    // The sandbox init is the supervisor's child; wait until the command is up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let init = loop {
+        let kids: Vec<i32> = processes_matching("__sandbox-init")
+            .into_iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).map(str::to_string))
+                    .and_then(|pp| pp.parse::<i32>().ok())
+                    == Some(sup_pid)
+            })
+            .collect();
+        if let Some(p) = kids.first() {
+            let ready = std::fs::read_dir(&run_root)
+                .unwrap()
+                .flatten()
+                .any(|e| e.path().join("disk/successor/ready").exists());
+            if ready {
+                break *p;
+            }
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    let st = sup.wait().unwrap();
+    assert_eq!(st.code(), Some(3), "the trap did not run: the signal was not forwarded");
+    let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(rep["exit_code"], 3);
+    assert_nothing_left(&run_root, rep["run_id"].as_str().unwrap());
+}
