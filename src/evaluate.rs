@@ -678,11 +678,20 @@ fn run_side(
         format!("{side}-")
     };
     let mut artifacts = Vec::new();
+    // Read beneath the capped disk's root (which the successor could not replace), walking
+    // `successor/reports/...` component by component without following any symlink: the
+    // successor may have replaced its workspace or reports directory with a link.
+    let disk = sb.disk();
     let reports = ws.reports();
+    let in_reports = |rel: &str| format!("successor/reports/{rel}");
     let mut tests = None;
     let mut results_error = None;
     if let Some(r) = &p.task.results {
-        match results::read_report_file(&reports, &r.path, results::DEFAULT_MAX_REPORT_BYTES) {
+        match results::read_report_file(
+            &disk,
+            &in_reports(&r.path),
+            results::DEFAULT_MAX_REPORT_BYTES,
+        ) {
             Ok(bytes) => {
                 let parsed = match r.format {
                     ResultsFormat::Junit => results::parse_junit(&bytes),
@@ -707,7 +716,7 @@ fn run_side(
     let mut metrics = None;
     let mut metrics_error = None;
     if let Some(m) = &p.task.metrics {
-        match results::read_report_file(&reports, m, results::DEFAULT_MAX_REPORT_BYTES) {
+        match results::read_report_file(&disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
             Ok(bytes) => {
                 match results::parse_metrics(&bytes) {
                     Ok(v) => metrics = Some(v),

@@ -72,8 +72,17 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         .run(&a.command, &env)
         .map_err(|e| CliError::from((e.exit_code(), e)))?;
     if let Some(w) = &a.workspace {
-        if let Err(e) = crate::fork::workspace::copy_tree(&sb.workspace(), w, &["home".to_string()])
-        {
+        // The successor is dead, but it may have left its workspace replaced by a symlink.
+        let ws = sb.workspace();
+        let intact = std::fs::symlink_metadata(&ws)
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
+        if !intact {
+            eprintln!(
+                "fork: the workspace is no longer a directory (replaced by a link?): not copying it back to {}",
+                w.display()
+            );
+        } else if let Err(e) = crate::fork::workspace::copy_tree(&ws, w, &["home".to_string()]) {
             eprintln!("fork: copying the workspace back to {}: {e}", w.display());
         }
     }

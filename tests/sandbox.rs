@@ -641,7 +641,12 @@ fn init_forwards_signals_to_the_command() {
             .filter(|p| {
                 std::fs::read_to_string(format!("/proc/{p}/stat"))
                     .ok()
-                    .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).map(str::to_string))
+                    .and_then(|s| {
+                        s.rsplit(')')
+                            .next()
+                            .and_then(|r| r.split_whitespace().nth(1))
+                            .map(str::to_string)
+                    })
                     .and_then(|pp| pp.parse::<i32>().ok())
                     == Some(sup_pid)
             })
@@ -658,10 +663,43 @@ fn init_forwards_signals_to_the_command() {
         assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     };
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGUSR1).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .unwrap();
     let st = sup.wait().unwrap();
-    assert_eq!(st.code(), Some(3), "the trap did not run: the signal was not forwarded");
+    assert_eq!(
+        st.code(),
+        Some(3),
+        "the trap did not run: the signal was not forwarded"
+    );
     let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(rep["exit_code"], 3);
     assert_nothing_left(&run_root, rep["run_id"].as_str().unwrap());
+}
+
+#[test]
+fn a_workspace_replaced_by_a_symlink_is_not_copied_back() {
+    need_root!();
+    let ws = scratch("ws-link");
+    let host = scratch("host-secret");
+    std::fs::write(host.join("host-only.txt"), b"host").unwrap();
+    let r = run(
+        &["--workspace", ws.to_str().unwrap()],
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "cd / && mv /tmp/successor /tmp/old && ln -s {} /tmp/successor",
+                host.display()
+            ),
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("not copying it back"), "{}", r.stderr);
+    assert!(
+        !ws.join("host-only.txt").exists(),
+        "a host file was copied through the link"
+    );
 }

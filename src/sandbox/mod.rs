@@ -1090,6 +1090,13 @@ fn supervise(
         nix::sys::wait::WaitStatus::Signaled(_, s, _) => InitExit::Signal(s as i32),
         _ => InitExit::Code(70),
     };
+    // The pid namespace dies with its init; make sure every member is gone before anyone
+    // reads what the successor left behind.
+    if let Some(cg) = cg {
+        if let Err(e) = cg.kill_all() {
+            tracing::warn!("emptying the sandbox cgroup: {e}");
+        }
+    }
     let mut wd_budget = budget;
     if wd_budget.is_none() && !interrupted {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
