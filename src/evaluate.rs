@@ -26,6 +26,7 @@ use crate::verdict::{
     Verdict,
 };
 use sha2::{Digest, Sha256};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use thiserror::Error;
@@ -90,6 +91,42 @@ fn internal(what: &str) -> impl FnOnce(String) -> EvaluateError + '_ {
 /// Undeclared files in the reports directory kept as artifacts, at most.
 const MAX_EXTRA_REPORTS: usize = 32;
 
+/// The evaluation's run directory, `<run root>/fork-<run-id>/stage`; removed on drop.
+struct Staging {
+    rundir: Option<crate::rundir::RunDir>,
+    dir: PathBuf,
+}
+
+impl Staging {
+    fn create(run_id: &str) -> Result<Staging, EvaluateError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let rundir = crate::rundir::RunDir::create_evaluation(run_id)
+            .map_err(|e| EvaluateError::Internal(format!("creating the run directory: {e}")))?;
+        let dir = rundir.path.join("stage");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| EvaluateError::Internal(format!("creating {}: {e}", dir.display())))?;
+        Ok(Staging {
+            rundir: Some(rundir),
+            dir,
+        })
+    }
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(rd) = self.rundir.take() {
+            if let Err(e) = crate::sandbox::reclaim_dir(&rd.path, &rd.id) {
+                tracing::error!("removing the staging directory: {e}");
+            }
+        }
+    }
+}
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_interrupt(_: libc::c_int) {
@@ -124,8 +161,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// What one side of the evaluation (patched or baseline) produced.
-struct SideResult {
+/// What one run of the task (after its reruns) produced.
+struct RunResult {
     outcome: Outcome,
     tests: Option<results::TestReport>,
     results_error: Option<String>,
@@ -371,10 +408,9 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
         &p.policy.gates,
     );
     let ephemeral = EphemeralKey::generate();
-    let staging = tempfile::Builder::new()
-        .prefix(".fork-stage-")
-        .tempdir_in(crate::rundir::base_dir())
-        .map_err(|e| EvaluateError::Internal(format!("creating a staging directory: {e}")))?;
+    // The evaluation's own run directory (locked, 0700): the staging area for the snapshot
+    // and the evidence. A crash leaves it to `fork gc`, like a sandbox's.
+    let staging = Staging::create(&p.run_id)?;
     std::fs::write(staging.path().join("patch.diff"), &p.raw_patch)
         .map_err(|e| internal("staging")(e.to_string()))?;
     let patch_artifact = (ArtifactType::Patch, staging.path().join("patch.diff"));
@@ -441,7 +477,10 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
 
     // 2 FORK: one snapshot of each state store, shared by both sides.
     let snap_dir = staging.path().join("state");
-    std::fs::create_dir(&snap_dir).map_err(|e| internal("staging")(e.to_string()))?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&snap_dir)
+        .map_err(|e| internal("staging")(e.to_string()))?;
     let mut state_digests = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for s in &p.manifest.runtime.state {
@@ -472,6 +511,12 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
             stats.restarts,
             stats.longest_step
         );
+        // The copy of the parent's state is private to fork (and then to the successor).
+        std::fs::set_permissions(
+            snap_dir.join(&name),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|e| internal("protecting the snapshot")(e.to_string()))?;
         state_digests.push((s.display().to_string(), stats.sha256.clone()));
         check_interrupt()?;
     }
@@ -605,7 +650,7 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
 
 enum SideOrReject {
     /// The side ran; the tree hash of its source.
-    Ran(Box<SideResult>, String),
+    Ran(Box<RunResult>, String),
     /// The patch did not apply (message), with the unpatched tree hash.
     DidNotApply(String, String),
 }
@@ -655,8 +700,67 @@ fn run_side(
         extra.push((k.clone(), v.clone()));
     }
     let env = crate::run::successor_env(&p.policy, &extra);
+    let side_dir = staging.join(side);
+    std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
+    // Artifact names: tests.xml, metrics.json, ... for the first patched run; `<side>-*` for
+    // the others; `-retryN` for reruns of a run whose tests failed.
+    let base_prefix = if side == "patched" {
+        String::new()
+    } else {
+        format!("{side}-")
+    };
+    let mut attempts: Vec<RunResult> = Vec::new();
+    let max_attempts = 1 + p.policy.decision.reruns;
+    for attempt in 0..max_attempts {
+        let prefix = if attempt == 0 {
+            base_prefix.clone()
+        } else {
+            format!("{base_prefix}retry{attempt}-")
+        };
+        if attempt > 0 {
+            // A fresh reports directory; the rest of the workspace is kept, as a flaky test's
+            // own state would be.
+            let reports = ws.reports();
+            let intact = std::fs::symlink_metadata(&reports)
+                .map(|m| m.is_dir())
+                .unwrap_or(false);
+            if intact {
+                crate::fork::workspace::remove_tree(&reports)
+                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
+            } else if std::fs::symlink_metadata(&reports).is_ok() {
+                std::fs::remove_file(&reports)
+                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
+            }
+            std::fs::create_dir(&reports).map_err(|e| internal("reports")(e.to_string()))?;
+            sb.chown_workspace()?;
+        }
+        let r = run_attempt(p, &mut sb, &env, &side_dir, &prefix, attempt)?;
+        let failed = r.outcome.budget_exceeded.is_none()
+            && r.outcome.exec_error.is_none()
+            && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
+        attempts.push(r);
+        if !failed {
+            break;
+        }
+        check_interrupt()?;
+    }
+    // 6 DESTROY this side's sandbox now.
+    sb.destroy()?;
+    let result = merge_attempts(attempts);
+    Ok(SideOrReject::Ran(Box::new(result), source_hash))
+}
+
+/// One run of the task in a prepared sandbox, and what it left in its reports directory.
+fn run_attempt(
+    p: &Plan,
+    sb: &mut Sandbox,
+    env: &[(String, String)],
+    side_dir: &Path,
+    prefix: &str,
+    attempt: u32,
+) -> Result<RunResult, EvaluateError> {
     // The successor's output goes to a log on its own capped disk, read back through our fd.
-    let log_path = sb.disk().join(".fork-output.log");
+    let log_path = sb.disk().join(format!(".fork-output-{attempt}.log"));
     let log = std::fs::OpenOptions::new()
         .create_new(true)
         .read(true)
@@ -664,26 +768,22 @@ fn run_side(
         .open(&log_path)
         .map_err(|e| internal("creating the output log")(e.to_string()))?;
     let cwd = PathBuf::from(WORKSPACE).join("src");
-    let outcome = sb.run_in(&p.task.command, &env, &cwd, Some(&log))?;
+    let outcome = sb.run_in(&p.task.command, env, &cwd, Some(&log))?;
     if outcome.interrupted {
         return Err(EvaluateError::Interrupted);
     }
-    // The successor is dead: read its reports (hostile input, read with care).
-    let side_dir = staging.join(side);
-    std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
-    // Artifact names: tests.xml, metrics.json, ... for the patched side, baseline-* for the other.
-    let prefix = if side == "patched" {
-        String::new()
-    } else {
-        format!("{side}-")
-    };
-    let mut artifacts = Vec::new();
-    // Read beneath the capped disk's root (which the successor could not replace), walking
+    // The successor is dead: read its reports (hostile input, read with care). Read beneath
+    // the capped disk's root (which the successor could not replace), walking
     // `successor/reports/...` component by component without following any symlink: the
     // successor may have replaced its workspace or reports directory with a link.
     let disk = sb.disk();
-    let reports = ws.reports();
     let in_reports = |rel: &str| format!("successor/reports/{rel}");
+    let stage = |name: String, bytes: &[u8]| -> Result<PathBuf, EvaluateError> {
+        let dest = side_dir.join(format!("{prefix}{name}"));
+        std::fs::write(&dest, bytes).map_err(|e| internal("staging")(e.to_string()))?;
+        Ok(dest)
+    };
+    let mut artifacts = Vec::new();
     let mut tests = None;
     let mut results_error = None;
     if let Some(r) = &p.task.results {
@@ -706,9 +806,7 @@ fn run_side(
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "results".into());
-                let dest = side_dir.join(format!("{prefix}{name}"));
-                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
-                artifacts.push((ArtifactType::TestReport, dest));
+                artifacts.push((ArtifactType::TestReport, stage(name, &bytes)?));
             }
             Err(e) => results_error = Some(format!("{}: {e}", r.path)),
         }
@@ -722,9 +820,7 @@ fn run_side(
                     Ok(v) => metrics = Some(v),
                     Err(e) => metrics_error = Some(format!("{m}: {e}")),
                 }
-                let dest = side_dir.join(format!("{prefix}metrics.json"));
-                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
-                artifacts.push((ArtifactType::Metrics, dest));
+                artifacts.push((ArtifactType::Metrics, stage("metrics.json".into(), &bytes)?));
             }
             Err(e) => metrics_error = Some(format!("{m}: {e}")),
         }
@@ -737,32 +833,40 @@ fn run_side(
         .map(|r| r.path.as_str())
         .chain(p.task.metrics.as_deref())
         .collect();
-    if let Ok(rd) = std::fs::read_dir(&reports) {
-        let mut names: Vec<String> = rd
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| !declared.contains(&n.as_str()))
-            .collect();
-        names.sort();
-        for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
-            // read_report_file refuses symlinks, non-regular and oversized files.
-            if let Ok(bytes) =
-                results::read_report_file(&reports, &name, results::DEFAULT_MAX_REPORT_BYTES)
-            {
-                let safe: String = name
-                    .chars()
-                    .map(|c| {
-                        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                            c
-                        } else {
-                            '_'
-                        }
-                    })
-                    .collect();
-                let dest =
-                    side_dir.join(format!("{prefix}report-{}", safe.trim_start_matches('.')));
-                std::fs::write(&dest, &bytes).map_err(|e| internal("staging")(e.to_string()))?;
-                artifacts.push((ArtifactType::Other, dest));
+    let reports_dir = disk.join("successor/reports");
+    let reports_intact = ["successor", "successor/reports"].iter().all(|c| {
+        std::fs::symlink_metadata(disk.join(c))
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+    });
+    if reports_intact {
+        if let Ok(rd) = std::fs::read_dir(&reports_dir) {
+            let mut names: Vec<String> = rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !declared.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
+                // read_report_file refuses symlinks, non-regular and oversized files.
+                if let Ok(bytes) = results::read_report_file(
+                    &disk,
+                    &in_reports(&name),
+                    results::DEFAULT_MAX_REPORT_BYTES,
+                ) {
+                    let safe: String = name
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                                c
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect();
+                    let dest = stage(format!("report-{}", safe.trim_start_matches('.')), &bytes)?;
+                    artifacts.push((ArtifactType::Other, dest));
+                }
             }
         }
     }
@@ -774,30 +878,75 @@ fn run_side(
         if f.rewind().is_ok() {
             let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
         }
-        let dest = side_dir.join(format!("{prefix}output.log"));
-        std::fs::write(&dest, &buf).map_err(|e| internal("staging")(e.to_string()))?;
-        artifacts.push((ArtifactType::Log, dest));
+        artifacts.push((ArtifactType::Log, stage("output.log".into(), &buf)?));
     }
-    let run_json = side_dir.join(format!("{prefix}sandbox.json"));
-    std::fs::write(
-        &run_json,
-        serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?,
-    )
-    .map_err(|e| internal("staging")(e.to_string()))?;
-    artifacts.push((ArtifactType::Other, run_json));
-    // 6 DESTROY this side's sandbox now.
-    sb.destroy()?;
-    Ok(SideOrReject::Ran(
-        Box::new(SideResult {
-            outcome,
-            tests,
-            results_error,
-            metrics,
-            metrics_error,
-            artifacts,
-        }),
-        source_hash,
-    ))
+    let json =
+        serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?;
+    artifacts.push((ArtifactType::Other, stage("sandbox.json".into(), &json)?));
+    Ok(RunResult {
+        outcome,
+        tests,
+        results_error,
+        metrics,
+        metrics_error,
+        artifacts,
+    })
+}
+
+/// Folds the attempts of one run (the first, then reruns after failing tests) into one
+/// result: the last attempt's outcome, with every test that failed before but passed in
+/// the end marked flaky (naming the retries it needed); all attempts' artifacts.
+fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
+    let n = attempts.len();
+    let mut artifacts: Vec<(ArtifactType, PathBuf)> = Vec::new();
+    for a in &attempts {
+        artifacts.extend(a.artifacts.iter().cloned());
+    }
+    let earlier_failures: Vec<std::collections::HashSet<String>> = attempts
+        .iter()
+        .map(|a| {
+            a.tests
+                .as_ref()
+                .map(|t| {
+                    t.cases
+                        .iter()
+                        .filter(|c| {
+                            matches!(
+                                c.outcome,
+                                results::TestOutcome::Failed | results::TestOutcome::Error
+                            )
+                        })
+                        .map(|c| c.name.clone())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    // Invariant: run_side always makes at least one attempt.
+    let mut last = attempts.pop().expect("at least one attempt");
+    if n > 1 {
+        if let Some(t) = last.tests.as_mut() {
+            for case in t.cases.iter_mut() {
+                if case.outcome != results::TestOutcome::Passed {
+                    continue;
+                }
+                let failed_in: usize = earlier_failures[..n - 1]
+                    .iter()
+                    .filter(|s| s.contains(&case.name))
+                    .count();
+                if failed_in > 0 {
+                    case.outcome = results::TestOutcome::Flaky;
+                    case.message = Some(format!(
+                        "failed, then passed on retry {} of {} (fork reruns a run whose tests fail)",
+                        n - 1,
+                        n - 1
+                    ));
+                }
+            }
+        }
+    }
+    last.artifacts = artifacts;
+    last
 }
 
 #[allow(clippy::too_many_arguments)]

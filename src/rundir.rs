@@ -60,10 +60,20 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates and locks `<base>/fork-<id>`.
+    /// Creates and locks `<base>/fork-<id>` (a sandbox's run directory).
     pub fn create(id: &str) -> Result<RunDir, RunDirError> {
+        Self::create_at(id, format!("fork-{id}"))
+    }
+
+    /// Creates and locks `<base>/fork-eval-<id>`: an evaluation's own run directory (its
+    /// staging area), distinct from the run directories of the sandboxes it starts.
+    pub fn create_evaluation(id: &str) -> Result<RunDir, RunDirError> {
+        Self::create_at(&format!("eval-{id}"), format!("fork-eval-{id}"))
+    }
+
+    fn create_at(id: &str, name: String) -> Result<RunDir, RunDirError> {
         let base = base_dir();
-        let path = base.join(format!("fork-{id}"));
+        let path = base.join(name);
         let mk = |p: &Path| {
             std::fs::DirBuilder::new()
                 .mode(0o700)
@@ -150,7 +160,8 @@ pub fn list_runs() -> Vec<FoundRun> {
         let Some(id) = name.strip_prefix("fork-") else {
             continue;
         };
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+        let hex = id.strip_prefix("eval-").unwrap_or(id);
+        if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
             continue;
         }
         let path = e.path();

@@ -837,11 +837,53 @@ fn spawn_init(
         .collect();
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
     let empty = c"";
+    // Joining the cgroup: on v2 the kernel places the child at clone (CLONE_INTO_CGROUP); on
+    // v1 the child moves itself by writing "0" to each hierarchy's `tasks` (opened here, by
+    // us). Both avoid the RCU grace period a supervisor-side write to cgroup.procs waits for.
+    let mut cg_dir: Option<OwnedFd> = None;
+    let mut cg_tasks: Vec<OwnedFd> = Vec::new();
+    if let Some(cg) = cg {
+        match cg.version() {
+            cgroup::CgroupVersion::V2 => {
+                if let Some(dir) = cg.paths().first() {
+                    cg_dir = Some(
+                        nix::fcntl::open(
+                            dir,
+                            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                            nix::sys::stat::Mode::empty(),
+                        )
+                        .map_err(sys("open the sandbox cgroup"))?,
+                    );
+                }
+            }
+            cgroup::CgroupVersion::V1 => {
+                for dir in cg.paths() {
+                    cg_tasks.push(
+                        nix::fcntl::open(
+                            &dir.join("tasks"),
+                            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                            nix::sys::stat::Mode::empty(),
+                        )
+                        .map_err(sys("open the sandbox cgroup's tasks file"))?,
+                    );
+                }
+            }
+        }
+    }
+    let cg_tasks_raw: Vec<RawFd> = cg_tasks.iter().map(|f| f.as_raw_fd()).collect();
     let mut pidfd: RawFd = -1;
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
     let args = CloneArgs {
-        flags: ns_flags | libc::CLONE_PIDFD as u64,
+        flags: ns_flags
+            | libc::CLONE_PIDFD as u64
+            | if cg_dir.is_some() {
+                CLONE_INTO_CGROUP
+            } else {
+                0
+            },
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
+        cgroup: cg_dir.as_ref().map(|f| f.as_raw_fd() as u64).unwrap_or(0),
         ..Default::default()
     };
     let keep = [cfg_fd.as_raw_fd(), status_wr.as_raw_fd()];
@@ -869,6 +911,11 @@ fn spawn_init(
             // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
             if libc::read(sync_rd_raw, &mut b as *mut u8 as *mut libc::c_void, 1) != 1 {
                 libc::_exit(125);
+            }
+            for fd in cg_tasks_raw.iter() {
+                if libc::write(*fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                    libc::_exit(122);
+                }
             }
             if become_root {
                 // Our host credentials (root) are unmapped in the new namespace: become its
@@ -924,6 +971,8 @@ fn spawn_init(
     drop(sync_rd);
     drop(status_wr);
     drop(cfg_fd);
+    drop(cg_tasks);
+    drop(cg_dir);
     let child = InitChild {
         pid,
         pidfd,
@@ -937,12 +986,6 @@ fn spawn_init(
         }
         write_file(&format!("/proc/{pid}/uid_map"), &format!("0 {uid} 1\n"))?;
         write_file(&format!("/proc/{pid}/gid_map"), &format!("0 {gid} 1\n"))?;
-        if let Some(cg) = cg {
-            cg.add_pid(pid).map_err(|e| SandboxError::Setup {
-                stage: "cgroup".into(),
-                message: e.to_string(),
-            })?;
-        }
         nix::unistd::write(&child._sync, &[1u8]).map_err(sys("release init"))?;
         Ok(())
     };

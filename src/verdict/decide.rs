@@ -141,6 +141,10 @@ pub struct DecisionRules {
     pub lower_is_better: Vec<String>,
     /// The verdict a metric regression gets (default NEEDS_REVISION).
     pub regression_is: VerdictKind,
+    /// How many times a run whose tests failed is run again (in the same workspace) to
+    /// tell flaky tests from broken ones; a test that passes on a retry is reported as
+    /// flaky, naming the retries (default 2, at most 10).
+    pub reruns: u32,
 }
 
 /// Invalid decision rules.
@@ -154,11 +158,18 @@ pub enum RulesError {
     /// A `lower_is_better` entry is empty.
     #[error("decision rules: lower_is_better contains an empty entry; give metric names or patterns like \"*_ms\"")]
     EmptyPattern,
+    /// `reruns` is above [`DecisionRules::MAX_RERUNS`].
+    #[error("decision rules: reruns = {0} is too many; give 0 to 10")]
+    Reruns(u32),
 }
 
 impl DecisionRules {
     /// The default noise band: 1%.
     pub const DEFAULT_NOISE_BAND: f64 = 0.01;
+    /// Default number of reruns of a run whose tests failed.
+    pub const DEFAULT_RERUNS: u32 = 2;
+    /// Most reruns a policy may ask for.
+    pub const MAX_RERUNS: u32 = 10;
 
     /// Default lower-is-better patterns: time units (`*_ms`, `*_us`, `*_ns`, `*_s`, `*_sec`,
     /// `*_secs`, `*_seconds`), size units (`*_bytes`, `*_kb`, `*_kib`, `*_mb`, `*_mib`,
@@ -207,6 +218,9 @@ impl DecisionRules {
         if self.lower_is_better.iter().any(|p| p.trim().is_empty()) {
             return Err(RulesError::EmptyPattern);
         }
+        if self.reruns > Self::MAX_RERUNS {
+            return Err(RulesError::Reruns(self.reruns));
+        }
         Ok(())
     }
 
@@ -228,6 +242,7 @@ impl Default for DecisionRules {
                 .map(|s| s.to_string())
                 .collect(),
             regression_is: VerdictKind::NeedsRevision,
+            reruns: Self::DEFAULT_RERUNS,
         }
     }
 }

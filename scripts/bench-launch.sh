@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Sandbox launch: `fork run -- /bin/true` (release binary, default policy, every layer on)
+# against `bwrap --unshare-all ... /bin/true`, interleaved in the same run (fork, bwrap,
+# fork, bwrap, ... N times each; default N=200). Target (DESIGN.md, "Targets"): the median
+# per-round ratio fork/bwrap <= 1.0. Run it as root (fork run needs the sandbox's
+# privileges); set FORK_BIN to time another fork binary.
+#
+#   scripts/bench-launch.sh [N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+n=${1:-200}
+case $n in '' | *[!0-9]* | 0) echo "usage: $0 [N]   (N >= 1 rounds, default 200)" >&2; exit 64 ;; esac
+
+# What the benchmark needs, from the package registry when we can.
+missing=()
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    echo "$0: please install: ${missing[*]} (e.g. apt-get install -y ${missing[*]})" >&2
+    exit 69
+  fi
+fi
+
+fork=${FORK_BIN:-$root/target/release/fork}
+if [ ! -x "$fork" ]; then
+  command -v cargo >/dev/null 2>&1 || { echo "$0: cargo is missing: install Rust (rustup) first" >&2; exit 69; }
+  echo "building the release binary (cargo build --release)..." >&2
+  cargo build --release --locked >&2
+fi
+if [ -n "$(find src -newer "$fork" -name '*.rs' -print -quit)" ]; then
+  echo "note: src/ is newer than $fork; run cargo build --release for current figures" >&2
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-launch.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# Both must work before we time them (a failure would otherwise be timed as a fast run).
+"$fork" run -- /bin/true || { echo "$0: '$fork run -- /bin/true' failed (run as root; see 'fork check')" >&2; exit 1; }
+bwrap_cmd="bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp /bin/true"
+$bwrap_cmd || { echo "$0: '$bwrap_cmd' failed" >&2; exit 1; }
+
+echo "sandbox launch: $n interleaved rounds on $(nproc) cores, kernel $(uname -r)"
+echo "  fork : $fork run -- /bin/true"
+echo "  bwrap: $bwrap_cmd ($(bwrap --version))"
+python3 "$root/scripts/bench/interleave.py" --runs "$n" --warmup 5 \
+  --ratio fork/bwrap --target-ratio 'fork/bwrap<=1.0' \
+  -- fork "$(printf '%q' "$fork") run -- /bin/true" bwrap "$bwrap_cmd" | tee "$tmp/out"
+
+# A block a README can quote.
+python3 - "$tmp/out" "$n" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+med = {m[0]: (float(m[1]), float(m[2]), float(m[3])) for m in
+       re.findall(r"^\s+(fork|bwrap)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", t, re.M)}
+r = re.search(r"ratio fork/bwrap: ([\d.]+) \(of medians\), ([\d.]+)", t)
+ok = re.search(r"target fork/bwrap <= 1: (\w+)", t).group(1)
+print()
+print("---- summary (scripts/bench-launch.sh %s) ----" % sys.argv[2])
+for k in ("fork", "bwrap"):
+    m, p10, p90 = med[k]
+    print(f"{k + ' /bin/true':<16} median {m:6.2f} ms  (p10 {p10:.2f}, p90 {p90:.2f})")
+print(f"fork/bwrap       {float(r.group(2)):.2f}x median per-round ratio "
+      f"({float(r.group(1)):.2f}x of medians); target <= 1.0: {ok}")
+EOF
