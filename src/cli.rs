@@ -44,6 +44,42 @@ pub enum Command {
     Keygen(KeygenArgs),
     /// Reclaim what crashed runs left behind (processes, mounts, cgroups, workspaces).
     Gc(GcArgs),
+    /// List the verdicts recorded in the ledger, newest first.
+    History(HistoryArgs),
+    /// Ledger maintenance: `fork ledger verify` checks the hash chain.
+    Ledger(LedgerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// The ledger (default: $XDG_DATA_HOME/fork/ledger.db).
+    #[arg(long)]
+    pub ledger: Option<PathBuf>,
+    /// At most this many entries.
+    #[arg(long, short = 'n')]
+    pub limit: Option<usize>,
+    /// Print the entries as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LedgerArgs {
+    #[command(subcommand)]
+    pub action: LedgerAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerAction {
+    /// Recompute the hash chain: any edited, deleted, reordered or inserted row is named.
+    Verify {
+        /// The ledger (default: $XDG_DATA_HOME/fork/ledger.db).
+        #[arg(long)]
+        ledger: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Budget overrides shared by `run` and `evaluate`.
@@ -192,6 +228,10 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Verify(a) => crate::evaluate::verify_cli(a),
         Command::Keygen(a) => keygen(a),
         Command::Gc(a) => gc(a),
+        Command::History(a) => history(a),
+        Command::Ledger(LedgerArgs {
+            action: LedgerAction::Verify { ledger, json },
+        }) => ledger_verify(ledger, json),
     };
     match r {
         Ok(code) => code,
@@ -251,4 +291,68 @@ fn gc(a: GcArgs) -> Result<i32, CliError> {
     } else {
         exit::INTERNAL
     })
+}
+
+fn ledger_path(p: Option<PathBuf>) -> PathBuf {
+    p.unwrap_or_else(crate::ledger::Ledger::default_path)
+}
+
+fn ledger_error(e: crate::ledger::LedgerError) -> CliError {
+    let code = match e {
+        crate::ledger::LedgerError::NotFound { .. } => exit::USAGE,
+        crate::ledger::LedgerError::Io { .. } | crate::ledger::LedgerError::Sql { .. } => {
+            exit::INTERNAL
+        }
+        _ => exit::BAD_INPUT,
+    };
+    CliError::from((code, e))
+}
+
+fn history(a: HistoryArgs) -> Result<i32, CliError> {
+    let l = crate::ledger::Ledger::open_existing(&ledger_path(a.ledger)).map_err(ledger_error)?;
+    let entries = l.history(a.limit).map_err(ledger_error)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&entries)
+                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
+        );
+    } else {
+        for e in &entries {
+            println!(
+                "{:>5}  {}  {:<14} {:.2}  task `{}`  patch {}  run {}  {}",
+                e.seq,
+                e.timestamp,
+                e.verdict,
+                e.confidence,
+                e.task,
+                e.patch_hash.get(..19).unwrap_or(&e.patch_hash),
+                e.run_id,
+                e.bundle_dir
+            );
+        }
+        if entries.is_empty() {
+            println!("the ledger is empty");
+        }
+    }
+    Ok(0)
+}
+
+fn ledger_verify(path: Option<PathBuf>, json: bool) -> Result<i32, CliError> {
+    let l = crate::ledger::Ledger::open_existing(&ledger_path(path)).map_err(ledger_error)?;
+    let rep = l.verify().map_err(ledger_error)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| CliError::from((exit::INTERNAL, e)))?
+        );
+    } else if rep.ok {
+        println!("ledger ok: {} rows, hash chain intact", rep.rows);
+    } else {
+        println!("ledger TAMPERED: {} rows", rep.rows);
+        for p in &rep.problems {
+            println!("  {p}");
+        }
+    }
+    Ok(if rep.ok { 0 } else { 1 })
 }

@@ -23,7 +23,7 @@ use crate::task::results;
 use crate::verdict::decide::{decide, Decision, Evidence};
 use crate::verdict::{
     ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, Metric, TestCounts,
-    Verdict,
+    Verdict, VerdictKind,
 };
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::DirBuilderExt;
@@ -56,6 +56,25 @@ pub struct EvaluateArgs {
     pub key: Option<PathBuf>,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    /// Run N independent patched successors; disagreement lowers the confidence.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub replicas: u32,
+    /// Evaluate even when the ledger holds a verdict for the same patch, state, source,
+    /// task and policy.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// The verdict ledger (default: $XDG_DATA_HOME/fork/ledger.db).
+    #[arg(long)]
+    pub ledger: Option<PathBuf>,
+    /// Neither read nor write the ledger.
+    #[arg(long, conflicts_with = "ledger")]
+    pub no_ledger: bool,
+    /// Write a JUnit report for CI (one testcase per test, per metric check, and the verdict).
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Write a markdown summary (also appended to $GITHUB_STEP_SUMMARY when set).
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
 }
 
 #[derive(Debug, Error)]
@@ -183,7 +202,11 @@ struct Plan {
     raw_patch: Vec<u8>,
     patch_hash: String,
     task_hash: String,
+    /// sha256 of the resolved policy (budgets, layers, gates, decision rules, ...).
+    policy_hash: String,
     out_dir: PathBuf,
+    /// The ledger, unless --no-ledger.
+    ledger: Option<PathBuf>,
 }
 
 /// The result of an evaluation: the bundle written and the verdict.
@@ -359,7 +382,21 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
     if let Some(k) = &a.key {
         policy.filesystem.hide.push(k.clone());
     }
+    let policy_doc =
+        serde_json::to_vec(&policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
+    let policy_hash = format!("sha256:{}", sha256_hex(&policy_doc));
+    let ledger = if a.no_ledger {
+        None
+    } else {
+        Some(
+            a.ledger
+                .clone()
+                .unwrap_or_else(crate::ledger::Ledger::default_path),
+        )
+    };
     Ok(Plan {
+        policy_hash,
+        ledger,
         run_id,
         manifest,
         runtime,
@@ -464,6 +501,14 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
                 &node,
             )?;
             ephemeral.destroy();
+            let key = crate::ledger::CacheKey {
+                patch_hash: p.patch_hash.clone(),
+                state_hash: ev.verdict.state_hash.clone(),
+                source_hash: ev.verdict.source_hash.clone(),
+                task_hash: p.task_hash.clone(),
+                policy_hash: p.policy_hash.clone(),
+            };
+            record(&p, &ev, &key, &p.policy.decision, None, a)?;
             return Ok(ev);
         }
         (GateOutcome::Passed, Some(patch)) => patch,
@@ -522,18 +567,10 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
     }
     let state_hash = combined_state_hash(&state_digests);
 
-    // The patched side (3 PATCH inside), then the baseline side when asked.
-    let patched = run_side(
-        &p,
-        &source_dir,
-        &snap_dir,
-        Some(&parsed),
-        staging.path(),
-        "patched",
-    )?;
-    let (patched, source_hash) = match patched {
-        SideOrReject::Ran(r, h) => (*r, h),
-        SideOrReject::DidNotApply(msg, h) => {
+    // 3 PATCH + the cache: the first patched workspace gives the patched tree's hash.
+    let first = match prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
+        Prepared::Ready(side) => side,
+        Prepared::DidNotApply(msg, h) => {
             let evidence = Evidence {
                 apply_error: Some(msg),
                 ..Default::default()
@@ -555,23 +592,237 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
                 &node,
             )?;
             ephemeral.destroy();
+            let key = crate::ledger::CacheKey {
+                patch_hash: p.patch_hash.clone(),
+                state_hash: ev.verdict.state_hash.clone(),
+                source_hash: ev.verdict.source_hash.clone(),
+                task_hash: p.task_hash.clone(),
+                policy_hash: p.policy_hash.clone(),
+            };
+            record(&p, &ev, &key, &p.policy.decision, None, a)?;
             return Ok(ev);
         }
     };
-    check_interrupt()?;
-    let baseline = if p.task.baseline {
-        match run_side(&p, &source_dir, &snap_dir, None, staging.path(), "baseline")? {
-            SideOrReject::Ran(r, _) => Some(*r),
-            SideOrReject::DidNotApply(..) => None,
-        }
-    } else {
-        None
+    let source_hash = first.source_hash.clone();
+    let cache_key = crate::ledger::CacheKey {
+        patch_hash: p.patch_hash.clone(),
+        state_hash: state_hash.clone(),
+        source_hash: source_hash.clone(),
+        task_hash: p.task_hash.clone(),
+        policy_hash: p.policy_hash.clone(),
     };
-    check_interrupt()?;
+    if !a.no_cache && a.replicas <= 1 {
+        if let Some(ev) = cached(&p, &cache_key, &node)? {
+            first.sb.destroy()?;
+            ephemeral.destroy();
+            return Ok(ev);
+        }
+    }
 
-    // 5 VERDICT
-    let o = &patched.outcome;
-    let mut evidence = Evidence {
+    // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
+    // baseline (interleaved, so drift on the machine hits both sides alike).
+    let replicas = a.replicas.max(1) as usize;
+    let repeat = p.task.repeat.max(1) as usize;
+    let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
+    let mut baseline: Vec<RunResult> = Vec::new();
+    let mut first = Some(first);
+    for round in 0..repeat {
+        for (r, runs) in patched.iter_mut().enumerate() {
+            let prepared = match first.take() {
+                Some(f) => *f,
+                None => match prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
+                    Prepared::Ready(side) => *side,
+                    Prepared::DidNotApply(msg, _) => {
+                        return Err(EvaluateError::Internal(format!(
+                            "the patch applied once and then not: {msg}"
+                        )))
+                    }
+                },
+            };
+            runs.push(run_side(
+                &p,
+                prepared,
+                staging.path(),
+                &side_label("patched", r, round, replicas),
+            )?);
+            check_interrupt()?;
+        }
+        if p.task.baseline {
+            if let Prepared::Ready(side) = prepare_side(&p, &source_dir, &snap_dir, None)? {
+                baseline.push(run_side(
+                    &p,
+                    *side,
+                    staging.path(),
+                    &side_label("baseline", 0, round, 1),
+                )?);
+            }
+            check_interrupt()?;
+        }
+        // A run that blew a budget or could not start ends the repeats: the answer is known.
+        if patched
+            .iter()
+            .flatten()
+            .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
+        {
+            break;
+        }
+    }
+
+    // 5 VERDICT: a decision per replica, then agreement.
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(p.task.lower_is_better.iter().cloned());
+    let baseline_samples = samples(&baseline);
+    let mut decisions: Vec<(Decision, usize)> = Vec::new();
+    for (r, runs) in patched.iter().enumerate() {
+        let (evidence, chosen) =
+            evidence_for(&p, runs, &baseline, &baseline_samples, &rules, r as u64);
+        decisions.push((decide(&evidence, &rules), chosen));
+    }
+    let severity = |k: VerdictKind| match k {
+        VerdictKind::Reject => 2,
+        VerdictKind::NeedsRevision => 1,
+        VerdictKind::Approve => 0,
+    };
+    // The most severe replica's decision stands (a security tool errs towards "no").
+    let (pick, _) = decisions
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, (d, _))| (severity(d.verdict), std::cmp::Reverse(*i)))
+        .map(|(i, (d, _))| (i, d.verdict))
+        .unwrap_or((0, VerdictKind::Reject));
+    let mut decision = decisions[pick].0.clone();
+    let chosen_run = decisions[pick].1;
+    if replicas > 1 {
+        let agree = decisions
+            .iter()
+            .filter(|(d, _)| d.verdict == decision.verdict)
+            .count();
+        if agree < replicas {
+            let counts: Vec<String> = [
+                VerdictKind::Approve,
+                VerdictKind::NeedsRevision,
+                VerdictKind::Reject,
+            ]
+            .iter()
+            .filter_map(|k| {
+                let n = decisions.iter().filter(|(d, _)| d.verdict == *k).count();
+                (n > 0).then(|| format!("{n} {k}"))
+            })
+            .collect();
+            decision.caveats.push(format!(
+                "The {replicas} replicas disagree ({}); the most severe verdict stands and the confidence is scaled by the agreement ({agree}/{replicas}).",
+                counts.join(", ")
+            ));
+            decision.confidence =
+                ((decision.confidence * agree as f64 / replicas as f64) * 1000.0).round() / 1000.0;
+        } else {
+            decision.caveats.push(format!(
+                "All {replicas} independent replicas agree ({}).",
+                decision.verdict
+            ));
+        }
+    }
+    if let Some(b) = baseline
+        .iter()
+        .find(|b| b.outcome.exit_code != 0 || b.outcome.budget_exceeded.is_some())
+    {
+        decision.caveats.push(format!(
+            "the baseline (unpatched) run itself ended with exit {}{}",
+            b.outcome.exit_code,
+            b.outcome
+                .budget_exceeded
+                .map(|k| format!(" ({} budget)", k.as_str()))
+                .unwrap_or_default()
+        ));
+    }
+    let mut artifacts = vec![patch_artifact];
+    for run in patched.iter().flatten() {
+        artifacts.extend(run.artifacts.iter().cloned());
+    }
+    for b in &baseline {
+        for (t, path) in &b.artifacts {
+            let t = match t {
+                ArtifactType::TestReport => ArtifactType::BaselineTestReport,
+                ArtifactType::Metrics => ArtifactType::BaselineMetrics,
+                other => *other,
+            };
+            artifacts.push((t, path.clone()));
+        }
+    }
+    let primary = &patched[pick][chosen_run];
+    let ev = finish(
+        &p,
+        decision,
+        state_hash,
+        source_hash,
+        Some(&primary.outcome),
+        Some(GateReport {
+            passed: true,
+            violations: vec![],
+        }),
+        artifacts,
+        primary.tests.as_ref(),
+        &ephemeral,
+        &node,
+    )?;
+    // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,
+    // the ephemeral secret is zeroized now, the node key when `node` drops.
+    ephemeral.destroy();
+    record(&p, &ev, &cache_key, &rules, primary.tests.as_ref(), a)?;
+    Ok(ev)
+}
+
+/// `patched`, `patched.r2`, `replica2`, `replica2.r3`, `baseline`, `baseline.r2`.
+fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> String {
+    let base = if side == "patched" && replicas > 1 && replica > 0 {
+        format!("replica{}", replica + 1)
+    } else {
+        side.to_string()
+    };
+    if round == 0 {
+        base
+    } else {
+        format!("{base}.r{}", round + 1)
+    }
+}
+
+/// Metric samples across runs: name -> values.
+fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
+    let mut out: std::collections::BTreeMap<String, Vec<f64>> = std::collections::BTreeMap::new();
+    for r in runs {
+        if let Some(m) = &r.metrics {
+            for (k, v) in m {
+                out.entry(k.clone()).or_default().push(*v);
+            }
+        }
+    }
+    out
+}
+
+/// The evidence of one replica's runs: the run that speaks (a blown budget, a failed
+/// start, failing tests, else the first), metric medians and their statistics.
+fn evidence_for(
+    p: &Plan,
+    runs: &[RunResult],
+    baseline: &[RunResult],
+    baseline_samples: &std::collections::BTreeMap<String, Vec<f64>>,
+    rules: &crate::verdict::decide::DecisionRules,
+    seed: u64,
+) -> (Evidence, usize) {
+    let chosen = runs
+        .iter()
+        .position(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
+        .or_else(|| {
+            runs.iter()
+                .position(|r| r.tests.as_ref().is_some_and(|t| t.failed() > 0))
+        })
+        .or_else(|| runs.iter().position(|r| r.outcome.exit_code != 0))
+        .unwrap_or(0);
+    let r = &runs[chosen];
+    let o = &r.outcome;
+    let mut e = Evidence {
         exit_code: if o.signal.is_none() {
             Some(o.exit_code)
         } else {
@@ -583,88 +834,157 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
             .budget_exceeded
             .map(|b| crate::budget::describe(b, &p.policy.budgets, &o.usage)),
         run_error: o.exec_error.clone(),
-        tests: patched.tests.clone(),
-        results_error: patched.results_error.clone(),
-        metrics: patched.metrics.clone(),
-        metrics_error: patched.metrics_error.clone(),
+        tests: r.tests.clone(),
+        results_error: r.results_error.clone(),
+        metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
         ..Default::default()
     };
-    if let Some(b) = &baseline {
-        evidence.baseline_metrics = b.metrics.clone();
-    }
-    let mut rules = p.policy.decision.clone();
-    rules
-        .lower_is_better
-        .extend(p.task.lower_is_better.iter().cloned());
-    let mut decision = decide(&evidence, &rules);
-    if p.task.repeat > 1 {
-        decision.caveats.push(format!(
-            "the task asks for repeat = {}; this version runs each side once",
-            p.task.repeat
-        ));
-    }
-    if let Some(b) = &baseline {
-        if b.outcome.exit_code != 0 || b.outcome.budget_exceeded.is_some() {
-            decision.caveats.push(format!(
-                "the baseline (unpatched) run itself ended with exit {}{}",
-                b.outcome.exit_code,
-                b.outcome
-                    .budget_exceeded
-                    .map(|k| format!(" ({} budget)", k.as_str()))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    let mut artifacts = vec![patch_artifact];
-    artifacts.extend(patched.artifacts.iter().cloned());
-    if let Some(b) = &baseline {
-        for (t, path) in &b.artifacts {
-            let t = match t {
-                ArtifactType::TestReport => ArtifactType::BaselineTestReport,
-                ArtifactType::Metrics => ArtifactType::BaselineMetrics,
-                other => *other,
+    let patched_samples = samples(runs);
+    if !patched_samples.is_empty() {
+        let med = |m: &std::collections::BTreeMap<String, Vec<f64>>| {
+            m.iter()
+                .filter_map(|(k, v)| crate::verdict::stats::median(v).map(|x| (k.clone(), x)))
+                .collect::<std::collections::BTreeMap<String, f64>>()
+        };
+        e.metrics = Some(med(&patched_samples));
+        if !baseline.is_empty() {
+            e.baseline_metrics = Some(med(baseline_samples));
+            let cfg = crate::verdict::stats::CompareConfig {
+                method: rules.method,
+                alpha: rules.alpha,
+                noise_band: rules.noise_band,
+                seed: 0x666f_726b ^ seed,
+                ..Default::default()
             };
-            artifacts.push((t, path.clone()));
+            for (name, ps) in &patched_samples {
+                if let Some(bs) = baseline_samples.get(name) {
+                    e.metric_stats.insert(
+                        name.clone(),
+                        crate::verdict::stats::compare(name, bs, ps, &cfg),
+                    );
+                }
+            }
         }
     }
-    let ev = finish(
-        &p,
-        decision,
-        state_hash,
-        source_hash,
-        Some(o),
-        Some(GateReport {
-            passed: true,
-            violations: vec![],
-        }),
-        artifacts,
-        patched.tests.as_ref(),
-        &ephemeral,
-        &node,
-    )?;
-    // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,
-    // the ephemeral secret is zeroized now, the node key when `node` drops.
-    ephemeral.destroy();
-    Ok(ev)
+    (e, chosen)
 }
 
-enum SideOrReject {
-    /// The side ran; the tree hash of its source.
-    Ran(Box<RunResult>, String),
+/// A verdict the ledger already holds for exactly these inputs, if its bundle still verifies.
+fn cached(
+    p: &Plan,
+    key: &crate::ledger::CacheKey,
+    node: &NodeKey,
+) -> Result<Option<Evaluation>, EvaluateError> {
+    let Some(path) = &p.ledger else {
+        return Ok(None);
+    };
+    let ledger = match crate::ledger::Ledger::open(path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("verdict cache unavailable: {e}");
+            return Ok(None);
+        }
+    };
+    let entry = match ledger.lookup(key) {
+        Ok(Some(e)) => e,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!("verdict cache: {e}");
+            return Ok(None);
+        }
+    };
+    let dir = PathBuf::from(&entry.bundle_dir);
+    let verified = match crate::verdict::verify_bundle(&dir, &[node.public()]) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(
+                "cached verdict {} no longer verifies ({e}): evaluating again",
+                dir.display()
+            );
+            return Ok(None);
+        }
+    };
+    // Hand the cached bundle over at --out too, so pipelines find it where they asked.
+    copy_tree(&dir, &p.out_dir, &[])
+        .map_err(|e| internal("copying the cached bundle")(e.to_string()))?;
+    eprintln!(
+        "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",
+        entry.run_id
+    );
+    Ok(Some(Evaluation {
+        out_dir: p.out_dir.clone(),
+        verdict: verified.verdict,
+    }))
+}
+
+/// Appends the verdict to the ledger and writes the CI outputs.
+fn record(
+    p: &Plan,
+    ev: &Evaluation,
+    key: &crate::ledger::CacheKey,
+    rules: &crate::verdict::decide::DecisionRules,
+    tests: Option<&results::TestReport>,
+    a: &EvaluateArgs,
+) -> Result<(), EvaluateError> {
+    if let Some(path) = &p.ledger {
+        let verdict_bytes = std::fs::read(ev.out_dir.join("verdict.json")).unwrap_or_default();
+        let bundle_dir = std::fs::canonicalize(&ev.out_dir).unwrap_or_else(|_| ev.out_dir.clone());
+        let entry = crate::ledger::NewEntry {
+            run_id: ev.verdict.run_id.clone(),
+            timestamp: ev.verdict.header.timestamp.clone(),
+            verdict: ev.verdict.verdict.as_str().to_string(),
+            confidence: ev.verdict.confidence,
+            task: ev.verdict.task.clone(),
+            patch_hash: key.patch_hash.clone(),
+            state_hash: key.state_hash.clone(),
+            source_hash: key.source_hash.clone(),
+            task_hash: key.task_hash.clone(),
+            policy_hash: key.policy_hash.clone(),
+            bundle_dir: bundle_dir.display().to_string(),
+            verdict_sha256: sha256_hex(&verdict_bytes),
+        };
+        match crate::ledger::Ledger::open(path).and_then(|mut l| l.append(&entry)) {
+            Ok(e) => tracing::info!("ledger: appended row {} to {}", e.seq, path.display()),
+            Err(e) => eprintln!("fork: warning: the verdict was not recorded in the ledger: {e}"),
+        }
+    }
+    if let Err(e) = crate::verdict::report::write_ci_outputs(
+        &ev.verdict,
+        tests,
+        rules,
+        &ev.out_dir,
+        a.junit.as_deref(),
+        a.summary.as_deref(),
+    ) {
+        return Err(EvaluateError::Internal(format!(
+            "writing the CI outputs: {e}"
+        )));
+    }
+    Ok(())
+}
+
+/// A sandbox with its workspace populated (and patched, on the patched side).
+struct PreparedSide {
+    sb: Sandbox,
+    ws: Workspace,
+    source_hash: String,
+}
+
+enum Prepared {
+    Ready(Box<PreparedSide>),
     /// The patch did not apply (message), with the unpatched tree hash.
     DidNotApply(String, String),
 }
 
-/// One sandbox: copy, (patch), run, read the results, destroy.
-fn run_side(
+/// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
+/// `patch` is given), the tools and the state snapshot.
+fn prepare_side(
     p: &Plan,
     source_dir: &Path,
     snap_dir: &Path,
     patch: Option<&Patch>,
-    staging: &Path,
-    side: &str,
-) -> Result<SideOrReject, EvaluateError> {
-    let mut sb = Sandbox::prepare(&p.policy)?;
+) -> Result<Prepared, EvaluateError> {
+    let sb = Sandbox::prepare(&p.policy)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
     copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
@@ -682,11 +1002,26 @@ fn run_side(
             let h =
                 tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
             sb.destroy()?;
-            return Ok(SideOrReject::DidNotApply(e.to_string(), h));
+            return Ok(Prepared::DidNotApply(e.to_string(), h));
         }
     }
     let source_hash =
         tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    Ok(Prepared::Ready(Box::new(PreparedSide {
+        sb,
+        ws,
+        source_hash,
+    })))
+}
+
+/// EVALUATE one prepared side (with reruns of failing tests), read its results, destroy it.
+fn run_side(
+    p: &Plan,
+    prepared: PreparedSide,
+    staging: &Path,
+    side: &str,
+) -> Result<RunResult, EvaluateError> {
+    let PreparedSide { mut sb, ws, .. } = prepared;
     // 4 EVALUATE
     let mut extra = vec![
         ("FORK_REPORTS".to_string(), format!("{WORKSPACE}/reports")),
@@ -746,8 +1081,7 @@ fn run_side(
     }
     // 6 DESTROY this side's sandbox now.
     sb.destroy()?;
-    let result = merge_attempts(attempts);
-    Ok(SideOrReject::Ran(Box::new(result), source_hash))
+    Ok(merge_attempts(attempts))
 }
 
 /// One run of the task in a prepared sandbox, and what it left in its reports directory.
@@ -796,6 +1130,8 @@ fn run_attempt(
                 let parsed = match r.format {
                     ResultsFormat::Junit => results::parse_junit(&bytes),
                     ResultsFormat::Tap => results::parse_tap(&bytes),
+                    ResultsFormat::GoTestJson => results::parse_go_test_json(&bytes),
+                    ResultsFormat::LibtestJson => results::parse_libtest_json(&bytes),
                     ResultsFormat::ExitStatus => Ok(results::TestReport::default()),
                 };
                 match parsed {
@@ -937,8 +1273,7 @@ fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
                 if failed_in > 0 {
                     case.outcome = results::TestOutcome::Flaky;
                     case.message = Some(format!(
-                        "failed, then passed on retry {} of {} (fork reruns a run whose tests fail)",
-                        n - 1,
+                        "failed in {failed_in} of {n} runs, passed on retry {}",
                         n - 1
                     ));
                 }
@@ -1009,6 +1344,10 @@ fn finish(
                 patched: m.patched,
                 change: m.change,
                 significant: m.significant,
+                ci_low: m.ci_low,
+                ci_high: m.ci_high,
+                p_value: m.p_value,
+                samples: m.samples,
             })
             .collect(),
         budget: BudgetReport {

@@ -13,6 +13,7 @@ pub mod evaluate;
 pub mod fork;
 pub mod gc;
 pub mod identity;
+pub mod ledger;
 pub mod manifest;
 pub mod patch;
 pub mod policy;

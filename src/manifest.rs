@@ -150,6 +150,10 @@ pub struct ResultsSpec {
 pub enum ResultsFormat {
     Junit,
     Tap,
+    /// `go test -json` event stream.
+    GoTestJson,
+    /// Rust libtest's `--format json` lines.
+    LibtestJson,
     ExitStatus,
 }
 

@@ -60,10 +60,12 @@ impl Env {
         Env { dir, run_root, xdg }
     }
 
-    /// `fork` with this test's run root and node key.
+    /// `fork` with this test's run root, node key and verdict ledger (so no verdict is
+    /// ever reused from another test's cache).
     fn cmd(&self) -> Command {
         let mut c = fork_cmd(&self.run_root);
         c.env("XDG_CONFIG_HOME", &self.xdg);
+        c.env("XDG_DATA_HOME", self.dir.join("data"));
         c
     }
 
@@ -336,10 +338,11 @@ fn swap_compressor_is_approved_and_improves_compression() {
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert_eq!(e.verdict["task"], "compress");
+    // repeat = 5 in fork.toml: five patched and five baseline sandboxes, interleaved.
     assert_eq!(
         e.sandboxes.len(),
-        2,
-        "patched + baseline: {:?}",
+        10,
+        "5 x (patched + baseline): {:?}",
         e.sandboxes
     );
     let metrics = e.verdict["metrics"].as_array().expect("metrics");

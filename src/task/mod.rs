@@ -4,6 +4,6 @@
 pub mod results;
 
 pub use results::{
-    parse_junit, parse_metrics, parse_tap, read_report_file, ResultsError, TestCase, TestOutcome,
-    TestReport, DEFAULT_MAX_REPORT_BYTES,
+    parse_go_test_json, parse_junit, parse_libtest_json, parse_metrics, parse_tap,
+    read_report_file, ResultsError, TestCase, TestOutcome, TestReport, DEFAULT_MAX_REPORT_BYTES,
 };

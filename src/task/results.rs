@@ -13,6 +13,10 @@
 //!   [`MAX_XML_ELEMENTS`] elements and more than [`MAX_TEST_CASES`] test cases.
 //! * [`parse_tap`] treats a missing or unmet plan and `Bail out!` as failures (as `prove`
 //!   does), never as success.
+//! * [`parse_go_test_json`] and [`parse_libtest_json`] read event streams (`go test -json`,
+//!   Rust libtest's `--format json`); a test that starts and never finishes, a package or test
+//!   binary that fails or dies without a failing test to show for it, become
+//!   [`TestOutcome::Error`] cases, so a crash can never read as a pass.
 //! * [`parse_metrics`] accepts only a flat object of finite numbers, refusing duplicate keys.
 //!
 //! Test names and messages are truncated ([`MAX_NAME_CHARS`], [`MAX_MESSAGE_CHARS`]) and
@@ -90,6 +94,13 @@ pub enum ResultsError {
     /// The TAP stream is not TAP at all (a merely failing stream is a report, not an error).
     #[error("TAP, line {line}: {message}")]
     Tap { line: usize, message: String },
+    /// A `go test -json` stream has no event at all, or is over a limit (a failing stream is a
+    /// report, not an error).
+    #[error("go test -json, line {line}: {message}")]
+    GoTestJson { line: usize, message: String },
+    /// A libtest JSON stream has no event at all, or is over a limit.
+    #[error("libtest JSON, line {line}: {message}")]
+    LibtestJson { line: usize, message: String },
     /// The metrics file is not a JSON object.
     #[error("metrics JSON: {0}; expected a flat object like {{\"p99_ms\": 41.0}}")]
     MetricsJson(String),
@@ -977,6 +988,602 @@ fn tap_case(ok: bool, rest: &str, seq: usize) -> TestCase {
 }
 
 // ---------------------------------------------------------------------------------------
+// Event streams shared by `go test -json` and libtest JSON: one case, several attempts.
+// ---------------------------------------------------------------------------------------
+
+/// How one attempt of a test ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    Pass,
+    Fail,
+    Skip,
+}
+
+/// A test case assembled from start/finish events, possibly over several attempts
+/// (`go test -count`, or a rerun tool concatenating streams).
+struct EventCase {
+    name: String,
+    passes: u32,
+    fails: u32,
+    last: Option<Attempt>,
+    /// Started (`run`/`started`) and not finished yet.
+    running: bool,
+    time_s: Option<f64>,
+    /// Output of the current attempt (bounded), used for the failure/skip message.
+    output: String,
+    fail_message: Option<String>,
+    skip_message: Option<String>,
+    /// Set when the stream shows the test could not finish (crash, kill, timeout).
+    unfinished: Option<String>,
+}
+
+impl EventCase {
+    fn new(name: String) -> Self {
+        EventCase {
+            name,
+            passes: 0,
+            fails: 0,
+            last: None,
+            running: false,
+            time_s: None,
+            output: String::new(),
+            fail_message: None,
+            skip_message: None,
+            unfinished: None,
+        }
+    }
+
+    fn start(&mut self) {
+        self.running = true;
+        self.output.clear();
+    }
+
+    /// Record a finished attempt; `message` is the event's own message, if it has one.
+    fn finish(&mut self, attempt: Attempt, time_s: Option<f64>, message: Option<&str>) {
+        self.running = false;
+        self.last = Some(attempt);
+        if let Some(t) = time_s.filter(|t| t.is_finite() && *t >= 0.0) {
+            self.time_s = Some(t);
+        }
+        let text = match message {
+            Some(m) if !m.trim().is_empty() => clean_message(m),
+            _ => clean_message(&self.output),
+        };
+        match attempt {
+            Attempt::Pass => self.passes = self.passes.saturating_add(1),
+            Attempt::Fail => {
+                self.fails = self.fails.saturating_add(1);
+                if self.fail_message.is_none() {
+                    self.fail_message = text;
+                }
+            }
+            Attempt::Skip => {
+                if self.skip_message.is_none() {
+                    self.skip_message = text;
+                }
+            }
+        }
+        self.output.clear();
+    }
+
+    /// The finished case; `None` for a name that only ever had output (a benchmark's log).
+    fn build(self) -> Option<TestCase> {
+        if self.last.is_none() && !self.running && self.unfinished.is_none() {
+            return None;
+        }
+        let (outcome, message) = if self.running || self.unfinished.is_some() {
+            let why = self.unfinished.unwrap_or_else(|| {
+                "started but never finished: the stream ends first (crash, kill or timeout)".into()
+            });
+            let mut m = why;
+            if let Some(out) = clean_message(&self.output) {
+                m.push_str("; last output: ");
+                m.push_str(&out);
+            }
+            (TestOutcome::Error, Some(clean(&m, MAX_MESSAGE_CHARS, true)))
+        } else {
+            match self.last {
+                Some(Attempt::Fail) => {
+                    let mut m = self.fail_message.unwrap_or_default();
+                    if self.passes > 0 {
+                        let attempts = self.passes.saturating_add(self.fails);
+                        m = format!(
+                            "failed the last attempt ({} of {attempts} failed); {m}",
+                            self.fails
+                        );
+                    }
+                    (TestOutcome::Failed, clean_message(&m))
+                }
+                Some(Attempt::Pass) if self.fails > 0 => {
+                    let plural = if self.fails == 1 { "" } else { "s" };
+                    let mut m = format!("passed after {} failed attempt{plural}", self.fails);
+                    if let Some(first) = self.fail_message {
+                        m.push_str("; first failure: ");
+                        m.push_str(&first);
+                    }
+                    (TestOutcome::Flaky, Some(clean(&m, MAX_MESSAGE_CHARS, true)))
+                }
+                Some(Attempt::Pass) => (TestOutcome::Passed, None),
+                // A skip after a failed attempt does not hide the failure.
+                Some(Attempt::Skip) if self.fails > 0 => (TestOutcome::Failed, self.fail_message),
+                Some(Attempt::Skip) if self.passes > 0 => (TestOutcome::Passed, None),
+                Some(Attempt::Skip) | None => (TestOutcome::Skipped, self.skip_message),
+            }
+        };
+        Some(TestCase {
+            name: self.name,
+            outcome,
+            time_s: self.time_s,
+            message,
+        })
+    }
+}
+
+/// Cases in order of first appearance, found by a key.
+struct CaseTable<K> {
+    cases: Vec<EventCase>,
+    index: std::collections::HashMap<K, usize>,
+}
+
+impl<K: std::hash::Hash + Eq> CaseTable<K> {
+    fn new() -> Self {
+        CaseTable {
+            cases: Vec::new(),
+            index: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The index of the case for `key`, created with `name()` on first sight; `None` over
+    /// [`MAX_TEST_CASES`].
+    fn slot(&mut self, key: K, name: impl FnOnce() -> String) -> Option<usize> {
+        let i = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                if self.cases.len() >= MAX_TEST_CASES {
+                    return None;
+                }
+                self.cases.push(EventCase::new(clean_name(&name())));
+                self.index.insert(key, self.cases.len() - 1);
+                self.cases.len() - 1
+            }
+        };
+        Some(i)
+    }
+
+    fn into_cases(self) -> Vec<TestCase> {
+        self.cases
+            .into_iter()
+            .filter_map(EventCase::build)
+            .collect()
+    }
+}
+
+/// The lines of a JSON-lines stream as `(line number, text)`, skipping blank lines.
+fn json_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.split('\n').enumerate().filter_map(|(i, l)| {
+        let l = l.strip_suffix('\r').unwrap_or(l).trim();
+        (!l.is_empty()).then_some((i + 1, l))
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// go test -json (test2json).
+// ---------------------------------------------------------------------------------------
+
+/// One test2json event (`go doc cmd/test2json`); other fields (Time, ImportPath, …) are
+/// ignored.
+#[derive(Deserialize)]
+struct GoEvent {
+    #[serde(rename = "Action")]
+    action: String,
+    #[serde(rename = "Package", default)]
+    package: String,
+    #[serde(rename = "Test", default)]
+    test: String,
+    #[serde(rename = "Elapsed", default)]
+    elapsed: Option<f64>,
+    #[serde(rename = "Output", default)]
+    output: Option<String>,
+    #[serde(rename = "FailedBuild", default)]
+    failed_build: Option<String>,
+}
+
+/// Per-package state of a `go test -json` stream.
+#[derive(Default)]
+struct GoPackage {
+    /// The last package-level result: `Some(true)` pass/skip, `Some(false)` fail.
+    passed: Option<bool>,
+    started: bool,
+    /// A test event named this package.
+    tests_seen: bool,
+    /// One of its tests failed an attempt or never finished.
+    explained: bool,
+    output: String,
+    failed_build: Option<String>,
+}
+
+/// The framing lines test2json's input carries for every test; not part of a message.
+fn go_framing(line: &str) -> bool {
+    let l = line.trim_start();
+    [
+        "=== RUN",
+        "=== PAUSE",
+        "=== CONT",
+        "=== NAME",
+        "=== ATTR",
+        "--- PASS",
+        "--- FAIL",
+        "--- SKIP",
+    ]
+    .iter()
+    .any(|p| l.starts_with(p))
+}
+
+/// The suffix of the synthetic case recording a package failure no test explains
+/// (`"<package> (package)"`).
+pub const GO_PACKAGE_CASE_SUFFIX: &str = " (package)";
+
+/// Parse a `go test -json` event stream (one test2json `TestEvent` object per line).
+///
+/// Every event with a `Test` field belongs to that test (subtests `Parent/Sub` are cases of
+/// their own, and so is the parent); events without one are package-level and are not cases.
+/// Cases are named `<Package>.<Test>` (just `<Test>` without a package). `run` starts an
+/// attempt and `pass`/`fail`/`skip` end it; a test run more than once (`-count`, or a rerun
+/// tool concatenating streams) is [`TestOutcome::Flaky`] when an attempt failed and the last
+/// passed, and Failed when the last failed. The output of a failed or skipped attempt (minus
+/// the `=== RUN`/`--- FAIL` framing lines) becomes its message.
+///
+/// Failures are never lost: a test that starts but never finishes (a timeout, a panic in
+/// another goroutine, a killed binary) is an [`TestOutcome::Error`]; a package whose last
+/// result is `fail` with no failing test to explain it (a build failure, `TestMain`, a panic
+/// outside tests), or that started and never reported a result, adds one Error case named
+/// `<Package> (package)`. Benchmarks appear only when they fail or are skipped (test2json
+/// gives them no `run`). Lines that are not JSON objects with an `Action` are ignored (build
+/// noise on a merged stream); a stream with no event at all is an error.
+pub fn parse_go_test_json(text: &[u8]) -> Result<TestReport, ResultsError> {
+    let text = String::from_utf8_lossy(text);
+    let mut table: CaseTable<(String, String)> = CaseTable::new();
+    let mut packages: Vec<(String, GoPackage)> = Vec::new();
+    let mut package_index: std::collections::HashMap<String, usize> =
+        std::collections::HashMap::new();
+    let mut events = 0usize;
+    let too_many = |line: usize| ResultsError::GoTestJson {
+        line,
+        message: format!(
+            "more than {MAX_TEST_CASES} tests or packages; refusing an oversized report"
+        ),
+    };
+
+    for (lineno, line) in json_lines(&text) {
+        if !line.starts_with('{') {
+            continue;
+        }
+        let Ok(ev) = serde_json::from_str::<GoEvent>(line) else {
+            continue;
+        };
+        events += 1;
+        let pkg_slot = match package_index.get(&ev.package) {
+            Some(&i) => i,
+            None => {
+                if packages.len() >= MAX_TEST_CASES {
+                    return Err(too_many(lineno));
+                }
+                packages.push((ev.package.clone(), GoPackage::default()));
+                package_index.insert(ev.package.clone(), packages.len() - 1);
+                packages.len() - 1
+            }
+        };
+        if ev.test.is_empty() {
+            let pkg = &mut packages[pkg_slot].1;
+            match ev.action.as_str() {
+                "start" => {
+                    pkg.started = true;
+                    pkg.output.clear();
+                }
+                "output" => {
+                    if let Some(o) = &ev.output {
+                        push_bounded(&mut pkg.output, o);
+                    }
+                }
+                "pass" | "skip" => pkg.passed = Some(true),
+                "fail" => {
+                    pkg.passed = Some(false);
+                    if let Some(b) = ev.failed_build.as_deref().filter(|b| !b.is_empty()) {
+                        pkg.failed_build = Some(b.to_string());
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        packages[pkg_slot].1.tests_seen = true;
+        let package = ev.package.clone();
+        let test = ev.test.clone();
+        let slot = table
+            .slot((ev.package, ev.test), || {
+                if package.is_empty() {
+                    test
+                } else {
+                    format!("{package}.{test}")
+                }
+            })
+            .ok_or_else(|| too_many(lineno))?;
+        let case = &mut table.cases[slot];
+        match ev.action.as_str() {
+            "run" => case.start(),
+            "output" => {
+                if let Some(o) = ev.output {
+                    if !go_framing(&o) {
+                        push_bounded(&mut case.output, &o);
+                    }
+                }
+            }
+            "pass" => case.finish(Attempt::Pass, ev.elapsed, None),
+            "fail" => case.finish(Attempt::Fail, ev.elapsed, None),
+            "skip" => case.finish(Attempt::Skip, ev.elapsed, None),
+            // pause, cont, bench, attr and future actions carry no outcome.
+            _ => {}
+        }
+    }
+    if events == 0 {
+        return Err(ResultsError::GoTestJson {
+            line: 1,
+            message: "no test2json event (a JSON object with an `Action` field) in the stream; was the task run with `go test -json`?".into(),
+        });
+    }
+
+    // A package failure is explained by a test of its own that failed or never finished.
+    for ((pkg, _), &i) in &table.index {
+        let c = &table.cases[i];
+        if c.fails > 0 || c.running {
+            if let Some(&p) = package_index.get(pkg) {
+                packages[p].1.explained = true;
+            }
+        }
+    }
+    let mut report = TestReport {
+        cases: table.into_cases(),
+    };
+    for (name, pkg) in packages {
+        let problem = match pkg.passed {
+            Some(false) if !pkg.explained => Some(match &pkg.failed_build {
+                Some(b) => format!("build failed ({b})"),
+                None => "the package failed but none of its tests did (TestMain, init, a panic outside tests, or the test binary exited)".into(),
+            }),
+            None if pkg.started || pkg.tests_seen => Some(
+                "the stream ends before the package's final pass/fail event; it is truncated"
+                    .into(),
+            ),
+            _ => None,
+        };
+        if let Some(p) = problem {
+            let mut m = p;
+            if let Some(out) = clean_message(&pkg.output) {
+                m.push_str(": ");
+                m.push_str(&out);
+            }
+            let shown = if name.is_empty() { "package" } else { &name };
+            report.cases.push(TestCase {
+                name: clean_name(&format!("{shown}{GO_PACKAGE_CASE_SUFFIX}")),
+                outcome: TestOutcome::Error,
+                time_s: None,
+                message: Some(clean(&m, MAX_MESSAGE_CHARS, true)),
+            });
+        }
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------
+// libtest JSON (`cargo test -- -Z unstable-options --format json`).
+// ---------------------------------------------------------------------------------------
+
+/// The name of the synthetic case recording a libtest suite that did not end properly.
+pub const LIBTEST_SUITE_CASE: &str = "libtest suite";
+
+#[derive(Deserialize)]
+struct LibtestEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    event: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    test_count: Option<u64>,
+    #[serde(default)]
+    exec_time: Option<f64>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    stdout: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// One test binary's run.
+struct LibtestSuite {
+    number: usize,
+    line: usize,
+    test_count: Option<u64>,
+    reported: u64,
+    /// Cases started in this suite (indices into the table), checked when it closes.
+    started: Vec<usize>,
+}
+
+/// Parse Rust libtest's JSON output (`cargo test -- -Z unstable-options --format json`,
+/// which needs a nightly toolchain or `RUSTC_BOOTSTRAP=1`): `{"type":"suite",…}` lines
+/// delimit one test binary each, `{"type":"test","event":"ok"|"failed"|"ignored",…}` lines
+/// are cases (`started` and `timeout` events carry no outcome; `bench` lines count towards
+/// the suite but are not cases). A failure's message is its `message` (e.g. "test did not
+/// panic as expected"), then its captured `stdout` (the panic text); an ignored test's is
+/// the `#[ignore = "…"]` reason; `exec_time` (with `--report-time`) is the duration.
+///
+/// A test binary that crashes (abort, signal, OOM kill) leaves its suite without the closing
+/// line: tests it started become [`TestOutcome::Error`], and a synthetic Error case named
+/// [`LIBTEST_SUITE_CASE`] says how many of the announced tests reported. The same happens
+/// when a suite closes with fewer results than its `test_count`. Cases are keyed by suite and
+/// name, so the same name in two binaries gives two cases; a name reported twice in one suite
+/// is retried (Flaky when a failure is followed by a pass). Lines that are not JSON objects
+/// with a `type` are ignored (`--nocapture` output); a stream with no event is an error.
+pub fn parse_libtest_json(text: &[u8]) -> Result<TestReport, ResultsError> {
+    let text = String::from_utf8_lossy(text);
+    let mut table: CaseTable<(usize, String)> = CaseTable::new();
+    let mut suite: Option<LibtestSuite> = None;
+    let mut suites_seen = 0usize;
+    let mut synthetic: Vec<TestCase> = Vec::new();
+    let mut events = 0usize;
+    let too_many = |line: usize| ResultsError::LibtestJson {
+        line,
+        message: format!("more than {MAX_TEST_CASES} tests; refusing an oversized report"),
+    };
+
+    // Close `s`: flag its unfinished tests and, if it fell short, add a synthetic case.
+    fn close_suite(
+        s: LibtestSuite,
+        summary: bool,
+        table: &mut CaseTable<(usize, String)>,
+        synthetic: &mut Vec<TestCase>,
+    ) {
+        for &i in &s.started {
+            let c = &mut table.cases[i];
+            if c.running {
+                c.unfinished = Some(if summary {
+                    "started but the suite ended without its result".into()
+                } else {
+                    "started but never finished: the test binary crashed, was killed or timed out"
+                        .into()
+                });
+            }
+        }
+        let count = s.test_count.map(|c| format!(" of {c}")).unwrap_or_default();
+        let problem = if !summary {
+            Some(format!(
+                "suite {} (started at line {}) has no closing line after {}{count} test(s) reported; the test binary crashed or was killed",
+                s.number, s.line, s.reported
+            ))
+        } else if s.test_count.is_some_and(|c| c != s.reported) {
+            Some(format!(
+                "suite {} (started at line {}) announced {} test(s) but {} reported",
+                s.number,
+                s.line,
+                s.test_count.unwrap_or(0),
+                s.reported
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            if synthetic.len() < MAX_TEST_CASES {
+                synthetic.push(TestCase {
+                    name: LIBTEST_SUITE_CASE.into(),
+                    outcome: TestOutcome::Error,
+                    time_s: None,
+                    message: Some(message),
+                });
+            }
+        }
+    }
+
+    for (lineno, line) in json_lines(&text) {
+        if !line.starts_with('{') {
+            continue;
+        }
+        let Ok(ev) = serde_json::from_str::<LibtestEvent>(line) else {
+            continue;
+        };
+        events += 1;
+        let event = ev.event.as_deref().unwrap_or("");
+        match ev.kind.as_str() {
+            "suite" => match event {
+                "started" => {
+                    if let Some(s) = suite.take() {
+                        close_suite(s, false, &mut table, &mut synthetic);
+                    }
+                    suites_seen += 1;
+                    suite = Some(LibtestSuite {
+                        number: suites_seen,
+                        line: lineno,
+                        test_count: ev.test_count,
+                        reported: 0,
+                        started: Vec::new(),
+                    });
+                }
+                "ok" | "failed" => {
+                    if let Some(s) = suite.take() {
+                        close_suite(s, true, &mut table, &mut synthetic);
+                    }
+                }
+                _ => {}
+            },
+            "test" | "bench" => {
+                let Some(name) = ev.name.as_deref() else {
+                    continue;
+                };
+                let attempt = match (ev.kind.as_str(), event) {
+                    ("bench", _) => {
+                        if let Some(s) = suite.as_mut() {
+                            s.reported += 1;
+                        }
+                        continue;
+                    }
+                    (_, "started") => None,
+                    (_, "ok") => Some(Attempt::Pass),
+                    (_, "failed") => Some(Attempt::Fail),
+                    (_, "ignored") => Some(Attempt::Skip),
+                    _ => continue, // "timeout" (still running after 60 s) and future events
+                };
+                let key = (suite.as_ref().map_or(0, |s| s.number), name.to_string());
+                let slot = table
+                    .slot(key, || name.to_string())
+                    .ok_or_else(|| too_many(lineno))?;
+                let case = &mut table.cases[slot];
+                match attempt {
+                    None => {
+                        if !case.running {
+                            if let Some(s) = suite.as_mut() {
+                                s.started.push(slot);
+                            }
+                        }
+                        case.start();
+                    }
+                    Some(a) => {
+                        let mut message = String::new();
+                        for part in [&ev.message, &ev.reason, &ev.stdout].into_iter().flatten() {
+                            if !part.trim().is_empty() {
+                                if !message.is_empty() {
+                                    message.push('\n');
+                                }
+                                push_bounded(&mut message, part.trim());
+                            }
+                        }
+                        case.finish(a, ev.exec_time, Some(&message));
+                        if let Some(s) = suite.as_mut() {
+                            s.reported += 1;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = suite.take() {
+        close_suite(s, false, &mut table, &mut synthetic);
+    }
+    if events == 0 {
+        return Err(ResultsError::LibtestJson {
+            line: 1,
+            message: "no libtest event (a JSON object with a `type` field) in the stream; run the tests with `-- -Z unstable-options --format json`".into(),
+        });
+    }
+    let mut report = TestReport {
+        cases: table.into_cases(),
+    };
+    report.cases.extend(synthetic);
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------
 // Metrics.
 // ---------------------------------------------------------------------------------------
 
@@ -1526,6 +2133,496 @@ E       assert 1 == 2</failure></testcase>
             parse_tap(s.as_bytes()),
             Err(ResultsError::Tap { .. })
         ));
+    }
+
+    // ---- go test -json ----
+
+    /// There is no Go toolchain on this host, so these streams are written by hand, modelled
+    /// exactly on the documented test2json format (`go doc cmd/test2json`: one `TestEvent`
+    /// per line with Time, Action, Package, Test, Elapsed, Output, and since Go 1.24
+    /// FailedBuild and the `build-output`/`build-fail` events keyed by ImportPath) and on the
+    /// shapes of Go's own test2json testdata (parallel tests pausing and continuing, output
+    /// after `--- PASS` lines, a timeout leaving a test without a result).
+    const GO_STREAM: &str = r#"{"Time":"2025-01-31T12:00:00.100000+01:00","Action":"start","Package":"example.com/hermes/gateway"}
+{"Time":"2025-01-31T12:00:00.101000+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"TestRoute"}
+{"Time":"2025-01-31T12:00:00.101100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute","Output":"=== RUN   TestRoute\n"}
+{"Time":"2025-01-31T12:00:00.101200+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute","Output":"=== PAUSE TestRoute\n"}
+{"Time":"2025-01-31T12:00:00.101300+01:00","Action":"pause","Package":"example.com/hermes/gateway","Test":"TestRoute"}
+{"Time":"2025-01-31T12:00:00.102000+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"TestReconnect"}
+{"Time":"2025-01-31T12:00:00.102100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestReconnect","Output":"=== RUN   TestReconnect\n"}
+{"Time":"2025-01-31T12:00:00.152000+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestReconnect","Output":"    gateway_test.go:41: dial 127.0.0.1:4222: connection refused\n"}
+{"Time":"2025-01-31T12:00:00.152100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestReconnect","Output":"--- FAIL: TestReconnect (0.05s)\n"}
+{"Time":"2025-01-31T12:00:00.152200+01:00","Action":"fail","Package":"example.com/hermes/gateway","Test":"TestReconnect","Elapsed":0.05}
+{"Time":"2025-01-31T12:00:00.153000+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"TestTLS"}
+{"Time":"2025-01-31T12:00:00.153100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestTLS","Output":"=== RUN   TestTLS\n"}
+{"Time":"2025-01-31T12:00:00.153200+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestTLS","Output":"    gateway_test.go:77: no certificates in testdata\n"}
+{"Time":"2025-01-31T12:00:00.153300+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestTLS","Output":"--- SKIP: TestTLS (0.00s)\n"}
+{"Time":"2025-01-31T12:00:00.153400+01:00","Action":"skip","Package":"example.com/hermes/gateway","Test":"TestTLS","Elapsed":0}
+{"Time":"2025-01-31T12:00:00.154000+01:00","Action":"cont","Package":"example.com/hermes/gateway","Test":"TestRoute"}
+{"Time":"2025-01-31T12:00:00.154100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute","Output":"=== CONT  TestRoute\n"}
+{"Time":"2025-01-31T12:00:00.154200+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv4"}
+{"Time":"2025-01-31T12:00:00.154300+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv4","Output":"=== RUN   TestRoute/ipv4\n"}
+{"Time":"2025-01-31T12:00:00.154400+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv6"}
+{"Time":"2025-01-31T12:00:00.154500+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv6","Output":"=== RUN   TestRoute/ipv6\n"}
+{"Time":"2025-01-31T12:00:00.160000+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute","Output":"--- PASS: TestRoute (0.01s)\n"}
+{"Time":"2025-01-31T12:00:00.160100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv4","Output":"    --- PASS: TestRoute/ipv4 (0.00s)\n"}
+{"Time":"2025-01-31T12:00:00.160200+01:00","Action":"pass","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv4","Elapsed":0}
+{"Time":"2025-01-31T12:00:00.160300+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv6","Output":"    --- PASS: TestRoute/ipv6 (0.00s)\n"}
+{"Time":"2025-01-31T12:00:00.160400+01:00","Action":"pass","Package":"example.com/hermes/gateway","Test":"TestRoute/ipv6","Elapsed":0}
+{"Time":"2025-01-31T12:00:00.160500+01:00","Action":"pass","Package":"example.com/hermes/gateway","Test":"TestRoute","Elapsed":0.01}
+{"Time":"2025-01-31T12:00:00.161000+01:00","Action":"run","Package":"example.com/hermes/gateway","Test":"ExampleRouter"}
+{"Time":"2025-01-31T12:00:00.161100+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"ExampleRouter","Output":"=== RUN   ExampleRouter\n"}
+{"Time":"2025-01-31T12:00:00.161200+01:00","Action":"output","Package":"example.com/hermes/gateway","Test":"ExampleRouter","Output":"--- PASS: ExampleRouter (0.00s)\n"}
+{"Time":"2025-01-31T12:00:00.161300+01:00","Action":"pass","Package":"example.com/hermes/gateway","Test":"ExampleRouter","Elapsed":0}
+{"Time":"2025-01-31T12:00:00.161400+01:00","Action":"output","Package":"example.com/hermes/gateway","Output":"FAIL\n"}
+{"Time":"2025-01-31T12:00:00.162000+01:00","Action":"output","Package":"example.com/hermes/gateway","Output":"FAIL\texample.com/hermes/gateway\t0.062s\n"}
+{"Time":"2025-01-31T12:00:00.162100+01:00","Action":"fail","Package":"example.com/hermes/gateway","Elapsed":0.062}
+{"Time":"2025-01-31T12:00:00.170000+01:00","Action":"start","Package":"example.com/hermes/store"}
+{"Action":"run","Package":"example.com/hermes/store","Test":"TestCompress"}
+{"Action":"output","Package":"example.com/hermes/store","Test":"TestCompress","Output":"=== RUN   TestCompress\n"}
+{"Action":"output","Package":"example.com/hermes/store","Test":"TestCompress","Output":"--- PASS: TestCompress (0.31s)\n"}
+{"Action":"pass","Package":"example.com/hermes/store","Test":"TestCompress","Elapsed":0.31}
+{"Action":"output","Package":"example.com/hermes/store","Output":"PASS\n"}
+{"Action":"output","Package":"example.com/hermes/store","Output":"ok  \texample.com/hermes/store\t(cached)\n"}
+{"Action":"pass","Package":"example.com/hermes/store","Elapsed":0}
+{"Time":"2025-01-31T12:00:00.180000+01:00","Action":"start","Package":"example.com/hermes/docs"}
+{"Time":"2025-01-31T12:00:00.180100+01:00","Action":"output","Package":"example.com/hermes/docs","Output":"?   \texample.com/hermes/docs\t[no test files]\n"}
+{"Time":"2025-01-31T12:00:00.180200+01:00","Action":"skip","Package":"example.com/hermes/docs","Elapsed":0}
+"#;
+
+    fn go_ev(action: &str, pkg: &str, test: &str, extra: &str) -> String {
+        let test = if test.is_empty() {
+            String::new()
+        } else {
+            format!(r#","Test":"{test}""#)
+        };
+        format!(
+            r#"{{"Time":"2025-01-31T12:00:00Z","Action":"{action}","Package":"{pkg}"{test}{extra}}}"#
+        ) + "\n"
+    }
+
+    fn outcomes(r: &TestReport) -> Vec<(&str, TestOutcome)> {
+        r.cases
+            .iter()
+            .map(|c| (c.name.as_str(), c.outcome))
+            .collect()
+    }
+
+    #[test]
+    fn parses_go_test_json() {
+        let r = parse_go_test_json(GO_STREAM.as_bytes()).unwrap();
+        let gw = "example.com/hermes/gateway.";
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                (&*format!("{gw}TestRoute"), TestOutcome::Passed),
+                (&*format!("{gw}TestReconnect"), TestOutcome::Failed),
+                (&*format!("{gw}TestTLS"), TestOutcome::Skipped),
+                (&*format!("{gw}TestRoute/ipv4"), TestOutcome::Passed),
+                (&*format!("{gw}TestRoute/ipv6"), TestOutcome::Passed),
+                (&*format!("{gw}ExampleRouter"), TestOutcome::Passed),
+                ("example.com/hermes/store.TestCompress", TestOutcome::Passed),
+            ]
+        );
+        // The failure message is the test's own output without the framing lines.
+        assert_eq!(
+            r.cases[1].message.as_deref(),
+            Some("gateway_test.go:41: dial 127.0.0.1:4222: connection refused")
+        );
+        assert_eq!(r.cases[1].time_s, Some(0.05));
+        assert_eq!(
+            r.cases[2].message.as_deref(),
+            Some("gateway_test.go:77: no certificates in testdata")
+        );
+        assert_eq!(r.cases[6].time_s, Some(0.31));
+        assert_eq!((r.passed(), r.failed(), r.skipped()), (5, 1, 1));
+    }
+
+    #[test]
+    fn go_reruns_are_flaky_and_final_failures_fail() {
+        // `go test -count=2`: one package run, the test runs twice, the package fails.
+        let pkg = "example.com/m";
+        let mut s = go_ev("start", pkg, "", "");
+        s += &go_ev("run", pkg, "TestFlaky", "");
+        s += &go_ev(
+            "output",
+            pkg,
+            "TestFlaky",
+            r#","Output":"    f_test.go:9: timed out waiting for lock\n""#,
+        );
+        s += &go_ev("fail", pkg, "TestFlaky", r#","Elapsed":0.2"#);
+        s += &go_ev("run", pkg, "TestSteady", "");
+        s += &go_ev("pass", pkg, "TestSteady", r#","Elapsed":0.1"#);
+        s += &go_ev("run", pkg, "TestFlaky", "");
+        s += &go_ev("pass", pkg, "TestFlaky", r#","Elapsed":0.1"#);
+        s += &go_ev("run", pkg, "TestSteady", "");
+        s += &go_ev("pass", pkg, "TestSteady", r#","Elapsed":0.1"#);
+        s += &go_ev("run", pkg, "TestBroken", "");
+        s += &go_ev("pass", pkg, "TestBroken", "");
+        s += &go_ev("run", pkg, "TestBroken", "");
+        s += &go_ev("fail", pkg, "TestBroken", "");
+        s += &go_ev("fail", pkg, "", r#","Elapsed":0.5"#);
+        let r = parse_go_test_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                ("example.com/m.TestFlaky", TestOutcome::Flaky),
+                ("example.com/m.TestSteady", TestOutcome::Passed),
+                ("example.com/m.TestBroken", TestOutcome::Failed),
+            ],
+            "the package failure is explained by its tests: no synthetic case"
+        );
+        assert_eq!(
+            r.cases[0].message.as_deref(),
+            Some("passed after 1 failed attempt; first failure: f_test.go:9: timed out waiting for lock")
+        );
+        assert_eq!(r.cases[0].time_s, Some(0.1));
+        assert!(r.cases[2]
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("failed the last attempt (1 of 2 failed)"));
+
+        // A rerun tool concatenating two `go test -json` runs: the package fails, then passes.
+        let mut s = go_ev("start", pkg, "", "");
+        s += &go_ev("run", pkg, "TestFlaky", "");
+        s += &go_ev("fail", pkg, "TestFlaky", "");
+        s += &go_ev("run", pkg, "TestOther", "");
+        s += &go_ev("pass", pkg, "TestOther", "");
+        s += &go_ev("fail", pkg, "", "");
+        s += &go_ev("start", pkg, "", "");
+        s += &go_ev("run", pkg, "TestFlaky", "");
+        s += &go_ev("pass", pkg, "TestFlaky", "");
+        s += &go_ev("pass", pkg, "", "");
+        let r = parse_go_test_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                ("example.com/m.TestFlaky", TestOutcome::Flaky),
+                ("example.com/m.TestOther", TestOutcome::Passed),
+            ]
+        );
+    }
+
+    #[test]
+    fn go_failures_outside_tests_are_never_lost() {
+        // A timeout (as in Go's test2json testdata/timeout.json): the running test has no
+        // result, the package fails.
+        let pkg = "example.com/slow";
+        let mut s = go_ev("start", pkg, "", "");
+        s += &go_ev("run", pkg, "TestHang", "");
+        s += &go_ev(
+            "output",
+            pkg,
+            "TestHang",
+            r#","Output":"=== RUN   TestHang\n""#,
+        );
+        s += &go_ev(
+            "output",
+            pkg,
+            "TestHang",
+            r#","Output":"panic: test timed out after 10m0s\n""#,
+        );
+        s += &go_ev(
+            "output",
+            pkg,
+            "",
+            r#","Output":"FAIL\texample.com/slow\t600.011s\n""#,
+        );
+        s += &go_ev("fail", pkg, "", r#","Elapsed":600.011"#);
+        // A build failure (Go 1.24+: build events keyed by ImportPath, then FailedBuild).
+        let broken = "example.com/broken";
+        s += r##"{"ImportPath":"example.com/broken [example.com/broken.test]","Action":"build-output","Output":"# example.com/broken\n"}"##;
+        s += "\n";
+        s += r#"{"ImportPath":"example.com/broken [example.com/broken.test]","Action":"build-output","Output":"./b.go:3:1: syntax error: non-declaration statement outside function body\n"}"#;
+        s += "\n";
+        s += r#"{"ImportPath":"example.com/broken [example.com/broken.test]","Action":"build-fail"}"#;
+        s += "\n";
+        s += &go_ev("start", broken, "", "");
+        s += &go_ev(
+            "output",
+            broken,
+            "",
+            r#","Output":"FAIL\texample.com/broken [build failed]\n""#,
+        );
+        s += &go_ev(
+            "fail",
+            broken,
+            "",
+            r#","Elapsed":0,"FailedBuild":"example.com/broken [example.com/broken.test]""#,
+        );
+        // TestMain calls os.Exit(1) after every test passed.
+        let main = "example.com/main";
+        s += &go_ev("start", main, "", "");
+        s += &go_ev("run", main, "TestA", "");
+        s += &go_ev("pass", main, "TestA", "");
+        s += &go_ev(
+            "output",
+            main,
+            "",
+            r#","Output":"FAIL\texample.com/main\t0.003s\n""#,
+        );
+        s += &go_ev("fail", main, "", "");
+        // A stream cut off mid-package (the task was killed).
+        let cut = "example.com/cut";
+        s += &go_ev("start", cut, "", "");
+        s += &go_ev("run", cut, "TestDone", "");
+        s += &go_ev("pass", cut, "TestDone", "");
+        let r = parse_go_test_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                ("example.com/slow.TestHang", TestOutcome::Error),
+                ("example.com/main.TestA", TestOutcome::Passed),
+                ("example.com/cut.TestDone", TestOutcome::Passed),
+                ("example.com/broken (package)", TestOutcome::Error),
+                ("example.com/main (package)", TestOutcome::Error),
+                ("example.com/cut (package)", TestOutcome::Error),
+            ]
+        );
+        let msg = |i: usize| r.cases[i].message.clone().unwrap();
+        assert!(msg(0).contains("never finished") && msg(0).contains("test timed out after 10m0s"));
+        assert!(msg(3).starts_with("build failed (example.com/broken [example.com/broken.test])"));
+        assert!(msg(3).contains("[build failed]"));
+        assert!(msg(4).contains("none of its tests did"));
+        assert!(msg(5).contains("truncated"));
+    }
+
+    #[test]
+    fn go_stream_edges() {
+        // Benchmarks: output with a Test name but no run/pass; only failures become cases.
+        let pkg = "example.com/b";
+        let mut s = String::from("go: downloading example.com/dep v1.0.0\n\n");
+        s += &go_ev("start", pkg, "", "");
+        s += &go_ev(
+            "output",
+            pkg,
+            "BenchmarkLog",
+            r#","Output":"    b_test.go:5: log line\n""#,
+        );
+        s += &go_ev("bench", pkg, "BenchmarkLog", "");
+        s += &go_ev(
+            "output",
+            pkg,
+            "",
+            r#","Output":"BenchmarkLog-2 \t 1000\t 1200 ns/op\n""#,
+        );
+        s += &go_ev(
+            "output",
+            pkg,
+            "BenchmarkBad",
+            r#","Output":"    b_test.go:9: wrong \u001b[2J answer\n""#,
+        );
+        s += &go_ev("fail", pkg, "BenchmarkBad", "");
+        s += "{not json at all\n";
+        s += r#"{"level":"info","msg":"a JSON log line from a test, no Action"}"#;
+        s += "\n";
+        s += &go_ev("fail", pkg, "", "");
+        let r = parse_go_test_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![("example.com/b.BenchmarkBad", TestOutcome::Failed)]
+        );
+        assert_eq!(
+            r.cases[0].message.as_deref(),
+            Some("b_test.go:9: wrong \u{FFFD}[2J answer")
+        );
+        // go tool test2json without -p: no Package at all.
+        let r = parse_go_test_json(
+            b"{\"Action\":\"run\",\"Test\":\"TestX\"}\n{\"Action\":\"pass\",\"Test\":\"TestX\"}\n{\"Action\":\"pass\"}\n",
+        )
+        .unwrap();
+        assert_eq!(outcomes(&r), vec![("TestX", TestOutcome::Passed)]);
+        // Not a test2json stream at all.
+        for bad in [
+            &b""[..],
+            b"ok  \texample.com/m\t0.01s\n",
+            b"{\"Test\":\"x\"}\n",
+        ] {
+            let e = parse_go_test_json(bad).unwrap_err();
+            assert!(matches!(e, ResultsError::GoTestJson { .. }), "{e}");
+        }
+        // Too many tests.
+        let mut s = String::new();
+        for i in 0..=MAX_TEST_CASES {
+            s += &format!("{{\"Action\":\"pass\",\"Test\":\"T{i}\"}}\n");
+        }
+        let e = parse_go_test_json(s.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("oversized"), "{e}");
+    }
+
+    // ---- libtest JSON ----
+
+    /// REAL output, captured on this host (rustc 1.95.0) from a throwaway crate with a lib
+    /// test module, a `tests/crash.rs` whose second test calls `std::process::abort()`, and a
+    /// `tests/it.rs`:
+    /// `RUSTC_BOOTSTRAP=1 RUST_BACKTRACE=0 cargo test --no-fail-fast --
+    ///  -Z unstable-options --format json --report-time --test-threads=1`
+    /// (the abort kills the second binary mid-suite: it never prints its closing line).
+    const LIBTEST_SERIAL: &str = r#"{ "type": "suite", "event": "started", "test_count": 7 }
+{ "type": "test", "event": "started", "name": "tests::adds" }
+{ "type": "test", "name": "tests::adds", "event": "ok", "exec_time": 0.000001135 }
+{ "type": "test", "event": "started", "name": "tests::fails" }
+{ "type": "test", "name": "tests::fails", "event": "failed", "exec_time": 0.000073137, "stdout": "some \"quoted\" stdout\n\nthread 'tests::fails' (32716) panicked at src/lib.rs:15:9:\nassertion `left == right` failed: math is broken\n  left: 4\n right: 5\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n" }
+{ "type": "test", "event": "started", "name": "tests::ignored_plain" }
+{ "type": "test", "name": "tests::ignored_plain", "event": "ignored" }
+{ "type": "test", "event": "started", "name": "tests::ignored_with_reason" }
+{ "type": "test", "name": "tests::ignored_with_reason", "event": "ignored", "message": "needs a GPU" }
+{ "type": "test", "event": "started", "name": "tests::panics_as_expected" }
+{ "type": "test", "name": "tests::panics_as_expected", "event": "ok", "exec_time": 0.000027363 }
+{ "type": "test", "event": "started", "name": "tests::returns_err" }
+{ "type": "test", "name": "tests::returns_err", "event": "failed", "exec_time": 0.000007574, "stdout": "Error: \"bad \\u{1b}[31mred\\u{1b}[0m input\"\n" }
+{ "type": "test", "event": "started", "name": "tests::should_panic_but_does_not" }
+{ "type": "test", "name": "tests::should_panic_but_does_not", "event": "failed", "exec_time": 0.000000264, "message": "test did not panic as expected at src/lib.rs:34:8" }
+{ "type": "suite", "event": "failed", "passed": 2, "failed": 3, "ignored": 2, "measured": 0, "filtered_out": 0, "exec_time": 0.005967399 }
+{ "type": "suite", "event": "started", "test_count": 3 }
+{ "type": "test", "event": "started", "name": "a_before_crash" }
+{ "type": "test", "name": "a_before_crash", "event": "ok", "exec_time": 0.000000821 }
+{ "type": "test", "event": "started", "name": "b_aborts" }
+{ "type": "suite", "event": "started", "test_count": 1 }
+{ "type": "test", "event": "started", "name": "integration_ok" }
+{ "type": "test", "name": "integration_ok", "event": "ok", "exec_time": 0.000000842 }
+{ "type": "suite", "event": "ok", "passed": 1, "failed": 0, "ignored": 0, "measured": 0, "filtered_out": 0, "exec_time": 0.00057919 }
+{ "type": "suite", "event": "started", "test_count": 0 }
+{ "type": "suite", "event": "ok", "passed": 0, "failed": 0, "ignored": 0, "measured": 0, "filtered_out": 0, "exec_time": 0.000036785 }
+"#;
+
+    /// REAL output of the same lib tests run in parallel (the default), captured with
+    /// `cargo test --lib -- -Z unstable-options --format json`: starts and results interleave.
+    const LIBTEST_PARALLEL: &str = r#"{ "type": "suite", "event": "started", "test_count": 7 }
+{ "type": "test", "event": "started", "name": "tests::adds" }
+{ "type": "test", "event": "started", "name": "tests::fails" }
+{ "type": "test", "name": "tests::adds", "event": "ok" }
+{ "type": "test", "event": "started", "name": "tests::ignored_plain" }
+{ "type": "test", "name": "tests::fails", "event": "failed", "stdout": "some \"quoted\" stdout\n\nthread 'tests::fails' (4642) panicked at src/lib.rs:15:9:\nassertion `left == right` failed: math is broken\n  left: 4\n right: 5\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n" }
+{ "type": "test", "event": "started", "name": "tests::ignored_with_reason" }
+{ "type": "test", "name": "tests::ignored_plain", "event": "ignored" }
+{ "type": "test", "event": "started", "name": "tests::panics_as_expected" }
+{ "type": "test", "name": "tests::ignored_with_reason", "event": "ignored", "message": "needs a GPU" }
+{ "type": "test", "event": "started", "name": "tests::returns_err" }
+{ "type": "test", "name": "tests::panics_as_expected", "event": "ok" }
+{ "type": "test", "event": "started", "name": "tests::should_panic_but_does_not" }
+{ "type": "test", "name": "tests::returns_err", "event": "failed", "stdout": "Error: \"bad \\u{1b}[31mred\\u{1b}[0m input\"\n" }
+{ "type": "test", "name": "tests::should_panic_but_does_not", "event": "failed", "message": "test did not panic as expected at src/lib.rs:34:8" }
+{ "type": "suite", "event": "failed", "passed": 2, "failed": 3, "ignored": 2, "measured": 0, "filtered_out": 0, "exec_time": 0.000847951 }
+"#;
+
+    #[test]
+    fn parses_real_libtest_json() {
+        let lib = [
+            ("tests::adds", TestOutcome::Passed),
+            ("tests::fails", TestOutcome::Failed),
+            ("tests::ignored_plain", TestOutcome::Skipped),
+            ("tests::ignored_with_reason", TestOutcome::Skipped),
+            ("tests::panics_as_expected", TestOutcome::Passed),
+            ("tests::returns_err", TestOutcome::Failed),
+            ("tests::should_panic_but_does_not", TestOutcome::Failed),
+        ];
+        let r = parse_libtest_json(LIBTEST_PARALLEL.as_bytes()).unwrap();
+        assert_eq!(outcomes(&r), lib.to_vec());
+        let fails = r.cases[1].message.as_deref().unwrap();
+        assert!(
+            fails.starts_with("some \"quoted\" stdout")
+                && fails.contains("assertion `left == right` failed: math is broken"),
+            "{fails}"
+        );
+        assert_eq!(r.cases[3].message.as_deref(), Some("needs a GPU"));
+        assert_eq!(r.cases[2].message, None);
+        assert_eq!(
+            r.cases[6].message.as_deref(),
+            Some("test did not panic as expected at src/lib.rs:34:8")
+        );
+        assert_eq!(r.cases[0].time_s, None, "no --report-time, no duration");
+
+        let r = parse_libtest_json(LIBTEST_SERIAL.as_bytes()).unwrap();
+        let mut want = lib.to_vec();
+        want.extend([
+            ("a_before_crash", TestOutcome::Passed),
+            ("b_aborts", TestOutcome::Error),
+            ("integration_ok", TestOutcome::Passed),
+            (LIBTEST_SUITE_CASE, TestOutcome::Error),
+        ]);
+        assert_eq!(outcomes(&r), want);
+        assert_eq!(r.cases[0].time_s, Some(0.000001135));
+        assert!(r.cases[8].message.as_deref().unwrap().contains("crashed"));
+        let suite = r.cases[10].message.as_deref().unwrap();
+        assert!(
+            suite.contains("suite 2 (started at line 17)") && suite.contains("1 of 3"),
+            "{suite}"
+        );
+        assert_eq!((r.passed(), r.failed(), r.skipped()), (4, 5, 2));
+    }
+
+    #[test]
+    fn libtest_stream_edges() {
+        // Cut off after a suite started (the binary was killed before any test ran), with
+        // --nocapture output and a JSON line of the test's own mixed in.
+        let s = "{ \"type\": \"suite\", \"event\": \"started\", \"test_count\": 2 }\n\
+                 hello from a test\n\
+                 {\"msg\": \"a log line\"}\n\
+                 { \"type\": \"test\", \"event\": \"started\", \"name\": \"t1\" }\n\
+                 { \"type\": \"test\", \"event\": \"timeout\", \"name\": \"t1\" }\n";
+        let r = parse_libtest_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                ("t1", TestOutcome::Error),
+                (LIBTEST_SUITE_CASE, TestOutcome::Error)
+            ]
+        );
+        // A suite that closes with fewer results than announced.
+        let s = "{ \"type\": \"suite\", \"event\": \"started\", \"test_count\": 2 }\n\
+                 { \"type\": \"test\", \"name\": \"t1\", \"event\": \"ok\" }\n\
+                 { \"type\": \"suite\", \"event\": \"ok\", \"passed\": 2, \"failed\": 0 }\n";
+        let r = parse_libtest_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![
+                ("t1", TestOutcome::Passed),
+                (LIBTEST_SUITE_CASE, TestOutcome::Error)
+            ]
+        );
+        assert!(r.cases[1]
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("announced 2"));
+        // Benchmarks count towards the suite but are not cases; the same name in two suites
+        // gives two cases; a name retried in one suite is flaky; control characters in a
+        // real escape (not libtest's Debug-escaped text) are neutralised.
+        let s = "{ \"type\": \"suite\", \"event\": \"started\", \"test_count\": 2 }\n\
+                 { \"type\": \"bench\", \"name\": \"b1\", \"median\": 10, \"deviation\": 1 }\n\
+                 { \"type\": \"test\", \"name\": \"t\", \"event\": \"ok\" }\n\
+                 { \"type\": \"suite\", \"event\": \"ok\" }\n\
+                 { \"type\": \"suite\", \"event\": \"started\", \"test_count\": 2 }\n\
+                 { \"type\": \"test\", \"name\": \"t\", \"event\": \"failed\", \"stdout\": \"\\u001b[2Jgone\" }\n\
+                 { \"type\": \"test\", \"name\": \"t\", \"event\": \"ok\" }\n\
+                 { \"type\": \"suite\", \"event\": \"ok\" }\n";
+        let r = parse_libtest_json(s.as_bytes()).unwrap();
+        assert_eq!(
+            outcomes(&r),
+            vec![("t", TestOutcome::Passed), ("t", TestOutcome::Flaky)]
+        );
+        assert_eq!(
+            r.cases[1].message.as_deref(),
+            Some("passed after 1 failed attempt; first failure: \u{FFFD}[2Jgone")
+        );
+        // Not libtest JSON at all.
+        for bad in [
+            &b""[..],
+            b"running 3 tests\ntest a ... ok\n",
+            b"{\"event\": \"ok\"}",
+        ] {
+            let e = parse_libtest_json(bad).unwrap_err();
+            assert!(matches!(e, ResultsError::LibtestJson { .. }), "{e}");
+        }
+        // Too many tests.
+        let mut s = String::new();
+        for i in 0..=MAX_TEST_CASES {
+            s += &format!("{{\"type\":\"test\",\"name\":\"t{i}\",\"event\":\"ok\"}}\n");
+        }
+        let e = parse_libtest_json(s.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("oversized"), "{e}");
     }
 
     // ---- metrics ----

@@ -96,6 +96,9 @@ pub struct Evidence {
     pub metrics_error: Option<String>,
     /// Usage to quote when a budget blew, e.g. `"wall 2.0 s of 2 s"`.
     pub usage_summary: Option<String>,
+    /// Per-metric statistics over repeated runs (baseline vs patched samples), when the
+    /// task ran more than once per side. With them, a change counts only when significant.
+    pub metric_stats: BTreeMap<String, crate::verdict::stats::Comparison>,
 }
 
 /// One metric, as reported in the verdict's `metrics` array.
@@ -111,6 +114,17 @@ pub struct MetricChange {
     pub change: Option<f64>,
     /// Whether the change is statistically significant; `None` with single samples.
     pub significant: Option<bool>,
+    /// The confidence interval of the relative change (bootstrap), when computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_high: Option<f64>,
+    /// The Mann-Whitney p-value, when computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p_value: Option<f64>,
+    /// Samples per side behind the comparison (1 without repeats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
 }
 
 /// The outcome of [`decide`].
@@ -145,6 +159,11 @@ pub struct DecisionRules {
     /// tell flaky tests from broken ones; a test that passes on a retry is reported as
     /// flaky, naming the retries (default 2, at most 10).
     pub reruns: u32,
+    /// How repeated metric samples are compared: `bootstrap` (a confidence interval of the
+    /// relative change) or `mann_whitney`.
+    pub method: crate::verdict::stats::Method,
+    /// The significance level (default 0.05).
+    pub alpha: f64,
 }
 
 /// Invalid decision rules.
@@ -161,6 +180,9 @@ pub enum RulesError {
     /// `reruns` is above [`DecisionRules::MAX_RERUNS`].
     #[error("decision rules: reruns = {0} is too many; give 0 to 10")]
     Reruns(u32),
+    /// `alpha` is outside (0, 0.5).
+    #[error("decision rules: alpha = {0} is not a usable significance level; give a number between 0 and 0.5 (0.05 is usual)")]
+    Alpha(f64),
 }
 
 impl DecisionRules {
@@ -221,6 +243,9 @@ impl DecisionRules {
         if self.reruns > Self::MAX_RERUNS {
             return Err(RulesError::Reruns(self.reruns));
         }
+        if !(self.alpha > 0.0 && self.alpha < 0.5) {
+            return Err(RulesError::Alpha(self.alpha));
+        }
         Ok(())
     }
 
@@ -243,6 +268,8 @@ impl Default for DecisionRules {
                 .collect(),
             regression_is: VerdictKind::NeedsRevision,
             reruns: Self::DEFAULT_RERUNS,
+            method: crate::verdict::stats::Method::Bootstrap,
+            alpha: 0.05,
         }
     }
 }
@@ -438,14 +465,29 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
             .as_ref()
             .and_then(|b| b.get(name))
             .copied();
-        let change = match base {
-            Some(b) if b != 0.0 => Some((value - b) / b.abs()),
-            Some(_) if value == 0.0 => Some(0.0),
+        let stats = e.metric_stats.get(name);
+        let change = match (stats, base) {
+            (Some(st), _) => st.change,
+            (None, Some(b)) if b != 0.0 => Some((value - b) / b.abs()),
+            (None, Some(_)) if value == 0.0 => Some(0.0),
             _ => None,
         };
-        let class = match base {
-            None => MetricClass::NoBaseline,
-            Some(b) => {
+        let class = match (base, stats.and_then(|st| st.significant)) {
+            (None, _) => MetricClass::NoBaseline,
+            // Repeated samples: only a significant change (beyond the band) counts.
+            (Some(b), Some(significant)) => {
+                let worse = if rules.is_lower_better(name) {
+                    value > b
+                } else {
+                    value < b
+                };
+                match (significant, worse) {
+                    (false, _) => MetricClass::Noise,
+                    (true, true) => MetricClass::Regressed,
+                    (true, false) => MetricClass::Improved,
+                }
+            }
+            (Some(b), None) => {
                 let worse = if rules.is_lower_better(name) {
                     value > b
                 } else {
@@ -467,7 +509,11 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
             baseline: base,
             patched: value,
             change,
-            significant: None,
+            significant: stats.and_then(|st| st.significant),
+            ci_low: stats.and_then(|st| st.ci_low),
+            ci_high: stats.and_then(|st| st.ci_high),
+            p_value: stats.and_then(|st| st.p_value),
+            samples: Some(stats.map(|st| st.n_patched.min(st.n_baseline)).unwrap_or(1)),
         });
         classes.push(class);
     }
@@ -781,12 +827,28 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     if compared > 0 && regressions.is_empty() {
         support.push(S_METRICS_OK);
     }
-    if compared > 0 {
-        caveats.push(format!(
-            "Metric changes come from a single run of the patched and the baseline task \
-             (repeat = 1); they were not tested for significance, so changes within run-to-run \
-             noise larger than {band_text} cannot be told apart."
-        ));
+    let untested = metrics
+        .iter()
+        .filter(|m| m.baseline.is_some() && m.significant.is_none())
+        .count();
+    for st in e.metric_stats.values() {
+        if let Some(c) = &st.caveat {
+            caveats.push(c.clone());
+        }
+    }
+    if compared > 0 && untested > 0 {
+        if e.metric_stats.is_empty() {
+            caveats.push(format!(
+                "Metric changes come from a single run of the patched and the baseline task \
+                 (repeat = 1); they were not tested for significance, so changes within run-to-run \
+                 noise larger than {band_text} cannot be told apart."
+            ));
+        } else {
+            caveats.push(format!(
+                "{untested} metric change(s) could not be tested for significance (too few samples); \
+                 they are judged against the {band_text} alone."
+            ));
+        }
         approve_penalties.push(P_SINGLE_SAMPLE);
     }
     if !no_baseline.is_empty() {

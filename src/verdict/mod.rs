@@ -15,7 +15,9 @@
 pub mod bundle;
 pub mod decide;
 pub mod kind;
+pub mod report;
 pub mod sign;
+pub mod stats;
 pub mod verify;
 
 pub use bundle::{write_bundle, BundleError, WrittenBundle};
@@ -93,7 +95,7 @@ pub struct TestCounts {
 }
 
 /// One entry of `metrics`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Default, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Metric {
     pub name: String,
@@ -104,6 +106,17 @@ pub struct Metric {
     pub change: Option<f64>,
     /// Whether the change is statistically significant, when it could be tested.
     pub significant: Option<bool>,
+    /// The confidence interval of the relative change (bootstrap), with repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci_high: Option<f64>,
+    /// The Mann-Whitney p-value, when that method is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p_value: Option<f64>,
+    /// Samples per side behind the comparison.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
 }
 
 /// `budget.limits`: what the policy allowed (absent = unlimited).
@@ -459,6 +472,10 @@ pub(crate) mod tests {
                 skipped: 0,
             },
             metrics: vec![Metric {
+                ci_low: None,
+                ci_high: None,
+                p_value: None,
+                samples: None,
                 name: "p99_ms".into(),
                 baseline: Some(41.0),
                 patched: 33.6,
