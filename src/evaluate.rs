@@ -207,6 +207,8 @@ struct Plan {
     out_dir: PathBuf,
     /// The ledger, unless --no-ledger.
     ledger: Option<PathBuf>,
+    /// Host loopback services forwarded into every sandbox (policy and task).
+    forwards: Vec<std::net::SocketAddr>,
 }
 
 /// The result of an evaluation: the bundle written and the verdict.
@@ -382,6 +384,24 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
     if let Some(k) = &a.key {
         policy.filesystem.hide.push(k.clone());
     }
+    let mut forwards = Vec::new();
+    for f in &policy.network.forward {
+        let a = crate::policy::parse_forward(f).map_err(|m| {
+            EvaluateError::Input(format!("{}: network.forward: {m}", policy.origin))
+        })?;
+        forwards.push(a);
+    }
+    for f in &task.forward {
+        let a = crate::policy::parse_forward(f).map_err(|m| {
+            EvaluateError::Input(format!(
+                "{}: tasks.{task_name}.forward: {m}",
+                manifest.file.display()
+            ))
+        })?;
+        if !forwards.contains(&a) {
+            forwards.push(a);
+        }
+    }
     let policy_doc =
         serde_json::to_vec(&policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let policy_hash = format!("sha256:{}", sha256_hex(&policy_doc));
@@ -395,6 +415,7 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
         )
     };
     Ok(Plan {
+        forwards,
         policy_hash,
         ledger,
         run_id,
@@ -1102,7 +1123,7 @@ fn run_attempt(
         .open(&log_path)
         .map_err(|e| internal("creating the output log")(e.to_string()))?;
     let cwd = PathBuf::from(WORKSPACE).join("src");
-    let outcome = sb.run_in(&p.task.command, env, &cwd, Some(&log))?;
+    let outcome = sb.run_in(&p.task.command, env, &cwd, Some(&log), doors_for(p))?;
     if outcome.interrupted {
         return Err(EvaluateError::Interrupted);
     }
@@ -1227,6 +1248,18 @@ fn run_attempt(
         metrics_error,
         artifacts,
     })
+}
+
+/// The doors of one run: the forwards (and, with a gateway, the metered model door).
+fn doors_for(p: &Plan) -> crate::sandbox::Doors {
+    crate::sandbox::Doors {
+        doors: p
+            .forwards
+            .iter()
+            .map(|a| crate::sandbox::Door::forward(*a))
+            .collect(),
+        cost: None,
+    }
 }
 
 /// Folds the attempts of one run (the first, then reruns after failing tests) into one

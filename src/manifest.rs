@@ -130,6 +130,10 @@ pub struct TaskSpec {
     /// the policy's `[decision] lower_is_better` list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lower_is_better: Vec<String>,
+    /// Host loopback services this task needs, forwarded into its sandbox (in addition to
+    /// the policy's `[network] forward`), e.g. `["127.0.0.1:5432"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forward: Vec<String>,
 }
 
 fn one() -> u32 {

@@ -272,6 +272,35 @@ pub struct FsPolicy {
 pub struct NetPolicy {
     pub tcp_bind: Option<Vec<u16>>,
     pub tcp_connect: Option<Vec<u16>>,
+    /// Host loopback services made reachable at the same address inside the sandbox
+    /// (`"127.0.0.1:5432"`, `"localhost:6379"`, `"[::1]:8080"`); nothing else is.
+    #[serde(default)]
+    pub forward: Vec<String>,
+}
+
+/// Parses one `forward` entry: a loopback address with a port, or `localhost:PORT`.
+/// Anything else (another host, a private or public address, no port) is refused.
+pub fn parse_forward(entry: &str) -> Result<std::net::SocketAddr, String> {
+    let e = entry.trim();
+    let addr: std::net::SocketAddr = if let Some(port) = e.strip_prefix("localhost:") {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("`{entry}`: `{port}` is not a port number"))?;
+        std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    } else {
+        e.parse().map_err(|_| {
+            format!("`{entry}` is not an address with a port: write it like \"127.0.0.1:5432\" or \"localhost:5432\"")
+        })?
+    };
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "`{entry}`: only loopback services can be forwarded into the sandbox (127.0.0.0/8 or ::1); the successor never reaches another host"
+        ));
+    }
+    if addr.port() == 0 {
+        return Err(format!("`{entry}`: port 0 cannot be forwarded"));
+    }
+    Ok(addr)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -431,6 +460,10 @@ impl Policy {
             None => 64 << 20,
         };
         let network = raw.network.unwrap_or_default();
+        for f in &network.forward {
+            parse_forward(f)
+                .map_err(|m| PolicyError::invalid(origin, format!("network.forward: {m}")))?;
+        }
         let (seccomp, seccomp_name) = match raw.seccomp.and_then(|s| s.profile) {
             None => (SeccompSource::Builtin, "default".to_string()),
             Some(p) => {
@@ -563,6 +596,32 @@ mod tests {
         assert!(e.to_string().contains("budget.memory"), "{e}");
         let e = Policy::parse("[filesystem]\nhide = [\"relative\"]\n", "p.toml", None).unwrap_err();
         assert!(e.to_string().contains("filesystem.hide"), "{e}");
+    }
+
+    #[test]
+    fn forwards_are_loopback_only() {
+        assert_eq!(parse_forward("127.0.0.1:5432").unwrap().port(), 5432);
+        assert_eq!(
+            parse_forward("localhost:6379").unwrap().to_string(),
+            "127.0.0.1:6379"
+        );
+        assert!(parse_forward("[::1]:80").is_ok());
+        for bad in [
+            "10.0.0.1:80",
+            "192.168.1.1:22",
+            "8.8.8.8:53",
+            "example.com:80",
+            "127.0.0.1",
+            "127.0.0.1:0",
+        ] {
+            assert!(parse_forward(bad).is_err(), "{bad}");
+        }
+        let e = Policy::parse("[network]\nforward = [\"10.1.2.3:5432\"]\n", "p.toml", None)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("network.forward") && e.to_string().contains("10.1.2.3:5432"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -68,8 +68,24 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
         })?;
     }
     let env = successor_env(&policy, &[("FORK_RUN_ID".into(), sb.run_id().to_string())]);
+    let mut doors = crate::sandbox::Doors::default();
+    for f in &policy.network.forward {
+        let addr = crate::policy::parse_forward(f).map_err(|m| {
+            CliError::from((
+                exit::BAD_INPUT,
+                format!("{}: network.forward: {m}", policy.origin),
+            ))
+        })?;
+        doors.doors.push(crate::sandbox::Door::forward(addr));
+    }
     let outcome: Outcome = sb
-        .run(&a.command, &env)
+        .run_in(
+            &a.command,
+            &env,
+            std::path::Path::new(crate::sandbox::WORKSPACE),
+            None,
+            doors,
+        )
         .map_err(|e| CliError::from((e.exit_code(), e)))?;
     if let Some(w) = &a.workspace {
         // The successor is dead, but it may have left its workspace replaced by a symlink.

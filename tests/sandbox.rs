@@ -703,3 +703,99 @@ fn a_workspace_replaced_by_a_symlink_is_not_copied_back() {
         "a host file was copied through the link"
     );
 }
+
+/// A policy file: the default one with a `[network]` table replaced.
+fn policy_with_network(dir: &std::path::Path, network: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(repo().join("policies/default.toml")).unwrap();
+    let start = text.find("[network]").unwrap();
+    let end = start + text[start..].find("[seccomp]").unwrap();
+    let text = format!(
+        "{}[network]\n{network}\n\n{}",
+        &text[..start],
+        &text[end..].replace(
+            "profile = \"seccomp/default.json\"",
+            &format!(
+                "profile = \"{}\"",
+                repo().join("policies/seccomp/default.json").display()
+            )
+        )
+    );
+    let p = dir.join("policy.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
+    need_root!();
+    use std::io::{Read, Write};
+    // Two host loopback services the test owns; only the first is forwarded.
+    let wanted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    other.set_nonblocking(true).unwrap();
+    let wanted_addr = wanted.local_addr().unwrap().to_string();
+    let wanted_port = wanted.local_addr().unwrap().port();
+    let other_port = other.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        // Bounded: answer at most one connection, then stop.
+        let (mut s, _) = wanted.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(b"pong:").unwrap();
+        s.write_all(&buf).unwrap();
+    });
+    let d = scratch("forward");
+    let policy = policy_with_network(
+        &d,
+        &format!("tcp_bind = []\ntcp_connect = []\nforward = [\"{wanted_addr}\"]"),
+    );
+    let script = format!(
+        "import socket\n\
+         s = socket.create_connection(('127.0.0.1', {}), timeout=5)\n\
+         s.sendall(b'hello'); print(s.recv(64).decode())\n\
+         try:\n    socket.create_connection(('127.0.0.1', {}), timeout=2); print('OTHER REACHED')\n\
+         except OSError as e:\n    print('other refused', e.errno)\n",
+        wanted_port, other_port
+    );
+    let r = run(
+        &["--policy", policy.to_str().unwrap()],
+        &["python3", "-c", &script],
+    );
+    server.join().unwrap();
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("pong:hello"), "{}", r.stdout);
+    assert!(r.stdout.contains("other refused"), "{}", r.stdout);
+    assert!(
+        other.accept().is_err(),
+        "the unforwarded service got a connection"
+    );
+
+    // Without the forward the same service is unreachable.
+    let again = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    again.set_nonblocking(true).unwrap();
+    let port = again.local_addr().unwrap().port();
+    let r = run(
+        &[],
+        &["python3", "-c", &format!("import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('REACHED')\nexcept OSError as e:\n    print('refused', e.errno)\n")],
+    );
+    assert!(r.stdout.contains("refused"), "{}", r.stdout);
+    assert!(again.accept().is_err());
+}
+
+#[test]
+fn a_forward_to_another_host_is_refused_at_load_time() {
+    let d = scratch("forward-bad");
+    for bad in ["10.0.0.1:5432", "192.168.0.10:80", "example.com:443"] {
+        let policy = policy_with_network(&d, &format!("forward = [\"{bad}\"]"));
+        let out = fork_cmd(&d)
+            .args(["run", "--policy", policy.to_str().unwrap(), "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(65), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("network.forward") && err.contains(bad),
+            "{err}"
+        );
+    }
+}

@@ -156,6 +156,43 @@ pub struct Outcome {
     pub exec_error: Option<String>,
 }
 
+/// Serves one door: gets the listener (inside the sandbox, accepted on by the supervisor)
+/// and runs on the supervisor's current-thread runtime until the run ends.
+pub type DoorServe = Box<
+    dyn FnOnce(tokio::net::TcpListener) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+>;
+
+/// A controlled door into the sandbox: a TCP listener at `addr` inside its network
+/// namespace (loopback), served by the supervisor.
+pub struct Door {
+    pub addr: std::net::SocketAddr,
+    pub serve: DoorServe,
+}
+
+impl Door {
+    /// A localhost forward: the host's loopback service at `addr` becomes reachable at the
+    /// same address inside the sandbox, and nothing else does.
+    pub fn forward(addr: std::net::SocketAddr) -> Door {
+        Door {
+            addr,
+            serve: Box::new(move |l| Box::pin(net::relay(l, addr))),
+        }
+    }
+}
+
+/// What a metered door has spent; the watchdog kills the sandbox once `exceeded()`.
+pub trait CostMeter {
+    fn spent_usd(&self) -> f64;
+    fn exceeded(&self) -> bool;
+}
+
+/// The doors of one run (none by default: loopback only).
+#[derive(Default)]
+pub struct Doors {
+    pub doors: Vec<Door>,
+    pub cost: Option<std::sync::Arc<dyn CostMeter + Send + Sync>>,
+}
+
 /// A prepared sandbox: run directory, capped disk and workspace exist; nothing runs yet.
 /// Dropping it destroys everything (as [`Sandbox::destroy`]).
 pub struct Sandbox {
@@ -332,7 +369,7 @@ impl Sandbox {
         argv: &[String],
         env: &[(String, String)],
     ) -> Result<Outcome, SandboxError> {
-        self.run_in(argv, env, Path::new(WORKSPACE), None)
+        self.run_in(argv, env, Path::new(WORKSPACE), None, Doors::default())
     }
 
     /// As [`Sandbox::run`], with the working directory (inside the sandbox) and, when
@@ -344,6 +381,7 @@ impl Sandbox {
         env: &[(String, String)],
         cwd: &Path,
         output: Option<&std::fs::File>,
+        doors: Doors,
     ) -> Result<Outcome, SandboxError> {
         if argv.is_empty() {
             return Err(SandboxError::Setup {
@@ -431,7 +469,15 @@ impl Sandbox {
             tmp_size: policy.budgets.disk_bytes,
             shm_size: policy.filesystem.shm_bytes,
         });
-        let landlock_spec = self.landlock_abi.map(|_| landlock_spec(&policy));
+        // Door ports must be reachable past Landlock's TCP rules, and only they are added.
+        let door_addrs: Vec<std::net::SocketAddr> = doors.doors.iter().map(|d| d.addr).collect();
+        let landlock_spec = self.landlock_abi.map(|_| {
+            let mut spec = landlock_spec(&policy);
+            if let Some(ports) = spec.tcp_connect.as_mut() {
+                ports.extend(door_addrs.iter().map(|a| a.port()));
+            }
+            spec
+        });
         let cfg = InitConfig {
             newroot: self.rundir().root_mount(),
             mounts: ops,
@@ -447,13 +493,14 @@ impl Sandbox {
         };
 
         let start = Instant::now();
-        let child = match spawn_init(
+        let mut child = match spawn_init(
             &cfg,
             ns_flags as u64,
             self.host_uid,
             self.host_gid,
             self.cgroup.as_ref(),
             output,
+            &door_addrs,
         ) {
             Ok(c) => c,
             Err(e) => {
@@ -489,8 +536,11 @@ impl Sandbox {
 
         let mut watchdog = Watchdog::new(policy.budgets.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
+        let listeners = std::mem::take(&mut child.listeners);
         let (exit, budget, interrupted) = supervise(
             &child,
+            doors,
+            listeners,
             self.cgroup.as_ref(),
             disk_path.as_deref(),
             &mut watchdog,
@@ -740,6 +790,8 @@ struct InitChild {
     status: OwnedFd,
     /// Held open while the init lives: the init checks it to know the supervisor is alive.
     _sync: OwnedFd,
+    /// The doors' listeners, inside the sandbox's network namespace, in `Doors` order.
+    listeners: Vec<std::net::TcpListener>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -779,6 +831,7 @@ fn spawn_init(
     gid: u32,
     cg: Option<&cgroup::SandboxCgroup>,
     output: Option<&std::fs::File>,
+    door_addrs: &[std::net::SocketAddr],
 ) -> Result<InitChild, SandboxError> {
     use nix::fcntl::OFlag;
     let devnull = match output {
@@ -973,13 +1026,20 @@ fn spawn_init(
     drop(cfg_fd);
     drop(cg_tasks);
     drop(cg_dir);
-    let child = InitChild {
+    let mut child = InitChild {
         pid,
         pidfd,
         status: status_rd,
         _sync: sync_wr,
+        listeners: Vec::new(),
     };
-    let release = || -> Result<(), SandboxError> {
+    let release = |child: &mut InitChild| -> Result<(), SandboxError> {
+        // The doors exist before the command does: it may connect at once.
+        child.listeners =
+            net::listeners_in_netns(pid, door_addrs).map_err(|e| SandboxError::Setup {
+                stage: "doors".into(),
+                message: e.to_string(),
+            })?;
         if !become_root {
             // An unprivileged writer may only map its gid once setgroups is denied.
             write_file(&format!("/proc/{pid}/setgroups"), "deny")?;
@@ -989,7 +1049,7 @@ fn spawn_init(
         nix::unistd::write(&child._sync, &[1u8]).map_err(sys("release init"))?;
         Ok(())
     };
-    if let Err(e) = release() {
+    if let Err(e) = release(&mut child) {
         kill_pidfd(&child.pidfd);
         let _ = nix::sys::wait::waitid(
             nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
@@ -1047,6 +1107,8 @@ fn observation(start: Instant, s: &cgroup::CgroupSample, disk: Option<&Path>) ->
 /// Watches the init until it exits: wall clock, cgroup events, disk, signals.
 fn supervise(
     child: &InitChild,
+    doors: Doors,
+    listeners: Vec<std::net::TcpListener>,
     cg: Option<&cgroup::SandboxCgroup>,
     disk: Option<&Path>,
     wd: &mut Watchdog,
@@ -1061,7 +1123,19 @@ fn supervise(
             source,
         })?;
     let pidfd_raw = child.pidfd.as_raw_fd();
-    let (budget, interrupted) = rt.block_on(async {
+    let cost = doors.cost.clone();
+    // Doors are served on this thread (their futures need not be Send), in a LocalSet that
+    // is dropped, with every door, when the run ends.
+    let local = tokio::task::LocalSet::new();
+    let (budget, interrupted) = local.block_on(&rt, async {
+        for (door, l) in doors.doors.into_iter().zip(listeners) {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::task::spawn_local((door.serve)(l));
+                }
+                Err(e) => tracing::warn!("door {}: {e}", door.addr),
+            }
+        }
         // SAFETY: the pidfd (owned by `child`) stays open for longer than this registration,
         // which is dropped at the end of this block.
         let afd = match unsafe {
@@ -1103,6 +1177,12 @@ fn supervise(
                     return (Some(BudgetKind::Wall), false);
                 }
                 _ = tick.tick() => {
+                    if let Some(c) = &cost {
+                        wd.set_api_cost(c.spent_usd());
+                        if c.exceeded() {
+                            return (Some(BudgetKind::ApiCost), false);
+                        }
+                    }
                     let s = cg.map(|c| c.sample()).unwrap_or_default();
                     if let Some(b) = wd.observe(&observation(start, &s, disk)) {
                         return (Some(b), false);
@@ -1140,6 +1220,10 @@ fn supervise(
             tracing::warn!("emptying the sandbox cgroup: {e}");
         }
     }
+    drop(local);
+    if let Some(c) = &cost {
+        wd.set_api_cost(c.spent_usd());
+    }
     let mut wd_budget = budget;
     if wd_budget.is_none() && !interrupted {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
@@ -1147,6 +1231,9 @@ fn supervise(
         wd_budget = wd
             .observe(&observation(start, &s, disk))
             .filter(|b| *b != BudgetKind::Wall);
+        if wd_budget.is_none() && cost.as_ref().is_some_and(|c| c.exceeded()) {
+            wd_budget = Some(BudgetKind::ApiCost);
+        }
     }
     Ok((exit, wd_budget, interrupted))
 }
