@@ -392,8 +392,23 @@ impl Policy {
 
     /// Parses policy text; `dir` resolves the seccomp profile path (None: built-in).
     pub fn parse(text: &str, origin: &str, dir: Option<&Path>) -> Result<Policy, PolicyError> {
-        let raw: RawPolicy =
+        let mut raw: RawPolicy =
             toml::from_str(text).map_err(|e| PolicyError::invalid(origin, e.to_string()))?;
+        if dir.is_some() {
+            // A policy file starts from the built-in default: a table it leaves out keeps the
+            // default's (its hide list, its TCP rules, ...), a table it writes replaces it.
+            let base: RawPolicy = toml::from_str(DEFAULT_POLICY)
+                .map_err(|e| PolicyError::invalid("builtin:default", e.to_string()))?;
+            raw.layers = raw.layers.or(base.layers);
+            raw.filesystem = raw.filesystem.or(base.filesystem);
+            raw.network = raw.network.or(base.network);
+            raw.environment = raw.environment.or(base.environment);
+            raw.gates = raw.gates.or(base.gates);
+            raw.decision = raw.decision.or(base.decision);
+            if raw.budget.is_none() {
+                raw.budget = base.budget;
+            }
+        }
         let mut budgets = seed_budgets();
         if let Some(b) = &raw.budget {
             budgets.apply(b, origin)?;
@@ -596,6 +611,19 @@ mod tests {
         assert!(e.to_string().contains("budget.memory"), "{e}");
         let e = Policy::parse("[filesystem]\nhide = [\"relative\"]\n", "p.toml", None).unwrap_err();
         assert!(e.to_string().contains("filesystem.hide"), "{e}");
+    }
+
+    #[test]
+    fn a_policy_file_inherits_the_default_tables_it_leaves_out() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("p.toml");
+        std::fs::write(&p, "[budget]\nwall = \"5m\"\n").unwrap();
+        let pol = Policy::load(Some(&p)).unwrap();
+        assert_eq!(pol.budgets.wall, Duration::from_secs(300));
+        assert!(pol.filesystem.hide.iter().any(|h| h == Path::new("/run")));
+        assert_eq!(pol.network.tcp_connect, Some(vec![]));
+        std::fs::write(&p, "[filesystem]\nhide = []\n").unwrap();
+        assert!(Policy::load(Some(&p)).unwrap().filesystem.hide.is_empty());
     }
 
     #[test]
