@@ -156,7 +156,7 @@ pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
             format_size(limits.disk_bytes)
         ),
         BudgetKind::ApiCost => format!(
-            "api_cost: ${:.4} of ${:.2}",
+            "api_cost: ${:.4} of ${:.4}",
             used.api_cost_usd, limits.api_cost_usd
         ),
     }

@@ -206,6 +206,8 @@ pub fn load_policy(path: Option<&std::path::Path>, b: &BudgetArgs) -> Result<Pol
     Ok(p)
 }
 
+pub use crate::sandbox::signals::default_sigpipe;
+
 /// Runs a parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
     let level = match cli.verbose {

@@ -28,7 +28,6 @@ use crate::verdict::{
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use thiserror::Error;
 
 #[derive(Debug, clap::Args)]
@@ -146,30 +145,11 @@ impl Drop for Staging {
     }
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
 /// Between phases, SIGINT/SIGTERM/SIGHUP only set a flag; the phase in progress ends,
 /// everything is destroyed, and the evaluation stops. (During the run itself the
 /// supervisor's watchdog sees the signal and kills the sandbox at once.)
-fn install_interrupt_flag() {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(
-        SigHandler::Handler(on_interrupt),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        let _ = unsafe { sigaction(s, &sa) };
-    }
-}
-
 fn check_interrupt() -> Result<(), EvaluateError> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if crate::sandbox::signals::interrupted() {
         Err(EvaluateError::Interrupted)
     } else {
         Ok(())
@@ -209,6 +189,16 @@ struct Plan {
     ledger: Option<PathBuf>,
     /// Host loopback services forwarded into every sandbox (policy and task).
     forwards: Vec<std::net::SocketAddr>,
+    /// The metered model gateway (fork.toml's `[gateway]`, else the policy's): its
+    /// configuration and credentials, and the meter every run of this evaluation shares
+    /// (the API-cost budget is the evaluation's).
+    gateway: Option<GatewayPlan>,
+}
+
+struct GatewayPlan {
+    cfg: crate::gateway::GatewayConfig,
+    credentials: Option<zeroize::Zeroizing<String>>,
+    meter: std::sync::Arc<crate::gateway::Meter>,
 }
 
 /// The result of an evaluation: the bundle written and the verdict.
@@ -402,6 +392,23 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
             forwards.push(a);
         }
     }
+    let gateway = match manifest.gateway.clone().or_else(|| policy.gateway.clone()) {
+        None => None,
+        Some(cfg) => {
+            let credentials = cfg
+                .load_credentials()
+                .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
+            if let Some(f) = &cfg.credentials_file {
+                // The key file is never visible in the sandbox.
+                policy.filesystem.hide.push(f.clone());
+            }
+            Some(GatewayPlan {
+                meter: crate::gateway::Meter::new(policy.budgets.api_cost_usd),
+                cfg,
+                credentials,
+            })
+        }
+    };
     let policy_doc =
         serde_json::to_vec(&policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let policy_hash = format!("sha256:{}", sha256_hex(&policy_doc));
@@ -415,6 +422,7 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
         )
     };
     Ok(Plan {
+        gateway,
         forwards,
         policy_hash,
         ledger,
@@ -447,8 +455,7 @@ fn combined_state_hash(files: &[(String, String)]) -> String {
 /// The whole evaluation. Errors are failures to answer (bad input, a missing layer);
 /// a patch that fails a gate, does not apply or blows a budget is a REJECT verdict.
 pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
-    install_interrupt_flag();
-    INTERRUPTED.store(false, Ordering::SeqCst);
+    crate::sandbox::signals::install_interrupt_flag();
     // Reclaim what crashed runs left behind before starting a new one.
     let gc = crate::gc::collect();
     if !gc.runs.is_empty() {
@@ -588,7 +595,26 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
     }
     let state_hash = combined_state_hash(&state_digests);
 
-    // 3 PATCH + the cache: the first patched workspace gives the patched tree's hash.
+    // The cache: the same patch on the same source tree, state, task and policy was
+    // evaluated before, and its bundle still verifies. (The key's source is the tree the
+    // patch applies to: with the patch hash, it determines the patched tree.)
+    let parent_source_hash = tree_hash_excluding(&source_dir, exclude)
+        .map_err(|e| internal("hashing the source")(e.to_string()))?;
+    let cache_key = crate::ledger::CacheKey {
+        patch_hash: p.patch_hash.clone(),
+        state_hash: state_hash.clone(),
+        source_hash: parent_source_hash,
+        task_hash: p.task_hash.clone(),
+        policy_hash: p.policy_hash.clone(),
+    };
+    if !a.no_cache && a.replicas <= 1 {
+        if let Some(ev) = cached(&p, &cache_key, &node, a)? {
+            ephemeral.destroy();
+            return Ok(ev);
+        }
+    }
+
+    // 3 PATCH: the first patched workspace.
     let first = match prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
         Prepared::Ready(side) => side,
         Prepared::DidNotApply(msg, h) => {
@@ -613,33 +639,11 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
                 &node,
             )?;
             ephemeral.destroy();
-            let key = crate::ledger::CacheKey {
-                patch_hash: p.patch_hash.clone(),
-                state_hash: ev.verdict.state_hash.clone(),
-                source_hash: ev.verdict.source_hash.clone(),
-                task_hash: p.task_hash.clone(),
-                policy_hash: p.policy_hash.clone(),
-            };
-            record(&p, &ev, &key, &p.policy.decision, None, a)?;
+            record(&p, &ev, &cache_key, &p.policy.decision, None, a)?;
             return Ok(ev);
         }
     };
     let source_hash = first.source_hash.clone();
-    let cache_key = crate::ledger::CacheKey {
-        patch_hash: p.patch_hash.clone(),
-        state_hash: state_hash.clone(),
-        source_hash: source_hash.clone(),
-        task_hash: p.task_hash.clone(),
-        policy_hash: p.policy_hash.clone(),
-    };
-    if !a.no_cache && a.replicas <= 1 {
-        if let Some(ev) = cached(&p, &cache_key, &node)? {
-            first.sb.destroy()?;
-            ephemeral.destroy();
-            return Ok(ev);
-        }
-    }
-
     // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
     // baseline (interleaved, so drift on the machine hits both sides alike).
     let replicas = a.replicas.max(1) as usize;
@@ -668,7 +672,11 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
             )?);
             check_interrupt()?;
         }
-        if p.task.baseline {
+        let decided = patched
+            .iter()
+            .flatten()
+            .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some());
+        if p.task.baseline && !decided {
             if let Prepared::Ready(side) = prepare_side(&p, &source_dir, &snap_dir, None)? {
                 baseline.push(run_side(
                     &p,
@@ -772,6 +780,23 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
             artifacts.push((t, path.clone()));
         }
     }
+    if let Some(g) = &p.gateway {
+        let path = staging.path().join("gateway-calls.jsonl");
+        let mut text = String::new();
+        for r in g.meter.log() {
+            text.push_str(
+                &serde_json::to_string(&r).map_err(|e| internal("gateway log")(e.to_string()))?,
+            );
+            text.push('\n');
+        }
+        if let Some(k) = &g.credentials {
+            if k.len() >= crate::gateway::MIN_SCRUB_KEY_LEN {
+                text = text.replace(k.as_str(), crate::gateway::REDACTED);
+            }
+        }
+        std::fs::write(&path, text).map_err(|e| internal("gateway log")(e.to_string()))?;
+        artifacts.push((ArtifactType::Log, path));
+    }
     let primary = &patched[pick][chosen_run];
     let ev = finish(
         &p,
@@ -870,6 +895,9 @@ fn evidence_for(
         e.metrics = Some(med(&patched_samples));
         if !baseline.is_empty() {
             e.baseline_metrics = Some(med(baseline_samples));
+        }
+        // Statistics need repeated samples; single runs are judged on the noise band.
+        if !baseline.is_empty() && runs.len() > 1 && baseline.len() > 1 {
             let cfg = crate::verdict::stats::CompareConfig {
                 method: rules.method,
                 alpha: rules.alpha,
@@ -895,6 +923,7 @@ fn cached(
     p: &Plan,
     key: &crate::ledger::CacheKey,
     node: &NodeKey,
+    a: &EvaluateArgs,
 ) -> Result<Option<Evaluation>, EvaluateError> {
     let Some(path) = &p.ledger else {
         return Ok(None);
@@ -932,10 +961,32 @@ fn cached(
         "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",
         entry.run_id
     );
-    Ok(Some(Evaluation {
+    let ev = Evaluation {
         out_dir: p.out_dir.clone(),
         verdict: verified.verdict,
-    }))
+    };
+    // The CI outputs, as for a fresh verdict (the tests from the bundle's own report).
+    let tests = ev
+        .verdict
+        .artifacts
+        .iter()
+        .find(|art| art.kind == ArtifactType::TestReport)
+        .and_then(|art| std::fs::read(ev.out_dir.join(&art.path)).ok())
+        .and_then(|b| results::parse_junit(&b).ok());
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(p.task.lower_is_better.iter().cloned());
+    crate::verdict::report::write_ci_outputs(
+        &ev.verdict,
+        tests.as_ref(),
+        &rules,
+        &ev.out_dir,
+        a.junit.as_deref(),
+        a.summary.as_deref(),
+    )
+    .map_err(|e| EvaluateError::Internal(format!("writing the CI outputs: {e}")))?;
+    Ok(Some(ev))
 }
 
 /// Appends the verdict to the ledger and writes the CI outputs.
@@ -1052,6 +1103,9 @@ fn run_side(
         ("FORK_TASK".to_string(), p.task_name.clone()),
         ("FORK_SIDE".to_string(), side.to_string()),
     ];
+    if let Some(g) = &p.gateway {
+        extra.push(("FORK_MODEL_URL".to_string(), g.cfg.task_url()));
+    }
     for (k, v) in &p.task.env {
         extra.push((k.clone(), v.clone()));
     }
@@ -1123,7 +1177,7 @@ fn run_attempt(
         .open(&log_path)
         .map_err(|e| internal("creating the output log")(e.to_string()))?;
     let cwd = PathBuf::from(WORKSPACE).join("src");
-    let outcome = sb.run_in(&p.task.command, env, &cwd, Some(&log), doors_for(p))?;
+    let outcome = sb.run_in(&p.task.command, env, &cwd, Some(&log), doors_for(p)?)?;
     if outcome.interrupted {
         return Err(EvaluateError::Interrupted);
     }
@@ -1250,16 +1304,35 @@ fn run_attempt(
     })
 }
 
-/// The doors of one run: the forwards (and, with a gateway, the metered model door).
-fn doors_for(p: &Plan) -> crate::sandbox::Doors {
-    crate::sandbox::Doors {
+/// The doors of one run: the forwards and, with a gateway, the metered model door (a
+/// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
+fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
+    let mut doors = crate::sandbox::Doors {
         doors: p
             .forwards
             .iter()
             .map(|a| crate::sandbox::Door::forward(*a))
             .collect(),
         cost: None,
+    };
+    if let Some(g) = &p.gateway {
+        let gw =
+            crate::gateway::Gateway::new(g.cfg.clone(), g.credentials.clone(), g.meter.clone())
+                .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.cfg.port()));
+        if p.forwards.contains(&addr) {
+            return Err(EvaluateError::Input(format!(
+                "the model gateway's port {} is also forwarded: choose another gateway.port",
+                g.cfg.port()
+            )));
+        }
+        doors.doors.push(crate::sandbox::Door {
+            addr,
+            serve: Box::new(move |l| Box::pin(gw.serve(l))),
+        });
+        doors.cost = Some(g.meter.clone());
     }
+    Ok(doors)
 }
 
 /// Folds the attempts of one run (the first, then reruns after failing tests) into one

@@ -11,6 +11,7 @@ pub mod check;
 pub mod cli;
 pub mod evaluate;
 pub mod fork;
+pub mod gateway;
 pub mod gc;
 pub mod identity;
 pub mod ledger;

@@ -8,6 +8,7 @@ fn main() {
     if args.get(1).map(String::as_str) == Some(fork::sandbox::INIT_ROLE) {
         std::process::exit(fork::sandbox::init::main(&args[2..]));
     }
+    fork::cli::default_sigpipe();
     let cli = match fork::cli::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

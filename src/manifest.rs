@@ -75,6 +75,9 @@ pub struct Manifest {
         deserialize_with = "deserialize_tasks"
     )]
     pub tasks: Vec<(String, TaskSpec)>,
+    /// The metered model gateway the tasks may use (overrides the policy's `[gateway]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<crate::gateway::GatewayConfig>,
     /// The file this manifest was loaded from (empty when parsed from a string).
     #[serde(skip)]
     pub file: PathBuf,
@@ -418,6 +421,14 @@ impl Manifest {
 
     /// Value checks that do not touch the filesystem.
     fn check_values(&self) -> Result<(), ManifestError> {
+        if let Some(g) = &self.gateway {
+            g.validate(&self.file.display().to_string())
+                .map_err(|e| ManifestError::Invalid {
+                    path: self.file.clone(),
+                    field: "gateway".into(),
+                    message: e.to_string(),
+                })?;
+        }
         let r = &self.runtime;
         if r.name.is_empty()
             || r.name.len() > 64
@@ -735,7 +746,7 @@ env = { MODE = "fast" }
         assert_eq!(m.runtime.tools.as_deref(), Some(Path::new("tools")));
         assert_eq!(m.runtime.exclude, ["state", ".git", "__pycache__"]);
         assert_eq!(m.runtime.protected, ["tests/**", "bench/**", "fork.toml"]);
-        assert_eq!(m.task_names(), ["tests", "compress"]);
+        assert_eq!(m.task_names(), ["tests", "compress", "summarize"]);
         let (name, tests) = m.task(None).unwrap();
         assert_eq!(name, "tests");
         assert_eq!(tests.command, ["python3", "tests/run.py"]);

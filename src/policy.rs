@@ -337,6 +337,7 @@ struct RawPolicy {
     environment: Option<EnvPolicy>,
     gates: Option<crate::patch::gates::GatePolicy>,
     decision: Option<crate::verdict::decide::DecisionRules>,
+    gateway: Option<crate::gateway::GatewayConfig>,
 }
 
 /// A loaded, validated policy.
@@ -355,6 +356,8 @@ pub struct Policy {
     pub gates: crate::patch::gates::GatePolicy,
     /// How evidence becomes a verdict (`[decision]`).
     pub decision: crate::verdict::decide::DecisionRules,
+    /// The metered model gateway (`[gateway]`), if any.
+    pub gateway: Option<crate::gateway::GatewayConfig>,
 }
 
 /// The seed's defaults, used for anything a policy leaves out.
@@ -508,6 +511,10 @@ impl Policy {
         decision
             .validate()
             .map_err(|e| PolicyError::invalid(origin, format!("decision: {e}")))?;
+        if let Some(g) = &raw.gateway {
+            g.validate(origin)
+                .map_err(|e| PolicyError::invalid(origin, e.to_string()))?;
+        }
         let environment = raw.environment.unwrap_or_default();
         for k in environment.set.keys().chain(environment.pass.iter()) {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -533,6 +540,7 @@ impl Policy {
             environment,
             gates,
             decision,
+            gateway: raw.gateway,
         })
     }
 }

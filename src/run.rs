@@ -61,13 +61,37 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
             )));
         }
     }
+    let mut policy = policy;
+    // The metered model gateway, when the policy has one (its key file stays hidden).
+    let gateway = match policy.gateway.clone() {
+        None => None,
+        Some(cfg) => {
+            let creds = cfg.load_credentials().map_err(|e| {
+                CliError::from((exit::BAD_INPUT, format!("the model gateway: {e}")))
+            })?;
+            if let Some(f) = &cfg.credentials_file {
+                policy.filesystem.hide.push(f.clone());
+            }
+            let meter = crate::gateway::Meter::new(policy.budgets.api_cost_usd);
+            let url = cfg.task_url();
+            let port = cfg.port();
+            let gw = crate::gateway::Gateway::new(cfg, creds, meter.clone()).map_err(|e| {
+                CliError::from((exit::BAD_INPUT, format!("the model gateway: {e}")))
+            })?;
+            Some((gw, meter, url, port))
+        }
+    };
     let mut sb = Sandbox::prepare(&policy).map_err(|e| CliError::from((e.exit_code(), e)))?;
     if let Some(w) = &a.workspace {
         crate::fork::workspace::copy_tree(w, &sb.workspace(), &[]).map_err(|e| {
             CliError::from((exit::INTERNAL, format!("copying --workspace in: {e}")))
         })?;
     }
-    let env = successor_env(&policy, &[("FORK_RUN_ID".into(), sb.run_id().to_string())]);
+    let mut extra = vec![("FORK_RUN_ID".to_string(), sb.run_id().to_string())];
+    if let Some((_, _, url, _)) = &gateway {
+        extra.push(("FORK_MODEL_URL".to_string(), url.clone()));
+    }
+    let env = successor_env(&policy, &extra);
     let mut doors = crate::sandbox::Doors::default();
     for f in &policy.network.forward {
         let addr = crate::policy::parse_forward(f).map_err(|m| {
@@ -77,6 +101,13 @@ pub fn run(a: RunArgs) -> Result<i32, CliError> {
             ))
         })?;
         doors.doors.push(crate::sandbox::Door::forward(addr));
+    }
+    if let Some((gw, meter, _, port)) = gateway {
+        doors.doors.push(crate::sandbox::Door {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            serve: Box::new(move |l| Box::pin(gw.serve(l))),
+        });
+        doors.cost = Some(meter);
     }
     let outcome: Outcome = sb
         .run_in(

@@ -212,6 +212,15 @@ fn command_child(
     envp: &[CString],
 ) -> i32 {
     let _ = mask.thread_unblock();
+    // The Rust runtime ignores SIGPIPE, and an ignored signal stays ignored across exec:
+    // give the command the default disposition, as std::process::Command does.
+    // SAFETY: restoring a default disposition has no preconditions.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let _ = nix::unistd::setsid();
     if let Err(e) = std::env::set_current_dir(&cfg.cwd) {
         status.error("exec", format!("chdir {}: {e}", cfg.cwd.display()));

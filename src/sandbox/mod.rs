@@ -21,6 +21,7 @@ pub mod mounts;
 pub mod net;
 pub mod probe;
 pub mod seccomp;
+pub mod signals;
 
 use crate::budget::{BudgetKind, Observation, Usage, Watchdog};
 use crate::policy::{Layer, Policy, Requirement, SeccompSource};

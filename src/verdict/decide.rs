@@ -846,7 +846,7 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
         } else {
             caveats.push(format!(
                 "{untested} metric change(s) could not be tested for significance (too few samples); \
-                 they are judged against the {band_text} alone."
+                 they are judged against {band_text} alone."
             ));
         }
         approve_penalties.push(P_SINGLE_SAMPLE);

@@ -82,9 +82,11 @@ fn classify(m: &Metric, rules: &DecisionRules) -> Check {
     } else {
         m.patched < b
     };
-    let beyond = match m.change {
-        Some(c) => c.abs() > band(rules),
-        None => m.patched != b,
+    // With repeated samples the verdict judged significance; follow it, as `decide` does.
+    let beyond = match (m.significant, m.change) {
+        (Some(significant), _) => significant,
+        (None, Some(c)) => c.abs() > band(rules),
+        (None, None) => m.patched != b,
     };
     match (beyond, worse) {
         (false, _) => Check::Noise,

@@ -1,0 +1,1051 @@
+//! Verdicts with statistics, flaky tests, replicas, the verdict cache, the ledger and the
+//! CI outputs, end to end (issue 5's proof list), with the real binary:
+//!
+//! 1. the compress benchmark (baseline, repeat = 5) finds swap-compressor's gains
+//!    significant, with bootstrap intervals entirely below 0 and 5 samples per side;
+//! 2. a no-op patch is APPROVEd with no significant metric ("unchanged");
+//! 3. a patch that slows the compressor is NEEDS_REVISION for a significant p99_ms regression;
+//! 4. a test that fails once and passes on the rerun is reported flaky, with the retry's
+//!    evidence in the bundle;
+//! 5. the cache reuses a verdict only for the same inputs and an intact bundle;
+//! 6. the ledger lists the verdicts and `fork ledger verify` catches an edited and a deleted
+//!    row;
+//! 7. `--junit` and `--summary` (and `$GITHUB_STEP_SUMMARY`) render the verdict for CI;
+//! 8. `--replicas 3` runs three patched successors that agree.
+//!
+//! Every test has a private run root, node key ($XDG_CONFIG_HOME) and ledger
+//! ($XDG_DATA_HOME), and checks that nothing of its runs remains. They need root (the
+//! default policy mounts a capped tmpfs and creates cgroups).
+
+mod common;
+use common::*;
+use fork::task::results::{parse_junit, TestOutcome, TestReport};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+macro_rules! need_root {
+    () => {
+        if !is_root() {
+            eprintln!("this test drives the sandbox with the default policy, which needs root");
+            return;
+        }
+    };
+}
+
+fn demo() -> PathBuf {
+    repo().join("fixtures/hermes-demo")
+}
+
+fn flaky_demo() -> PathBuf {
+    repo().join("fixtures/flaky-demo")
+}
+
+fn patch(name: &str) -> PathBuf {
+    repo().join("fixtures/patches").join(format!("{name}.diff"))
+}
+
+fn patch_hash(p: &Path) -> String {
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
+    )
+}
+
+/// A private world for one test: run root, node key, default ledger, room for outputs.
+struct Env {
+    dir: PathBuf,
+    run_root: PathBuf,
+    xdg: PathBuf,
+}
+
+impl Env {
+    fn new(name: &str) -> Env {
+        let dir = scratch(name);
+        let run_root = dir.join("runs");
+        let xdg = dir.join("xdg");
+        std::fs::create_dir_all(&run_root).unwrap();
+        std::fs::create_dir_all(&xdg).unwrap();
+        Env { dir, run_root, xdg }
+    }
+
+    /// `fork` with this test's run root, node key and default ledger; never the CI job's
+    /// own step summary.
+    fn cmd(&self) -> Command {
+        let mut c = fork_cmd(&self.run_root);
+        c.env("XDG_CONFIG_HOME", &self.xdg);
+        c.env("XDG_DATA_HOME", self.data());
+        c.env_remove("GITHUB_STEP_SUMMARY");
+        c
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn default_ledger(&self) -> PathBuf {
+        self.data().join("fork/ledger.db")
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        let p = self.dir.join(format!("out-{name}"));
+        assert!(!p.exists());
+        p
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Records every sandbox run directory (`fork-<id>`, not the evaluation's own
+/// `fork-eval-<id>`) that appears in a run root while it watches.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    fn start(run_root: &Path) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let (s, n, root) = (stop.clone(), seen.clone(), run_root.to_path_buf());
+        let thread = std::thread::spawn(move || loop {
+            let done = s.load(Ordering::SeqCst);
+            if let Ok(rd) = std::fs::read_dir(&root) {
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if let Some(id) = name
+                        .strip_prefix("fork-")
+                        .filter(|i| !i.starts_with("eval-"))
+                    {
+                        n.lock().unwrap().insert(id.to_string());
+                    }
+                }
+            }
+            if done {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        });
+        Watcher {
+            stop,
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+        let v = self.seen.lock().unwrap().iter().cloned().collect();
+        v
+    }
+}
+
+/// Nothing of any run remains: no run or staging directory, no mount, and for each sandbox
+/// seen no cgroup and no process.
+fn assert_run_root_clean(run_root: &Path, ids: &[String]) {
+    for e in std::fs::read_dir(run_root).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with("fork-") && !name.starts_with(".fork-stage-"),
+            "{} left behind in the run root",
+            e.path().display()
+        );
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = run_root.to_string_lossy();
+    for line in mounts.lines() {
+        assert!(!line.contains(&*root), "a mount is left behind: {line}");
+    }
+    for id in ids {
+        assert_nothing_left(run_root, id);
+    }
+}
+
+/// One `fork evaluate` and what it left.
+struct Eval {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    out: PathBuf,
+    verdict: Value,
+    /// Sandbox run ids seen while it ran.
+    sandboxes: Vec<String>,
+}
+
+impl Eval {
+    fn summary(&self) -> &str {
+        self.verdict["evaluation_summary"].as_str().unwrap_or("")
+    }
+    fn run_id(&self) -> &str {
+        self.verdict["run_id"].as_str().unwrap()
+    }
+    fn caveats(&self) -> Vec<String> {
+        self.verdict["caveats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_string())
+            .collect()
+    }
+    fn metric(&self, name: &str) -> &Value {
+        self.verdict["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("no metric {name}: {}", self.ctx()))
+    }
+    fn artifact(&self, name: &str) -> PathBuf {
+        self.out.join("artifacts").join(name)
+    }
+    fn reused(&self) -> bool {
+        self.stderr.contains("reusing the verdict")
+    }
+    fn ctx(&self) -> String {
+        format!(
+            "exit {}\nstdout:\n{}\nstderr:\n{}\nverdict: {}",
+            self.code, self.stdout, self.stderr, self.verdict
+        )
+    }
+}
+
+/// `fork evaluate PATCH --runtime RUNTIME --out OUT [args]` with extra environment; then
+/// nothing of the run remains, and a written bundle is complete, matches the exit code and
+/// verifies with the node key.
+fn evaluate_env(
+    env: &Env,
+    patch: &Path,
+    runtime: &Path,
+    name: &str,
+    args: &[&str],
+    vars: &[(&str, &Path)],
+) -> Eval {
+    let out = env.out(name);
+    let w = Watcher::start(&env.run_root);
+    let mut c = env.cmd();
+    c.arg("evaluate")
+        .arg(patch)
+        .arg("--runtime")
+        .arg(runtime)
+        .arg("--out")
+        .arg(&out)
+        .args(args);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let o = c.output().expect("spawn fork");
+    let sandboxes = w.finish();
+    let e = Eval {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        verdict: std::fs::read(out.join("verdict.json"))
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap_or(Value::Null),
+        out,
+        sandboxes,
+    };
+    assert_run_root_clean(&env.run_root, &e.sandboxes);
+    assert!(matches!(e.code, 0..=2), "no verdict: {}", e.ctx());
+    for f in ["verdict.json", "verdict.dsse.json", "endorsement.dsse.json"] {
+        assert!(e.out.join(f).is_file(), "{f} missing: {}", e.ctx());
+    }
+    let expected = ["APPROVE", "REJECT", "NEEDS_REVISION"][e.code as usize];
+    assert_eq!(e.verdict["verdict"], expected, "{}", e.ctx());
+    let v = env.cmd().arg("verify").arg(&e.out).output().unwrap();
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "the bundle must verify: {}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+    e
+}
+
+fn evaluate(env: &Env, patch: &Path, runtime: &Path, name: &str, args: &[&str]) -> Eval {
+    evaluate_env(env, patch, runtime, name, args, &[])
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let ft = e.file_type().unwrap();
+        let dest = to.join(e.file_name());
+        if ft.is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else if ft.is_file() {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// A private copy of the demo runtime with `extra_toml` appended to its fork.toml.
+fn runtime_copy(env: &Env, extra_toml: &str) -> PathBuf {
+    let rt = env.dir.join("hermes-demo");
+    copy_dir(&demo(), &rt);
+    let _ = std::fs::remove_file(rt.join("state/ESCAPED"));
+    let mut toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    toml.push_str(extra_toml);
+    std::fs::write(rt.join("fork.toml"), toml).unwrap();
+    rt
+}
+
+fn read_metrics(p: &Path) -> BTreeMap<String, f64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        xs[n / 2 - 1] / 2.0 + xs[n / 2] / 2.0
+    }
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+// ---------------------------------------------------------------------------------------
+// 1-3. Metrics with repeats: significance decides.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn swap_compressor_gains_are_significant() {
+    need_root!();
+    let env = Env::new("vd-swap");
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "swap",
+        &["--task", "compress"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert_eq!(e.verdict["task"], "compress");
+    // repeat = 5, baseline = true: five patched and five baseline sandboxes.
+    assert_eq!(e.sandboxes.len(), 10, "{:?}", e.sandboxes);
+    for name in ["compressed_bytes", "ratio"] {
+        let m = e.metric(name);
+        assert_eq!(m["significant"], true, "{name}: {m}");
+        let (change, lo, hi) = (f(&m["change"]), f(&m["ci_low"]), f(&m["ci_high"]));
+        assert!(change < -0.01, "{name} must go down: {m}");
+        assert!(
+            lo <= change && change <= hi,
+            "{name}: change outside its CI: {m}"
+        );
+        assert!(hi < 0.0, "{name}: the CI must lie entirely below 0: {m}");
+        assert!(f(&m["patched"]) < f(&m["baseline"]), "{m}");
+        assert!(m["p_value"].as_f64().is_some(), "{m}");
+    }
+    for m in e.verdict["metrics"].as_array().unwrap() {
+        assert_eq!(m["samples"], 5, "{m}");
+    }
+    assert!(
+        e.summary().contains("compressed_bytes improved"),
+        "{}",
+        e.ctx()
+    );
+    // The medians are those of the per-run metrics the bundle carries.
+    let runs = |side: &str, first: &str| -> Vec<BTreeMap<String, f64>> {
+        let mut v = vec![read_metrics(&e.artifact(first))];
+        for r in 2..=5 {
+            v.push(read_metrics(
+                &e.artifact(&format!("{side}.r{r}-metrics.json")),
+            ));
+        }
+        v
+    };
+    let patched = runs("patched", "metrics.json");
+    let baseline = runs("baseline", "baseline-metrics.json");
+    for m in e.verdict["metrics"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let med = |side: &[BTreeMap<String, f64>]| median(side.iter().map(|r| r[name]).collect());
+        assert_eq!(f(&m["patched"]), med(&patched), "{name}");
+        assert_eq!(f(&m["baseline"]), med(&baseline), "{name}");
+    }
+}
+
+#[test]
+fn noop_patch_changes_nothing_significantly() {
+    need_root!();
+    let env = Env::new("vd-noop");
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "noop",
+        &["--task", "compress"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    let metrics = e.verdict["metrics"].as_array().unwrap();
+    assert_eq!(metrics.len(), 4, "{}", e.ctx());
+    for m in metrics {
+        assert!(
+            m["significant"] == false || m["significant"].is_null(),
+            "a no-op patch changed {} significantly: {}",
+            m["name"],
+            e.ctx()
+        );
+        assert_eq!(m["samples"], 5, "{m}");
+    }
+    // The compression itself is deterministic: exactly no change.
+    for name in ["compressed_bytes", "ratio"] {
+        assert_eq!(f(&e.metric(name)["change"]), 0.0, "{}", e.ctx());
+    }
+    let s = e.summary();
+    assert!(
+        s.contains("unchanged") && s.contains("noise band"),
+        "the summary must say unchanged within the noise: {s}"
+    );
+    assert!(!s.contains("improved") && !s.contains("regressed"), "{s}");
+}
+
+#[test]
+fn slow_compressor_is_a_significant_p99_regression() {
+    need_root!();
+    let env = Env::new("vd-slow");
+    // The slowed compressor takes ~15 ms per session and run: the same compress task on
+    // 5 sessions instead of 100 keeps the ten runs within seconds (p99 = the slowest).
+    let rt = runtime_copy(&env, "");
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let fewer = toml.replace(r#""--sessions", "100""#, r#""--sessions", "5""#);
+    assert_ne!(fewer, toml, "the compress task's --sessions");
+    std::fs::write(rt.join("fork.toml"), fewer).unwrap();
+    let e = evaluate(
+        &env,
+        &patch("slows-compressor"),
+        &rt,
+        "slow",
+        &["--task", "compress"],
+    );
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert_eq!(e.verdict["verdict"], "NEEDS_REVISION");
+    let m = e.metric("p99_ms");
+    assert_eq!(m["significant"], true, "{m}");
+    let (change, lo) = (f(&m["change"]), f(&m["ci_low"]));
+    assert!(change > 0.01, "p99_ms must go up: {m}");
+    assert!(lo > 0.01, "the CI must lie above the 1% band: {m}");
+    assert!(f(&m["patched"]) > f(&m["baseline"]), "{m}");
+    assert_eq!(m["samples"], 5, "{m}");
+    let s = e.summary();
+    assert!(s.contains("p99_ms") && s.contains("regressed"), "{s}");
+    // The compression output is unchanged: only the time regressed.
+    assert!(!s.contains("compressed_bytes"), "{s}");
+    assert_eq!(e.metric("compressed_bytes")["significant"], false);
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Flaky tests.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn flaky_test_passes_on_retry_and_is_reported() {
+    need_root!();
+    let env = Env::new("vd-flaky");
+    let e = evaluate(
+        &env,
+        &flaky_demo().join("comment.diff"),
+        &flaky_demo(),
+        "flaky",
+        &[],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert_eq!(e.verdict["tests"]["flaky"], 1, "{}", e.ctx());
+    assert_eq!(e.verdict["tests"]["failed"], 0, "{}", e.ctx());
+    assert_eq!(e.verdict["tests"]["passed"], 2, "{}", e.ctx());
+    let caveats = e.caveats();
+    assert!(
+        caveats
+            .iter()
+            .any(|c| c.contains("test_first_run_only") && c.contains("retry")),
+        "a caveat must name the flaky test and its retry: {caveats:?}"
+    );
+    // The rerun happened in the same workspace: one sandbox.
+    assert_eq!(e.sandboxes.len(), 1, "{:?}", e.sandboxes);
+    // Both attempts' evidence: the first (failing) and the retry's (passing) results.
+    let names: Vec<String> = std::fs::read_dir(e.out.join("artifacts"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("retry1-") && n.ends_with("tests.xml")),
+        "{names:?}"
+    );
+    let first = parse_junit(&std::fs::read(e.artifact("tests.xml")).unwrap()).unwrap();
+    let retry = parse_junit(&std::fs::read(e.artifact("retry1-tests.xml")).unwrap()).unwrap();
+    let outcome = |r: &TestReport| {
+        r.cases
+            .iter()
+            .find(|c| c.name.ends_with("test_first_run_only"))
+            .map(|c| c.outcome)
+    };
+    assert_eq!(outcome(&first), Some(TestOutcome::Failed));
+    assert_eq!(outcome(&retry), Some(TestOutcome::Passed));
+    // Listed in the signed verdict too.
+    let listed = e.verdict["artifacts"].as_array().unwrap();
+    assert!(listed
+        .iter()
+        .any(|a| a["path"] == "artifacts/retry1-tests.xml"));
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. The verdict cache.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn cache_reuses_only_identical_intact_evaluations() {
+    need_root!();
+    let env = Env::new("vd-cache");
+    let swap = patch("swap-compressor");
+    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    assert_eq!(first.code, 0, "{}", first.ctx());
+    assert!(!first.reused(), "{}", first.ctx());
+    assert_eq!(first.sandboxes.len(), 1);
+
+    // Same inputs: the verdict is reused, not evaluated again.
+    let second = evaluate(&env, &swap, &demo(), "c2", &[]);
+    assert_eq!(second.code, 0, "{}", second.ctx());
+    assert!(second.reused(), "{}", second.ctx());
+    assert!(second.stderr.contains(first.run_id()), "{}", second.ctx());
+    assert_eq!(second.run_id(), first.run_id());
+    assert_eq!(
+        std::fs::read(second.out.join("verdict.json")).unwrap(),
+        std::fs::read(first.out.join("verdict.json")).unwrap(),
+        "the reused verdict is the first one, byte for byte"
+    );
+    // No task ran: the output log is the first run's (its timestamps and all), and at most
+    // the patched tree was prepared (see cache_hit_prepares_no_sandbox).
+    assert_eq!(
+        std::fs::read(second.artifact("sandbox.json")).unwrap(),
+        std::fs::read(first.artifact("sandbox.json")).unwrap()
+    );
+    assert!(second.sandboxes.len() <= 1, "{:?}", second.sandboxes);
+
+    // A different patch is never served another patch's verdict.
+    let noop = evaluate(&env, &patch("noop-comment"), &demo(), "c3", &[]);
+    assert_eq!(noop.code, 0, "{}", noop.ctx());
+    assert!(!noop.reused(), "{}", noop.ctx());
+    assert_ne!(noop.run_id(), first.run_id());
+    assert_eq!(noop.sandboxes.len(), 1, "a sandbox ran");
+    assert_eq!(
+        noop.verdict["patch_hash"],
+        patch_hash(&patch("noop-comment"))
+    );
+
+    // --no-cache evaluates again.
+    let forced = evaluate(&env, &swap, &demo(), "c4", &["--no-cache"]);
+    assert!(!forced.reused(), "{}", forced.ctx());
+    assert_ne!(forced.run_id(), first.run_id());
+    assert_eq!(forced.sandboxes.len(), 1, "a sandbox ran");
+
+    // The newest matching entry is the one offered: tamper with its bundle.
+    let vj = forced.out.join("verdict.json");
+    let mut bytes = std::fs::read(&vj).unwrap();
+    let i = bytes.len() / 2;
+    bytes[i] ^= 0x01;
+    std::fs::write(&vj, &bytes).unwrap();
+    let after = evaluate(&env, &swap, &demo(), "c5", &[]);
+    assert!(
+        !after.reused(),
+        "a tampered bundle was reused: {}",
+        after.ctx()
+    );
+    assert!(
+        after.stderr.contains("no longer verifies"),
+        "{}",
+        after.ctx()
+    );
+    assert_ne!(after.run_id(), forced.run_id());
+    assert_ne!(after.run_id(), first.run_id());
+    assert_eq!(after.sandboxes.len(), 1, "a sandbox ran");
+
+    // And that fresh, intact verdict is what the next evaluation reuses.
+    let again = evaluate(&env, &swap, &demo(), "c6", &[]);
+    assert!(again.reused(), "{}", again.ctx());
+    assert_eq!(again.run_id(), after.run_id());
+}
+
+#[test]
+fn cache_hit_prepares_no_sandbox() {
+    need_root!();
+    let env = Env::new("vd-cache-nosb");
+    let swap = patch("swap-compressor");
+    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    assert_eq!(first.sandboxes.len(), 1);
+    let second = evaluate(&env, &swap, &demo(), "c2", &[]);
+    assert!(second.reused(), "{}", second.ctx());
+    assert_eq!(
+        second.sandboxes,
+        Vec::<String>::new(),
+        "a cache hit must start no sandbox"
+    );
+}
+
+#[test]
+fn cache_hit_still_writes_ci_outputs() {
+    need_root!();
+    let env = Env::new("vd-cache-ci");
+    let swap = patch("swap-compressor");
+    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    let (j, s) = (env.dir.join("j.xml"), env.dir.join("s.md"));
+    let second = evaluate(
+        &env,
+        &swap,
+        &demo(),
+        "c2",
+        &[
+            "--junit",
+            j.to_str().unwrap(),
+            "--summary",
+            s.to_str().unwrap(),
+        ],
+    );
+    assert!(second.reused(), "{}", second.ctx());
+    let junit = std::fs::read_to_string(&j).expect("--junit written on a cache hit");
+    assert!(junit.contains(first.run_id()));
+    let md = std::fs::read_to_string(&s).expect("--summary written on a cache hit");
+    assert!(md.contains("APPROVE"));
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. The ledger.
+// ---------------------------------------------------------------------------------------
+
+/// Runs python3's sqlite3 on the ledger: `drop` first drops every trigger on `entries`
+/// (read from sqlite_master), then `sql` runs and commits.
+fn sql(ledger: &Path, drop: bool, sql: &str) -> Output {
+    const SCRIPT: &str = r#"
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+if sys.argv[2] == "1":
+    names = [r[0] for r in db.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'entries'")]
+    assert names, "the ledger has no triggers"
+    for n in names:
+        db.execute('DROP TRIGGER "%s"' % n.replace('"', '""'))
+db.execute("BEGIN")
+db.execute(sys.argv[3])
+db.execute("COMMIT")
+db.close()
+"#;
+    Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(ledger)
+        .arg(if drop { "1" } else { "0" })
+        .arg(sql)
+        .output()
+        .expect("python3")
+}
+
+fn ledger_verify(env: &Env, ledger: &Path) -> (Output, Value) {
+    let o = env
+        .cmd()
+        .args(["ledger", "verify", "--json", "--ledger"])
+        .arg(ledger)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o, v)
+}
+
+#[test]
+fn ledger_lists_verdicts_and_catches_tampering() {
+    need_root!();
+    let env = Env::new("vd-ledger");
+    let ledger = env.dir.join("ledger/verdicts.db");
+    let l = ledger.to_str().unwrap();
+    let cases = [
+        ("swap-compressor", "APPROVE", 0),
+        ("breaks-test", "NEEDS_REVISION", 2),
+        ("touches-protected", "REJECT", 1),
+    ];
+    let mut evals = Vec::new();
+    for (name, verdict, code) in cases {
+        let e = evaluate(&env, &patch(name), &demo(), name, &["--ledger", l]);
+        assert_eq!(e.code, code, "{}", e.ctx());
+        assert_eq!(e.verdict["verdict"], verdict);
+        evals.push(e);
+    }
+    // --no-ledger records nothing anywhere.
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "noop",
+        &["--no-ledger"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert!(
+        !env.default_ledger().exists(),
+        "only the --ledger file is written"
+    );
+
+    // History, newest first.
+    let o = env
+        .cmd()
+        .args(["history", "--json", "--ledger", l])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let h: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = h.as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{h}");
+    for (row, ((name, verdict, _), e)) in rows.iter().zip(cases.iter().zip(&evals).rev()) {
+        assert_eq!(row["verdict"], *verdict, "{row}");
+        assert_eq!(row["patch_hash"], patch_hash(&patch(name)), "{row}");
+        assert_eq!(row["patch_hash"], e.verdict["patch_hash"], "{row}");
+        assert_eq!(row["run_id"], e.verdict["run_id"], "{row}");
+        assert_eq!(row["task"], "tests", "{row}");
+        assert_eq!(
+            row["bundle_dir"],
+            std::fs::canonicalize(&e.out).unwrap().to_str().unwrap(),
+            "{row}"
+        );
+        let vj = std::fs::read(e.out.join("verdict.json")).unwrap();
+        assert_eq!(row["verdict_sha256"], hex::encode(Sha256::digest(&vj)));
+    }
+    let seqs: Vec<i64> = rows.iter().map(|r| r["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [3, 2, 1]);
+    let o = env
+        .cmd()
+        .args(["history", "--json", "-n", "2", "--ledger", l])
+        .output()
+        .unwrap();
+    let h2: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(h2.as_array().unwrap()[..], rows[..2]);
+
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(rep["ok"], true);
+    assert_eq!(rep["rows"], 3);
+
+    // The triggers refuse an edit as long as they are there.
+    let refused = sql(
+        &ledger,
+        false,
+        "UPDATE entries SET verdict = 'APPROVE' WHERE seq = 2",
+    );
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("append-only"),
+        "{}",
+        text(&refused)
+    );
+
+    // Edit row 2 (a NEEDS_REVISION turned APPROVE): named.
+    let o = sql(
+        &ledger,
+        true,
+        "UPDATE entries SET verdict = 'APPROVE' WHERE seq = 2",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(rep["ok"], false);
+    let problems = rep["problems"].to_string();
+    assert!(problems.contains("seq 2"), "{problems}");
+    assert!(
+        !problems.contains("seq 1") && !problems.contains("seq 3"),
+        "{problems}"
+    );
+    // The text form names it too.
+    let o = env
+        .cmd()
+        .args(["ledger", "verify", "--ledger", l])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("TAMPERED") && out.contains("seq 2"), "{out}");
+
+    // Put it back exactly: the chain is intact again.
+    let o = sql(
+        &ledger,
+        false,
+        "UPDATE entries SET verdict = 'NEEDS_REVISION' WHERE seq = 2",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(rep["ok"], true);
+
+    // Delete the newest row: the chain alone is still valid, the head records are not.
+    let o = sql(&ledger, false, "DELETE FROM entries WHERE seq = 3");
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(rep["ok"], false);
+    assert_eq!(rep["rows"], 2);
+    let problems = rep["problems"].to_string();
+    assert!(
+        problems.contains("seq 3") && problems.contains("deleted"),
+        "{problems}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. CI outputs.
+// ---------------------------------------------------------------------------------------
+
+/// A task with both test results and metrics, compared against a baseline.
+const BOTH_TASK: &str = r#"
+[tasks.both]
+command = ["sh", "-c", "python3 tests/run.py && python3 bench/compress.py --sessions 100"]
+results = { format = "junit", path = "tests.xml" }
+metrics = "metrics.json"
+baseline = true
+repeat = 3
+lower_is_better = ["ratio"]
+"#;
+
+fn names_with(r: &TestReport, prefix: &str) -> BTreeSet<String> {
+    r.cases
+        .iter()
+        .filter_map(|c| c.name.strip_prefix(prefix).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn junit_and_markdown_summaries_for_ci() {
+    need_root!();
+    let env = Env::new("vd-ci");
+    let rt = runtime_copy(&env, BOTH_TASK);
+    let step = env.dir.join("step-summary.md");
+    let earlier = "# an earlier step\n\nits own summary\n";
+    std::fs::write(&step, earlier).unwrap();
+    let (ja, sa) = (env.dir.join("a.xml"), env.dir.join("a.md"));
+    let a = evaluate_env(
+        &env,
+        &patch("swap-compressor"),
+        &rt,
+        "a",
+        &[
+            "--task",
+            "both",
+            "--junit",
+            ja.to_str().unwrap(),
+            "--summary",
+            sa.to_str().unwrap(),
+        ],
+        &[("GITHUB_STEP_SUMMARY", &step)],
+    );
+    assert_eq!(a.code, 0, "{}", a.ctx());
+
+    // JUnit: one case per test, one per metric, one for the verdict.
+    let xml = std::fs::read(&ja).unwrap();
+    let r = parse_junit(&xml).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&xml)));
+    let t = &a.verdict["tests"];
+    let n_tests = ["passed", "failed", "flaky", "skipped"]
+        .iter()
+        .map(|k| t[k].as_u64().unwrap() as usize)
+        .sum::<usize>();
+    assert!(n_tests > 0, "{}", a.ctx());
+    let own = parse_junit(&std::fs::read(a.artifact("tests.xml")).unwrap()).unwrap();
+    assert_eq!(own.cases.len(), n_tests);
+    let tests = names_with(&r, "tests.");
+    assert_eq!(tests.len(), n_tests);
+    assert_eq!(
+        tests,
+        own.cases.iter().map(|c| c.name.clone()).collect(),
+        "the test cases are the task's own"
+    );
+    let metric_names: BTreeSet<String> = a.verdict["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(metric_names.len(), 4);
+    assert_eq!(names_with(&r, "metrics."), metric_names);
+    assert_eq!(
+        names_with(&r, "fork."),
+        BTreeSet::from(["verdict".to_string()])
+    );
+    assert_eq!(r.cases.len(), n_tests + metric_names.len() + 1);
+    let case = |name: &str| r.cases.iter().find(|c| c.name == name).unwrap();
+    assert_eq!(case("fork.verdict").outcome, TestOutcome::Passed);
+    for m in ["metrics.compressed_bytes", "metrics.ratio"] {
+        assert_eq!(case(m).outcome, TestOutcome::Passed, "{m} improved");
+    }
+    assert_eq!(
+        r.cases
+            .iter()
+            .filter(|c| c.name.starts_with("tests.") && c.outcome == TestOutcome::Passed)
+            .count(),
+        t["passed"].as_u64().unwrap() as usize
+    );
+    let xml = String::from_utf8_lossy(&xml);
+    assert!(xml.contains(&format!(r#"name="run_id" value="{}""#, a.run_id())));
+    assert!(xml.contains(r#"name="verdict" value="APPROVE""#));
+
+    // Markdown: the verdict, the metrics table.
+    let md_a = std::fs::read_to_string(&sa).unwrap();
+    assert!(md_a.contains("## fork verdict: APPROVE"), "{md_a}");
+    assert!(
+        md_a.contains("| metric | baseline | patched | change | significant |"),
+        "{md_a}"
+    );
+    for name in &metric_names {
+        let row = format!("| {} |", name.replace('_', "\\_"));
+        assert!(md_a.contains(&row), "no row {row}: {md_a}");
+    }
+    assert!(md_a.contains("| yes |"), "significant gains: {md_a}");
+    assert!(md_a.contains(a.run_id()), "{md_a}");
+    assert_eq!(
+        std::fs::read_to_string(&step).unwrap(),
+        format!("{earlier}\n{md_a}"),
+        "appended below the earlier step's summary"
+    );
+
+    // A second evaluation, with caveats (a flaky test), appends again.
+    let (jb, sb) = (env.dir.join("b.xml"), env.dir.join("b.md"));
+    let b = evaluate_env(
+        &env,
+        &flaky_demo().join("comment.diff"),
+        &flaky_demo(),
+        "b",
+        &[
+            "--junit",
+            jb.to_str().unwrap(),
+            "--summary",
+            sb.to_str().unwrap(),
+        ],
+        &[("GITHUB_STEP_SUMMARY", &step)],
+    );
+    assert_eq!(b.code, 0, "{}", b.ctx());
+    let md_b = std::fs::read_to_string(&sb).unwrap();
+    assert!(md_b.contains("### Caveats"), "{md_b}");
+    assert!(md_b.contains("test\\_first\\_run\\_only"), "{md_b}");
+    assert!(md_b.contains("No metrics reported."), "{md_b}");
+    assert!(
+        md_b.contains("2 passed · 0 failed · 1 flaky · 0 skipped"),
+        "{md_b}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&step).unwrap(),
+        format!("{earlier}\n{md_a}\n{md_b}"),
+        "the step summary holds every summary, never truncated"
+    );
+    let rb = parse_junit(&std::fs::read(&jb).unwrap()).unwrap();
+    assert_eq!(rb.cases.len(), 3 + 1);
+    assert!(rb.cases.iter().all(|c| c.outcome == TestOutcome::Passed));
+    let jb_text = std::fs::read_to_string(&jb).unwrap();
+    assert!(
+        jb_text.contains("flaky: failed in 1 of 2 runs"),
+        "{jb_text}"
+    );
+}
+
+/// A task whose metric is deterministic but noisy: round r gives 10·r ms, +2 ms on the
+/// patched side (medians 30 and 32, +6.7%, far from significant with these spreads).
+const NOISY_TASK: &str = r#"
+[tasks.noisy]
+command = ["python3", "-c", "import os, json; s = os.environ['FORK_SIDE']; r = int(s.split('.r')[1]) if '.r' in s else 1; v = 10.0 * r + (2.0 if s.startswith('patched') else 0.0); open(os.path.join(os.environ['FORK_REPORTS'], 'metrics.json'), 'w').write(json.dumps({'queue_ms': v}))"]
+metrics = "metrics.json"
+baseline = true
+repeat = 5
+"#;
+
+#[test]
+fn junit_metric_cases_follow_the_verdicts_significance() {
+    need_root!();
+    let env = Env::new("vd-noisy");
+    let rt = runtime_copy(&env, NOISY_TASK);
+    let j = env.dir.join("noisy.xml");
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "noisy",
+        &["--task", "noisy", "--junit", j.to_str().unwrap()],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    let m = e.metric("queue_ms");
+    assert_eq!(m["significant"], false, "{m}");
+    assert!(f(&m["change"]) > 0.05, "{m}");
+    assert!(e.summary().contains("unchanged"), "{}", e.ctx());
+    let r = parse_junit(&std::fs::read(&j).unwrap()).unwrap();
+    let case = r
+        .cases
+        .iter()
+        .find(|c| c.name == "metrics.queue_ms")
+        .unwrap();
+    assert_eq!(
+        case.outcome,
+        TestOutcome::Passed,
+        "an APPROVE with the metric unchanged must not fail its JUnit case: {}",
+        std::fs::read_to_string(&j).unwrap()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Replicas.
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn three_replicas_agree() {
+    need_root!();
+    let env = Env::new("vd-replicas");
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "replicas",
+        &["--replicas", "3"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert!(!e.reused());
+    let caveats = e.caveats();
+    assert!(
+        caveats
+            .iter()
+            .any(|c| c.contains("All 3") && c.contains("agree")),
+        "{caveats:?}"
+    );
+    assert_eq!(
+        e.sandboxes.len(),
+        3,
+        "three patched sandboxes: {:?}",
+        e.sandboxes
+    );
+    for name in ["tests.xml", "replica2-tests.xml", "replica3-tests.xml"] {
+        let r = parse_junit(&std::fs::read(e.artifact(name)).unwrap()).unwrap();
+        assert!(!r.cases.is_empty() && r.failed() == 0, "{name}");
+    }
+}
