@@ -44,6 +44,8 @@ pub enum Command {
     Keygen(KeygenArgs),
     /// Reclaim what crashed runs left behind (processes, mounts, cgroups, workspaces).
     Gc(GcArgs),
+    /// Re-run the evaluation a verdict describes on this node and report agreement.
+    Reverify(crate::reverify::ReverifyArgs),
     /// List the verdicts recorded in the ledger, newest first.
     History(HistoryArgs),
     /// Ledger maintenance: `fork ledger verify` checks the hash chain.
@@ -230,6 +232,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Verify(a) => crate::evaluate::verify_cli(a),
         Command::Keygen(a) => keygen(a),
         Command::Gc(a) => gc(a),
+        Command::Reverify(a) => crate::reverify::reverify_cli(a),
         Command::History(a) => history(a),
         Command::Ledger(LedgerArgs {
             action: LedgerAction::Verify { ledger, json },

@@ -74,6 +74,9 @@ pub struct EvaluateArgs {
     /// Write a markdown summary (also appended to $GITHUB_STEP_SUMMARY when set).
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// The mesh proposal this evaluation answers (recorded, signed, in the verdict).
+    #[arg(long, hide = true)]
+    pub proposal: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -189,6 +192,7 @@ struct Plan {
     ledger: Option<PathBuf>,
     /// Host loopback services forwarded into every sandbox (policy and task).
     forwards: Vec<std::net::SocketAddr>,
+    proposal_id: Option<String>,
     /// The metered model gateway (fork.toml's `[gateway]`, else the policy's): its
     /// configuration and credentials, and the meter every run of this evaluation shares
     /// (the API-cost budget is the evaluation's).
@@ -422,6 +426,7 @@ fn plan(a: &EvaluateArgs) -> Result<Plan, EvaluateError> {
         )
     };
     Ok(Plan {
+        proposal_id: a.proposal.clone(),
         gateway,
         forwards,
         policy_hash,
@@ -1469,6 +1474,7 @@ fn finish(
         run_id: p.run_id.clone(),
         task: p.task_name.clone(),
         patch_gate: gate,
+        proposal_id: p.proposal_id.clone(),
     };
     if let Some(parent) = p.out_dir.parent() {
         if !parent.as_os_str().is_empty() {

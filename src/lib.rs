@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod manifest;
 pub mod patch;
 pub mod policy;
+pub mod reverify;
 pub mod run;
 pub mod rundir;
 pub mod sandbox;

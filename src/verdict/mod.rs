@@ -251,6 +251,10 @@ pub struct Verdict {
     pub task: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch_gate: Option<GateReport>,
+    /// The mesh proposal this verdict answers (signed with the rest, so a verdict cannot be
+    /// replayed as the answer to another proposal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposal_id: Option<String>,
 }
 
 /// `sha256:<hex>` of `bytes`.
@@ -505,6 +509,7 @@ pub(crate) mod tests {
             run_id: "run-20250131-abcdef".into(),
             task: "tests".into(),
             patch_gate: None,
+            proposal_id: None,
         }
     }
 

@@ -1,0 +1,372 @@
+//! `fork reverify VERDICT --patch PATCH`: re-runs on this node the evaluation another
+//! verdict describes (its task, its budgets), emits this node's own signed verdict, and
+//! reports whether the two agree: the same verdict, and every metric within its noise band.
+
+use crate::cli::{exit, BudgetArgs, CliError};
+use crate::evaluate::{evaluate, EvaluateArgs};
+use crate::identity::PublicKey;
+use crate::verdict::sign::{Endorsement, Envelope};
+use crate::verdict::{Verdict, VerdictKind};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, clap::Args)]
+pub struct ReverifyArgs {
+    /// The verdict to re-verify: a bundle directory or its verdict.json.
+    pub verdict: PathBuf,
+    /// The patch it is about; its hash must be the verdict's.
+    #[arg(long)]
+    pub patch: PathBuf,
+    /// This node's copy of the runtime (holding fork.toml).
+    #[arg(long, default_value = ".")]
+    pub runtime: PathBuf,
+    /// Policy file for this node's evaluation (default: the built-in policy).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// This node's key (default: $XDG_CONFIG_HOME/fork/node.key).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Where this node's verdict bundle goes (default: ./fork-out/<run-id>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Node keys trusted to have endorsed the verdict (default: its own endorser, which
+    /// then only proves the bundle is intact, not who made it).
+    #[arg(long)]
+    pub trust: Vec<String>,
+    /// Print the agreement report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One metric compared between the two verdicts.
+#[derive(Debug, Serialize)]
+pub struct MetricAgreement {
+    pub name: String,
+    pub theirs: f64,
+    pub ours: Option<f64>,
+    pub relative_difference: Option<f64>,
+    pub within_band: bool,
+}
+
+/// The agreement report.
+#[derive(Debug, Serialize)]
+pub struct Agreement {
+    pub agree: bool,
+    pub theirs: VerdictKind,
+    pub ours: VerdictKind,
+    pub their_node: String,
+    pub their_node_trusted: bool,
+    pub noise_band: f64,
+    pub metrics: Vec<MetricAgreement>,
+    pub our_bundle: PathBuf,
+    pub our_run_id: String,
+}
+
+fn bundle_dir(p: &Path) -> PathBuf {
+    if p.is_file() {
+        p.parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    } else {
+        p.to_path_buf()
+    }
+}
+
+/// The node key that endorsed a bundle, as the endorsement claims it (checked afterwards
+/// by `verify_bundle`).
+fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
+    let path = dir.join(crate::verdict::bundle::ENDORSEMENT_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let env: Envelope =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let payload = env
+        .payload_bytes()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let e: Endorsement =
+        serde_json::from_slice(&payload).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(e.node_key)
+}
+
+/// The budget overrides that reproduce a verdict's limits.
+fn budgets_of(v: &Verdict) -> BudgetArgs {
+    let l = &v.budget.limits;
+    BudgetArgs {
+        wall: l.wall_s.map(|s| format!("{s}")),
+        cpu: l.cpu_percent,
+        memory: l.memory_bytes.map(|b| b.to_string()),
+        pids: l.pids,
+        disk: l.disk_bytes.map(|b| b.to_string()),
+        api_cost: l.api_cost_usd,
+        cpu_time: None,
+    }
+}
+
+/// Whether our measurement of one metric agrees with theirs. Absolute values differ between
+/// machines, so with a baseline the comparison is on the relative change each node measured
+/// against its own baseline: the same significance (and direction), changes within the noise
+/// band of each other, or overlapping confidence intervals. Without a baseline, the values
+/// themselves must be within the band.
+fn metric_agrees(
+    t: &crate::verdict::Metric,
+    o: &crate::verdict::Metric,
+    band: f64,
+) -> (bool, Option<f64>) {
+    match (t.change, o.change) {
+        (Some(tc), Some(oc)) => {
+            let diff = (oc - tc).abs();
+            let same_conclusion = match (t.significant, o.significant) {
+                (Some(false), Some(false)) => true,
+                (Some(true), Some(true)) => tc.signum() == oc.signum(),
+                _ => false,
+            };
+            let overlap = match (t.ci_low, t.ci_high, o.ci_low, o.ci_high) {
+                (Some(a), Some(b), Some(c), Some(d)) => a <= d && c <= b,
+                _ => false,
+            };
+            (same_conclusion || diff <= band || overlap, Some(diff))
+        }
+        _ => {
+            let rel = if t.patched == 0.0 {
+                if o.patched == 0.0 {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            } else {
+                (o.patched - t.patched).abs() / t.patched.abs()
+            };
+            (rel <= band, Some(rel))
+        }
+    }
+}
+
+/// Compares two verdicts: the same answer, and every metric of theirs agreeing with ours.
+pub fn compare(theirs: &Verdict, ours: &Verdict, band: f64) -> (bool, Vec<MetricAgreement>) {
+    let mut metrics = Vec::new();
+    let mut all = true;
+    for m in &theirs.metrics {
+        let o = ours.metrics.iter().find(|x| x.name == m.name);
+        let (within, rel) = match o {
+            Some(o) => metric_agrees(m, o, band),
+            None => (false, None),
+        };
+        all &= within;
+        metrics.push(MetricAgreement {
+            name: m.name.clone(),
+            theirs: m.patched,
+            ours: o.map(|o| o.patched),
+            relative_difference: rel,
+            within_band: within,
+        });
+    }
+    (theirs.verdict == ours.verdict && all, metrics)
+}
+
+pub fn reverify_cli(a: ReverifyArgs) -> Result<i32, CliError> {
+    let dir = bundle_dir(&a.verdict);
+    // 1. The verdict must be intact (and, with --trust, endorsed by a trusted node).
+    let mut trusted = Vec::new();
+    for t in &a.trust {
+        let key = if Path::new(t).is_file() {
+            crate::identity::read_public_key(Path::new(t))
+        } else {
+            PublicKey::parse(t)
+        }
+        .map_err(|e| CliError::from((exit::USAGE, format!("--trust {t}: {e}"))))?;
+        trusted.push(key);
+    }
+    let their_node_trusted = !trusted.is_empty();
+    if trusted.is_empty() {
+        let k = claimed_endorser(&dir).map_err(|e| CliError::from((exit::BAD_INPUT, e)))?;
+        trusted.push(k);
+    }
+    let theirs = crate::verdict::verify_bundle(&dir, &trusted).map_err(|e| {
+        let code = if e.exit_code() == 1 {
+            exit::BAD_INPUT
+        } else {
+            e.exit_code()
+        };
+        CliError::from((code, format!("the verdict to re-verify is not valid: {e}")))
+    })?;
+    // 2. The patch must be the one the verdict is about.
+    let raw = std::fs::read(&a.patch).map_err(|e| {
+        CliError::from((
+            exit::BAD_INPUT,
+            format!("cannot read patch {}: {e}", a.patch.display()),
+        ))
+    })?;
+    let hash = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+    if hash != theirs.verdict.patch_hash {
+        return Err(CliError::from((
+            exit::BAD_INPUT,
+            format!(
+                "patch {} has hash {hash}, but the verdict is about {}: refusing to re-verify another patch",
+                a.patch.display(),
+                theirs.verdict.patch_hash
+            ),
+        )));
+    }
+    // 3. This node's own evaluation: the same task and budgets, never from the cache.
+    let args = EvaluateArgs {
+        patch: a.patch.clone(),
+        runtime: a.runtime.clone(),
+        task: Some(theirs.verdict.task.clone()),
+        policy: a.policy.clone(),
+        out: a.out.clone(),
+        json: false,
+        key: a.key.clone(),
+        budget: budgets_of(&theirs.verdict),
+        replicas: 1,
+        no_cache: true,
+        ledger: None,
+        no_ledger: false,
+        junit: None,
+        summary: None,
+        proposal: theirs.verdict.proposal_id.clone(),
+    };
+    let ours = evaluate(&args).map_err(|e| CliError {
+        code: e.exit_code(),
+        message: e.to_string(),
+    })?;
+    let band = crate::policy::Policy::load(a.policy.as_deref())
+        .map(|p| p.decision.noise_band)
+        .unwrap_or(crate::verdict::decide::DecisionRules::DEFAULT_NOISE_BAND);
+    let (agree, metrics) = compare(&theirs.verdict, &ours.verdict, band);
+    let report = Agreement {
+        agree,
+        theirs: theirs.verdict.verdict,
+        ours: ours.verdict.verdict,
+        their_node: theirs.node_key.to_string(),
+        their_node_trusted,
+        noise_band: band,
+        metrics,
+        our_bundle: ours.out_dir.clone(),
+        our_run_id: ours.verdict.run_id.clone(),
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report)
+                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
+        );
+    } else {
+        println!(
+            "{}: theirs {} (node {}{}), ours {} (confidence {:.2})",
+            if agree { "AGREE" } else { "DISAGREE" },
+            report.theirs,
+            report.their_node,
+            if their_node_trusted {
+                ""
+            } else {
+                ", not pinned with --trust"
+            },
+            report.ours,
+            ours.verdict.confidence
+        );
+        for m in &report.metrics {
+            println!(
+                "  {:<20} theirs {:<12} ours {:<12} {}",
+                m.name,
+                m.theirs,
+                m.ours
+                    .map(|o| o.to_string())
+                    .unwrap_or_else(|| "missing".into()),
+                if m.within_band {
+                    "within band"
+                } else {
+                    "OUTSIDE band"
+                }
+            );
+        }
+        println!(
+            "  our verdict: {}",
+            ours.out_dir.join("verdict.json").display()
+        );
+    }
+    Ok(ours.verdict.verdict.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::Metric;
+
+    fn verdict_with(kind: VerdictKind, metrics: &[(&str, f64)]) -> Verdict {
+        let mut v: Verdict = serde_json::from_value(serde_json::json!({
+            "header": {"schema": {"generation": 1, "version": "1.0"}, "message_type": "Verdict",
+                       "message_id": "00000000-0000-4000-8000-000000000000", "timestamp": "2026-01-01T00:00:00Z"},
+            "verdict": "APPROVE", "confidence": 0.9,
+            "patch_hash": format!("sha256:{}", "0".repeat(64)), "task_hash": format!("sha256:{}", "1".repeat(64)),
+            "state_hash": format!("sha256:{}", "2".repeat(64)), "source_hash": format!("sha256:{}", "3".repeat(64)),
+            "evaluation_summary": "s", "caveats": [], "tests": {"passed": 1, "failed": 0, "flaky": 0},
+            "metrics": [], "budget": {"limits": {}, "used": {"wall_s": 0.0, "cpu_s": 0.0, "memory_peak_bytes": 0,
+            "disk_bytes": 0, "pids_peak": 0, "api_cost_usd": 0.0}}, "isolation": {}, "artifacts": [],
+            "successor_key": "ed25519:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", "run_id": "r", "task": "t"
+        }))
+        .unwrap();
+        v.verdict = kind;
+        v.metrics = metrics
+            .iter()
+            .map(|(n, x)| Metric {
+                name: n.to_string(),
+                patched: *x,
+                ..Default::default()
+            })
+            .collect();
+        v
+    }
+
+    #[test]
+    fn agreement_needs_the_same_answer_and_metrics_within_the_band() {
+        let a = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.0), ("bytes", 0.0)]);
+        let b = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.5), ("bytes", 0.0)]);
+        assert!(compare(&a, &b, 0.01).0);
+        let c = verdict_with(VerdictKind::Approve, &[("p99_ms", 103.0), ("bytes", 0.0)]);
+        let (agree, m) = compare(&a, &c, 0.01);
+        assert!(!agree);
+        assert!(!m[0].within_band);
+        let d = verdict_with(
+            VerdictKind::NeedsRevision,
+            &[("p99_ms", 100.0), ("bytes", 0.0)],
+        );
+        assert!(!compare(&a, &d, 0.01).0);
+        let e = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.0)]);
+        assert!(
+            !compare(&a, &e, 0.01).0,
+            "a metric missing from ours is a disagreement"
+        );
+    }
+
+    #[test]
+    fn with_baselines_the_relative_changes_are_compared() {
+        // Different machines: absolute values far apart, the same significant 40% gain.
+        let mut a = verdict_with(VerdictKind::Approve, &[("p99_ms", 10.0)]);
+        let mut b = verdict_with(VerdictKind::Approve, &[("p99_ms", 20.0)]);
+        for (v, c) in [(&mut a, -0.40), (&mut b, -0.38)] {
+            v.metrics[0].baseline = Some(1.0);
+            v.metrics[0].change = Some(c);
+            v.metrics[0].significant = Some(true);
+        }
+        assert!(compare(&a, &b, 0.01).0);
+        // One node saw a significant gain, the other a significant loss: disagreement.
+        b.metrics[0].change = Some(0.30);
+        assert!(!compare(&a, &b, 0.01).0);
+        // Neither significant: agreement whatever the noise.
+        a.metrics[0].significant = Some(false);
+        b.metrics[0].significant = Some(false);
+        assert!(compare(&a, &b, 0.01).0);
+    }
+
+    #[test]
+    fn budgets_are_carried_over() {
+        let mut v = verdict_with(VerdictKind::Approve, &[]);
+        v.budget.limits.wall_s = Some(600.0);
+        v.budget.limits.memory_bytes = Some(1 << 30);
+        v.budget.limits.pids = Some(64);
+        let b = budgets_of(&v);
+        assert_eq!(b.wall.as_deref(), Some("600"));
+        assert_eq!(b.memory.as_deref(), Some("1073741824"));
+        assert_eq!(b.pids, Some(64));
+    }
+}
