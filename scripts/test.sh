@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v perl >/dev/null 2>&1 || missing+=(perl)
+command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+# The mesh tests run a real NATS server (loopback only).
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
