@@ -710,8 +710,21 @@ pub fn evaluate(a: &EvaluateArgs) -> Result<Evaluation, EvaluateError> {
     let baseline_samples = samples(&baseline);
     let mut decisions: Vec<(Decision, usize)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
-        let (evidence, chosen) =
+        let (mut evidence, chosen) =
             evidence_for(&p, runs, &baseline, &baseline_samples, &rules, r as u64);
+        // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
+        // it is blown for the verdict.
+        if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
+            if evidence.budget_exceeded.is_none() {
+                evidence.budget_exceeded =
+                    Some(crate::budget::BudgetKind::ApiCost.as_str().to_string());
+                evidence.usage_summary = Some(format!(
+                    "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs",
+                    g.meter.spent_usd(),
+                    g.meter.budget_usd()
+                ));
+            }
+        }
         decisions.push((decide(&evidence, &rules), chosen));
     }
     let severity = |k: VerdictKind| match k {
@@ -1427,6 +1440,15 @@ fn finish(
             api_cost_usd: o.usage.api_cost_usd,
         })
         .unwrap_or_default();
+    // API cost: what the whole evaluation spent (every run shares the meter).
+    let mut used = used;
+    let mut exceeded = outcome.and_then(|o| o.budget_exceeded.map(|b| b.as_str().to_string()));
+    if let Some(g) = &p.gateway {
+        used.api_cost_usd = g.meter.spent_usd();
+        if g.meter.exceeded() && exceeded.is_none() {
+            exceeded = Some(crate::budget::BudgetKind::ApiCost.as_str().to_string());
+        }
+    }
     let counts = tests
         .map(|t| TestCounts {
             passed: t.passed() as u64,
@@ -1464,7 +1486,7 @@ fn finish(
         budget: BudgetReport {
             limits,
             used,
-            exceeded: outcome.and_then(|o| o.budget_exceeded.map(|b| b.as_str().to_string())),
+            exceeded,
         },
         isolation: outcome
             .and_then(|o| serde_json::to_value(&o.isolation).ok())
