@@ -46,10 +46,57 @@ pub enum Command {
     Gc(GcArgs),
     /// Re-run the evaluation a verdict describes on this node and report agreement.
     Reverify(crate::reverify::ReverifyArgs),
+    /// Count the votes of several nodes' verdicts on one patch (k-of-n, with a floor).
+    Consensus(ConsensusArgs),
+    /// A human steward's countersignature on an APPROVE verdict (the human gate).
+    Approve(ApproveArgs),
     /// List the verdicts recorded in the ledger, newest first.
     History(HistoryArgs),
     /// Ledger maintenance: `fork ledger verify` checks the hash chain.
     Ledger(LedgerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConsensusArgs {
+    /// Verdict bundles (directories, or their verdict.json), one or more per node.
+    #[arg(required = true)]
+    pub verdicts: Vec<PathBuf>,
+    /// Node public keys whose votes count (ed25519:<base64>, or a file holding one).
+    #[arg(long, required = true)]
+    pub trust: Vec<String>,
+    /// The share of responding nodes that must approve.
+    #[arg(long, default_value = "2/3")]
+    pub quorum: String,
+    /// The least number of approving nodes, whatever the number of responders.
+    #[arg(long, default_value_t = 1)]
+    pub min_nodes: usize,
+    /// Also require a steward's approval (fork approve) of one of the approving verdicts.
+    #[arg(long)]
+    pub steward: Option<String>,
+    /// The patch the votes must be about (its sha256 is compared).
+    #[arg(long)]
+    pub patch: Option<PathBuf>,
+    /// The task hash the votes must share (sha256:<hex>).
+    #[arg(long)]
+    pub task_hash: Option<String>,
+    /// The mesh proposal the votes must answer.
+    #[arg(long)]
+    pub proposal: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    /// The verdict bundle (directory or its verdict.json) to countersign.
+    pub verdict: PathBuf,
+    /// The steward's key (made with `fork keygen --out`).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Node keys trusted to have endorsed the verdict (default: the local node key).
+    #[arg(long)]
+    pub trust: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -233,6 +280,8 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Keygen(a) => keygen(a),
         Command::Gc(a) => gc(a),
         Command::Reverify(a) => crate::reverify::reverify_cli(a),
+        Command::Consensus(a) => consensus(a),
+        Command::Approve(a) => approve(a),
         Command::History(a) => history(a),
         Command::Ledger(LedgerArgs {
             action: LedgerAction::Verify { ledger, json },
@@ -360,4 +409,106 @@ fn ledger_verify(path: Option<PathBuf>, json: bool) -> Result<i32, CliError> {
         }
     }
     Ok(if rep.ok { 0 } else { 1 })
+}
+
+/// Public keys from `--trust`-style arguments: the key itself, or a file holding one.
+pub fn parse_keys(
+    args: &[String],
+    flag: &str,
+) -> Result<Vec<crate::identity::PublicKey>, CliError> {
+    let mut out = Vec::new();
+    for t in args {
+        let key = if std::path::Path::new(t).is_file() {
+            crate::identity::read_public_key(std::path::Path::new(t))
+        } else {
+            crate::identity::PublicKey::parse(t)
+        }
+        .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
+        out.push(key);
+    }
+    Ok(out)
+}
+
+fn bundle_dir(p: &std::path::Path) -> PathBuf {
+    if p.is_file() {
+        p.parent()
+            .map(|d| d.to_path_buf())
+            .unwrap_or_else(|| PathBuf::from("."))
+    } else {
+        p.to_path_buf()
+    }
+}
+
+fn consensus(a: ConsensusArgs) -> Result<i32, CliError> {
+    use crate::mesh::consensus::{consensus, ConsensusConfig, Quorum};
+    let quorum: Quorum = a
+        .quorum
+        .parse()
+        .map_err(|e| CliError::from((exit::USAGE, format!("--quorum {}: {e}", a.quorum))))?;
+    let trusted = parse_keys(&a.trust, "--trust")?;
+    let steward = match &a.steward {
+        Some(s) => parse_keys(std::slice::from_ref(s), "--steward")?.pop(),
+        None => None,
+    };
+    let patch_hash = match &a.patch {
+        Some(p) => {
+            use sha2::Digest;
+            let raw = std::fs::read(p).map_err(|e| {
+                CliError::from((
+                    exit::BAD_INPUT,
+                    format!("cannot read patch {}: {e}", p.display()),
+                ))
+            })?;
+            Some(format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(&raw))
+            ))
+        }
+        None => None,
+    };
+    let bundles: Vec<PathBuf> = a.verdicts.iter().map(|p| bundle_dir(p)).collect();
+    let cfg = ConsensusConfig {
+        quorum,
+        min_nodes: a.min_nodes,
+        trusted,
+        steward,
+        patch_hash,
+        task_hash: a.task_hash.clone(),
+        proposal_id: a.proposal.clone(),
+    };
+    let rep = consensus(&bundles, &cfg);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| CliError::from((exit::INTERNAL, e)))?
+        );
+    } else {
+        print!("{}", rep.render());
+    }
+    Ok(if rep.approved { 0 } else { 1 })
+}
+
+fn approve(a: ApproveArgs) -> Result<i32, CliError> {
+    let steward =
+        crate::identity::load_node_key(&a.key).map_err(|e| CliError::from((exit::USAGE, e)))?;
+    let mut trusted = parse_keys(&a.trust, "--trust")?;
+    if trusted.is_empty() {
+        let local = crate::identity::public_key_path(&crate::identity::default_node_key_path());
+        if let Ok(k) = crate::identity::read_public_key(&local) {
+            trusted.push(k);
+        }
+    }
+    let path = crate::mesh::approve::approve(&bundle_dir(&a.verdict), &steward, &trusted).map_err(
+        |e| {
+            let code = match e {
+                crate::mesh::approve::ApproveError::Verify { .. }
+                | crate::mesh::approve::ApproveError::NotApprove { .. } => exit::REJECT,
+                crate::mesh::approve::ApproveError::Exists { .. } => exit::USAGE,
+                _ => exit::INTERNAL,
+            };
+            CliError::from((code, e))
+        },
+    )?;
+    println!("{}", path.display());
+    Ok(0)
 }

@@ -16,6 +16,7 @@ pub mod gc;
 pub mod identity;
 pub mod ledger;
 pub mod manifest;
+pub mod mesh;
 pub mod patch;
 pub mod policy;
 pub mod reverify;

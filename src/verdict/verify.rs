@@ -537,11 +537,30 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
     for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
         let entry = entry.map_err(io_err("read directory", dir))?;
         let name = entry.file_name();
-        if !allowed.iter().any(|a| name == *a) {
+        if allowed.iter().any(|a| name == *a) {
+            continue;
+        }
+        // A steward's approval (`crate::mesh::approve`), added to the bundle after the run:
+        // signed on its own and checked by consensus, so only its name and type matter here.
+        let approval = name.to_str().is_some_and(is_steward_approval_name)
+            && entry.file_type().is_ok_and(|t| t.is_file());
+        if !approval {
             return Err(VerifyError::UnexpectedFile { path: entry.path() });
         }
     }
     Ok(())
+}
+
+/// Whether `name` is `steward-<16 lowercase hex>.dsse.json`, a steward approval's file.
+fn is_steward_approval_name(name: &str) -> bool {
+    name.strip_prefix("steward-")
+        .and_then(|rest| rest.strip_suffix(".dsse.json"))
+        .is_some_and(|id| {
+            id.len() == 16
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,804 @@
+//! The mesh's wire format (ADR-001): one NATS bus, namespaced subjects, and a schema header
+//! on every message.
+//!
+//! ```text
+//! <prefix>.v1.proposals                 Proposal       (a patch to re-verify)
+//! <prefix>.v1.verdicts.<proposal_id>    VerdictMessage (one node's signed verdict bundle)
+//! ```
+//! The prefix is `fork`, or `fork-staging` for experimental schemas (`--staging`): nodes on
+//! one prefix never see the other's messages.
+//!
+//! Every message starts with the verdict's header (`schema.generation`, `schema.version`,
+//! `message_type`, `message_id`, `timestamp`). A message of another schema generation is
+//! refused before its body is read, with an error that names both generations; any `1.x`
+//! version is read (minor versions only add fields, which this code ignores).
+//!
+//! Limits: a patch of at most [`MAX_PATCH_BYTES`], a proposal message of at most
+//! [`MAX_PROPOSAL_MESSAGE_BYTES`], a verdict message of at most
+//! [`MAX_VERDICT_MESSAGE_BYTES`] and [`MAX_BUNDLE_FILES`] files. A received bundle is
+//! written to disk only under the names a bundle may hold: `verdict.json`,
+//! `verdict.dsse.json`, `endorsement.dsse.json` and `artifacts/<plain name>`.
+
+use crate::identity::PublicKey;
+use crate::verdict::bundle::{
+    ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
+};
+use crate::verdict::{now_rfc3339, Header, SchemaId, SCHEMA_GENERATION, SCHEMA_VERSION};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use thiserror::Error;
+
+/// `header.message_type` of a proposal.
+pub const PROPOSAL_TYPE: &str = "Proposal";
+/// `header.message_type` of a verdict message.
+pub const VERDICT_MESSAGE_TYPE: &str = "VerdictMessage";
+/// The largest patch a proposal may carry (decoded).
+pub const MAX_PATCH_BYTES: usize = 1 << 20;
+/// The largest proposal message (the base64 patch plus room for the rest).
+pub const MAX_PROPOSAL_MESSAGE_BYTES: usize = MAX_PATCH_BYTES / 3 * 4 + (64 << 10);
+/// The largest verdict message.
+pub const MAX_VERDICT_MESSAGE_BYTES: usize = 8 << 20;
+/// The most files a verdict bundle may hold.
+pub const MAX_BUNDLE_FILES: usize = 256;
+/// The subject prefix of the mesh.
+pub const PREFIX: &str = "fork";
+/// The subject prefix of the staging mesh (experimental schemas).
+pub const STAGING_PREFIX: &str = "fork-staging";
+
+/// Everything that can go wrong in the mesh. Each message names what was wrong and the fix.
+#[derive(Debug, Error)]
+pub enum MeshError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Input(String),
+    #[error("cannot reach the NATS server at {url}: {reason} (is nats-server running with JetStream on, `nats-server -js`?)")]
+    Connect { url: String, reason: String },
+    #[error("NATS: cannot {action}: {reason}")]
+    Nats { action: String, reason: String },
+    #[error("{message_type} message of schema generation {generation}: this node reads generation {SCHEMA_GENERATION} only; upgrade fork on this node, or send generation {SCHEMA_GENERATION} messages (experimental schemas belong on the staging prefix, --staging)")]
+    UnknownGeneration {
+        message_type: String,
+        generation: u64,
+    },
+    #[error("bad message header: {0}")]
+    BadHeader(String),
+    #[error("malformed {what}: {reason}")]
+    Malformed { what: &'static str, reason: String },
+    #[error("{what} is {size} bytes, more than the limit of {limit} bytes")]
+    TooLarge {
+        what: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error("the patch's sha256 is {actual}, but the proposal claims {claimed}: refused (corrupted or forged proposal)")]
+    PatchHash { claimed: String, actual: String },
+    #[error("the proposal is for runtime `{proposed}`, this node serves `{local}` (fork.toml [runtime] name)")]
+    RuntimeMismatch { proposed: String, local: String },
+    #[error("bundle file name `{0}` refused: only verdict.json, verdict.dsse.json, endorsement.dsse.json and artifacts/<plain name> may be written")]
+    BadFileName(String),
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("evaluation failed: {message}")]
+    Evaluate { code: i32, message: String },
+    #[error("{0}")]
+    Internal(String),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl MeshError {
+    /// The process exit code (DESIGN.md, "Exit codes").
+    pub fn exit_code(&self) -> i32 {
+        use crate::cli::exit;
+        match self {
+            MeshError::Usage(_) => exit::USAGE,
+            MeshError::Connect { .. } => exit::UNAVAILABLE,
+            MeshError::Nats { .. } | MeshError::Io { .. } | MeshError::Internal(_) => {
+                exit::INTERNAL
+            }
+            MeshError::Evaluate { code, .. } => *code,
+            MeshError::Interrupted => 130,
+            MeshError::Input(_)
+            | MeshError::UnknownGeneration { .. }
+            | MeshError::BadHeader(_)
+            | MeshError::Malformed { .. }
+            | MeshError::TooLarge { .. }
+            | MeshError::PatchHash { .. }
+            | MeshError::RuntimeMismatch { .. }
+            | MeshError::BadFileName(_) => exit::BAD_INPUT,
+        }
+    }
+}
+
+pub(crate) fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> MeshError + 'a {
+    move |source| MeshError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The subjects and streams of one mesh (production or staging).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subjects {
+    prefix: &'static str,
+}
+
+impl Subjects {
+    /// `fork`, or `fork-staging` with `staging`.
+    pub fn new(staging: bool) -> Subjects {
+        Subjects {
+            prefix: if staging { STAGING_PREFIX } else { PREFIX },
+        }
+    }
+    pub fn prefix(&self) -> &str {
+        self.prefix
+    }
+    /// `<prefix>.v1.proposals`.
+    pub fn proposals(&self) -> String {
+        format!("{}.v1.proposals", self.prefix)
+    }
+    /// `<prefix>.v1.verdicts.<proposal_id>`.
+    pub fn verdicts(&self, proposal_id: &str) -> String {
+        format!("{}.v1.verdicts.{proposal_id}", self.prefix)
+    }
+    /// `<prefix>.v1.verdicts.>` (every proposal's verdicts).
+    pub fn all_verdicts(&self) -> String {
+        format!("{}.v1.verdicts.>", self.prefix)
+    }
+    /// The JetStream stream of proposals: `FORK_PROPOSALS` (`FORK_STAGING_PROPOSALS`).
+    pub fn proposals_stream(&self) -> String {
+        format!("{}_PROPOSALS", self.stream_base())
+    }
+    /// The JetStream stream of verdicts: `FORK_VERDICTS` (`FORK_STAGING_VERDICTS`).
+    pub fn verdicts_stream(&self) -> String {
+        format!("{}_VERDICTS", self.stream_base())
+    }
+    fn stream_base(&self) -> String {
+        self.prefix.to_ascii_uppercase().replace('-', "_")
+    }
+}
+
+/// A fresh header of `message_type`: current schema, a v4 UUID, the time now.
+pub fn new_header(message_type: &str) -> Header {
+    Header {
+        schema: SchemaId {
+            generation: SCHEMA_GENERATION,
+            version: SCHEMA_VERSION.to_string(),
+        },
+        message_type: message_type.to_string(),
+        message_id: uuid::Uuid::new_v4().to_string(),
+        timestamp: now_rfc3339(),
+    }
+}
+
+/// Checks a header: the schema generation this code reads (else
+/// [`MeshError::UnknownGeneration`]), a `1.x` version, the expected message type, a UUID
+/// message id and an RFC 3339 timestamp.
+pub fn check_header(h: &Header, expected_type: &str) -> Result<(), MeshError> {
+    if h.schema.generation != SCHEMA_GENERATION {
+        return Err(MeshError::UnknownGeneration {
+            message_type: h.message_type.clone(),
+            generation: u64::from(h.schema.generation),
+        });
+    }
+    let major = SCHEMA_VERSION.split('.').next().unwrap_or("1");
+    let ok_version = h.schema.version.split_once('.').is_some_and(|(m, minor)| {
+        m == major && !minor.is_empty() && minor.bytes().all(|b| b.is_ascii_digit())
+    });
+    if !ok_version {
+        return Err(MeshError::BadHeader(format!(
+            "schema version `{}` is not {major}.x",
+            h.schema.version
+        )));
+    }
+    if h.message_type != expected_type {
+        return Err(MeshError::BadHeader(format!(
+            "message_type is `{}`, expected `{expected_type}`",
+            h.message_type
+        )));
+    }
+    if uuid::Uuid::parse_str(&h.message_id).is_err() {
+        return Err(MeshError::BadHeader(format!(
+            "message_id `{}` is not a UUID",
+            h.message_id.chars().take(64).collect::<String>()
+        )));
+    }
+    if humantime::parse_rfc3339_weak(&h.timestamp).is_err() {
+        return Err(MeshError::BadHeader(format!(
+            "timestamp `{}` is not RFC 3339",
+            h.timestamp.chars().take(64).collect::<String>()
+        )));
+    }
+    Ok(())
+}
+
+/// Budget overrides a proposer asks for (the `--wall 10m` spellings). Advisory: the
+/// node's policy governs what it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProposalBudget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_cost: Option<String>,
+}
+
+/// A patch to re-verify, published on `<prefix>.v1.proposals`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub header: Header,
+    /// A v4 UUID; the verdicts come back on `<prefix>.v1.verdicts.<proposal_id>`, and each
+    /// verdict signs it.
+    pub proposal_id: String,
+    /// The patch, standard base64.
+    pub patch_b64: String,
+    /// `sha256:<hex>` of the decoded patch.
+    pub patch_hash: String,
+    /// The task to run (default: the runtime's first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The runtime's name in fork.toml; nodes serving another runtime refuse the proposal.
+    pub runtime: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<ProposalBudget>,
+    /// After this time (RFC 3339) nobody collects the answers: nodes skip the proposal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+impl Proposal {
+    /// A new proposal of `patch` (checked against [`MAX_PATCH_BYTES`]).
+    pub fn new(
+        patch: &[u8],
+        runtime: &str,
+        task: Option<String>,
+        ttl: Option<Duration>,
+    ) -> Result<Proposal, MeshError> {
+        if patch.len() > MAX_PATCH_BYTES {
+            return Err(MeshError::TooLarge {
+                what: "the patch".into(),
+                size: patch.len(),
+                limit: MAX_PATCH_BYTES,
+            });
+        }
+        Ok(Proposal {
+            header: new_header(PROPOSAL_TYPE),
+            proposal_id: uuid::Uuid::new_v4().to_string(),
+            patch_b64: STANDARD.encode(patch),
+            patch_hash: crate::verdict::sha256_digest(patch),
+            task,
+            runtime: runtime.to_string(),
+            budget: None,
+            expires_at: ttl
+                .map(|t| humantime::format_rfc3339_millis(SystemTime::now() + t).to_string()),
+        })
+    }
+
+    /// The decoded patch, checked: size limit, base64, and its sha256 equal to `patch_hash`.
+    pub fn patch(&self) -> Result<Vec<u8>, MeshError> {
+        if self.patch_b64.len() > MAX_PATCH_BYTES.div_ceil(3) * 4 {
+            return Err(MeshError::TooLarge {
+                what: "the proposal's patch".into(),
+                size: self.patch_b64.len() / 4 * 3,
+                limit: MAX_PATCH_BYTES,
+            });
+        }
+        let patch = STANDARD
+            .decode(&self.patch_b64)
+            .map_err(|e| MeshError::Malformed {
+                what: "proposal",
+                reason: format!("patch_b64 is not standard base64: {e}"),
+            })?;
+        if patch.len() > MAX_PATCH_BYTES {
+            return Err(MeshError::TooLarge {
+                what: "the proposal's patch".into(),
+                size: patch.len(),
+                limit: MAX_PATCH_BYTES,
+            });
+        }
+        let actual = crate::verdict::sha256_digest(&patch);
+        if actual != self.patch_hash {
+            return Err(MeshError::PatchHash {
+                claimed: self.patch_hash.chars().take(80).collect(),
+                actual,
+            });
+        }
+        Ok(patch)
+    }
+
+    /// Whether the proposal's `expires_at` has passed (an unreadable one counts as passed).
+    pub fn expired(&self, now: SystemTime) -> bool {
+        match &self.expires_at {
+            None => false,
+            Some(t) => humantime::parse_rfc3339_weak(t).map_or(true, |t| t < now),
+        }
+    }
+
+    pub fn to_json(&self) -> Result<Vec<u8>, MeshError> {
+        serde_json::to_vec(self)
+            .map_err(|e| MeshError::Internal(format!("encoding a proposal: {e}")))
+    }
+}
+
+/// One node's answer, published on `<prefix>.v1.verdicts.<proposal_id>`: its whole signed
+/// verdict bundle, file by file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictMessage {
+    pub header: Header,
+    pub proposal_id: String,
+    /// The node key that endorsed the verdict (as the node claims it; the endorsement in
+    /// the bundle is what proves it), `ed25519:<base64>`.
+    pub node_key: String,
+    /// Bundle-relative file name → standard base64 of its bytes.
+    pub files: BTreeMap<String, String>,
+}
+
+impl VerdictMessage {
+    /// The message for the bundle in `dir`.
+    pub fn from_bundle(
+        proposal_id: &str,
+        node_key: &PublicKey,
+        dir: &Path,
+    ) -> Result<VerdictMessage, MeshError> {
+        Ok(VerdictMessage {
+            header: new_header(VERDICT_MESSAGE_TYPE),
+            proposal_id: proposal_id.to_string(),
+            node_key: node_key.to_string(),
+            files: read_bundle_files(dir)?,
+        })
+    }
+
+    /// Encodes the message, refusing one over [`MAX_VERDICT_MESSAGE_BYTES`].
+    pub fn to_json(&self) -> Result<Vec<u8>, MeshError> {
+        let bytes = serde_json::to_vec(self)
+            .map_err(|e| MeshError::Internal(format!("encoding a verdict message: {e}")))?;
+        if bytes.len() > MAX_VERDICT_MESSAGE_BYTES {
+            return Err(MeshError::TooLarge {
+                what: "the verdict message".into(),
+                size: bytes.len(),
+                limit: MAX_VERDICT_MESSAGE_BYTES,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// The claimed node key, parsed.
+    pub fn node_public_key(&self) -> Result<PublicKey, MeshError> {
+        PublicKey::parse(&self.node_key).map_err(|e| MeshError::Malformed {
+            what: "verdict message",
+            reason: format!("node_key: {e}"),
+        })
+    }
+}
+
+/// Reads the header of a message before anything else, so that a message of another
+/// generation is refused as such (its body may not even parse as this generation's).
+fn decode_checked<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    expected_type: &str,
+    what: &'static str,
+    limit: usize,
+) -> Result<T, MeshError> {
+    if bytes.len() > limit {
+        return Err(MeshError::TooLarge {
+            what: format!("the {what} message"),
+            size: bytes.len(),
+            limit,
+        });
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| MeshError::Malformed {
+            what,
+            reason: format!("not JSON: {e}"),
+        })?;
+    let header = value.get("header").ok_or_else(|| MeshError::Malformed {
+        what,
+        reason: "no `header`".into(),
+    })?;
+    // The generation first, whatever else the header holds.
+    if let Some(g) = header
+        .get("schema")
+        .and_then(|s| s.get("generation"))
+        .and_then(|g| g.as_u64())
+    {
+        if g != u64::from(SCHEMA_GENERATION) {
+            return Err(MeshError::UnknownGeneration {
+                message_type: header
+                    .get("message_type")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or(expected_type)
+                    .chars()
+                    .take(64)
+                    .collect(),
+                generation: g,
+            });
+        }
+    }
+    let h: Header = serde_json::from_value(header.clone()).map_err(|e| MeshError::Malformed {
+        what,
+        reason: format!("header: {e}"),
+    })?;
+    check_header(&h, expected_type)?;
+    serde_json::from_value(value).map_err(|e| MeshError::Malformed {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// Parses and checks a proposal message: size, header, ids, hash spelling. (The patch
+/// itself is checked by [`Proposal::patch`].)
+pub fn decode_proposal(bytes: &[u8]) -> Result<Proposal, MeshError> {
+    let p: Proposal = decode_checked(bytes, PROPOSAL_TYPE, "proposal", MAX_PROPOSAL_MESSAGE_BYTES)?;
+    check_proposal_id(&p.proposal_id)?;
+    if !crate::verdict::is_sha256_digest(&p.patch_hash) {
+        return Err(MeshError::Malformed {
+            what: "proposal",
+            reason: "patch_hash is not sha256:<64 lowercase hex>".into(),
+        });
+    }
+    Ok(p)
+}
+
+/// Parses and checks a verdict message: size, header, ids, file names, base64.
+pub fn decode_verdict_message(bytes: &[u8]) -> Result<VerdictMessage, MeshError> {
+    let m: VerdictMessage = decode_checked(
+        bytes,
+        VERDICT_MESSAGE_TYPE,
+        "verdict",
+        MAX_VERDICT_MESSAGE_BYTES,
+    )?;
+    check_proposal_id(&m.proposal_id)?;
+    m.node_public_key()?;
+    if m.files.len() > MAX_BUNDLE_FILES {
+        return Err(MeshError::TooLarge {
+            what: "the bundle's file count".into(),
+            size: m.files.len(),
+            limit: MAX_BUNDLE_FILES,
+        });
+    }
+    for name in m.files.keys() {
+        if !is_valid_bundle_file(name) {
+            return Err(MeshError::BadFileName(name.chars().take(128).collect()));
+        }
+    }
+    Ok(m)
+}
+
+/// A proposal id is a UUID (so it is one safe subject token and one safe directory name).
+pub fn check_proposal_id(id: &str) -> Result<(), MeshError> {
+    match uuid::Uuid::parse_str(id) {
+        Ok(u) if u.hyphenated().to_string() == id => Ok(()),
+        _ => Err(MeshError::Malformed {
+            what: "message",
+            reason: format!(
+                "proposal_id `{}` is not a lowercase hyphenated UUID",
+                id.chars().take(64).collect::<String>()
+            ),
+        }),
+    }
+}
+
+/// Whether `name` may be written in a received bundle: one of the three top files, or
+/// `artifacts/<plain name>` (so never absolute, never `..`, never a nested path).
+pub fn is_valid_bundle_file(name: &str) -> bool {
+    matches!(
+        name,
+        VERDICT_FILE | VERDICT_ENVELOPE_FILE | ENDORSEMENT_FILE
+    ) || crate::verdict::is_valid_artifact_path(name)
+}
+
+/// Reads a bundle directory into `name → base64`: the three top files and every regular
+/// file in `artifacts/` (anything else there, or a symlink, is an error).
+pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshError> {
+    let mut files = BTreeMap::new();
+    let mut total = 0usize;
+    let mut add = |name: String, path: &Path| -> Result<(), MeshError> {
+        let meta = std::fs::symlink_metadata(path).map_err(io_err("read", path))?;
+        if !meta.is_file() {
+            return Err(MeshError::Input(format!(
+                "{} is not a regular file: a verdict bundle holds regular files only",
+                path.display()
+            )));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                f.take(MAX_VERDICT_MESSAGE_BYTES as u64 + 1)
+                    .read_to_end(&mut bytes)
+            })
+            .map_err(io_err("read", path))?;
+        total += bytes.len();
+        if total > MAX_VERDICT_MESSAGE_BYTES {
+            return Err(MeshError::TooLarge {
+                what: format!("the bundle {}", dir.display()),
+                size: total,
+                limit: MAX_VERDICT_MESSAGE_BYTES,
+            });
+        }
+        files.insert(name, STANDARD.encode(&bytes));
+        Ok(())
+    };
+    for top in [VERDICT_FILE, VERDICT_ENVELOPE_FILE, ENDORSEMENT_FILE] {
+        add(top.to_string(), &dir.join(top))?;
+    }
+    let art = dir.join(ARTIFACTS_DIR);
+    match std::fs::read_dir(&art) {
+        Ok(rd) => {
+            let mut names = Vec::new();
+            for e in rd {
+                let e = e.map_err(io_err("list", &art))?;
+                names.push(e.file_name().to_string_lossy().into_owned());
+            }
+            names.sort();
+            if names.len() > MAX_BUNDLE_FILES {
+                return Err(MeshError::TooLarge {
+                    what: format!("the file count of {}", art.display()),
+                    size: names.len(),
+                    limit: MAX_BUNDLE_FILES,
+                });
+            }
+            for n in names {
+                let rel = format!("{ARTIFACTS_DIR}/{n}");
+                if !is_valid_bundle_file(&rel) {
+                    return Err(MeshError::BadFileName(rel));
+                }
+                add(rel, &art.join(&n))?;
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("list", &art)(e)),
+    }
+    Ok(files)
+}
+
+/// Writes a received bundle to `dir`, which must not exist (its parent is created). Every
+/// name is checked with [`is_valid_bundle_file`] and every content decoded before anything
+/// is written; files are created new, never through an existing path.
+pub fn write_bundle_files(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), MeshError> {
+    if files.len() > MAX_BUNDLE_FILES {
+        return Err(MeshError::TooLarge {
+            what: "the bundle's file count".into(),
+            size: files.len(),
+            limit: MAX_BUNDLE_FILES,
+        });
+    }
+    let mut decoded = Vec::with_capacity(files.len());
+    let mut total = 0usize;
+    for (name, b64) in files {
+        if !is_valid_bundle_file(name) {
+            return Err(MeshError::BadFileName(name.chars().take(128).collect()));
+        }
+        let bytes = STANDARD.decode(b64).map_err(|e| MeshError::Malformed {
+            what: "verdict",
+            reason: format!("file {name} is not standard base64: {e}"),
+        })?;
+        total += bytes.len();
+        if total > MAX_VERDICT_MESSAGE_BYTES {
+            return Err(MeshError::TooLarge {
+                what: "the bundle".into(),
+                size: total,
+                limit: MAX_VERDICT_MESSAGE_BYTES,
+            });
+        }
+        decoded.push((name.as_str(), bytes));
+    }
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o755);
+    builder
+        .create(dir)
+        .map_err(io_err("create directory", dir))?;
+    if decoded.iter().any(|(n, _)| n.starts_with("artifacts/")) {
+        let art = dir.join(ARTIFACTS_DIR);
+        builder
+            .create(&art)
+            .map_err(io_err("create directory", &art))?;
+    }
+    for (name, bytes) in decoded {
+        let path = dir.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io_err("create", &path))?;
+        f.write_all(&bytes).map_err(io_err("write", &path))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_and_streams() {
+        let s = Subjects::new(false);
+        assert_eq!(s.proposals(), "fork.v1.proposals");
+        assert_eq!(s.verdicts("abc"), "fork.v1.verdicts.abc");
+        assert_eq!(s.all_verdicts(), "fork.v1.verdicts.>");
+        assert_eq!(s.proposals_stream(), "FORK_PROPOSALS");
+        assert_eq!(s.verdicts_stream(), "FORK_VERDICTS");
+        let s = Subjects::new(true);
+        assert_eq!(s.proposals(), "fork-staging.v1.proposals");
+        assert_eq!(s.verdicts_stream(), "FORK_STAGING_VERDICTS");
+    }
+
+    #[test]
+    fn proposal_round_trip_and_patch_checks() {
+        let p =
+            Proposal::new(b"--- a\n+++ b\n", "hermes-demo", Some("tests".into()), None).unwrap();
+        let back = decode_proposal(&p.to_json().unwrap()).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.patch().unwrap(), b"--- a\n+++ b\n");
+        assert!(!back.expired(SystemTime::now()));
+
+        let mut forged = p.clone();
+        forged.patch_b64 = STANDARD.encode(b"something else");
+        assert!(matches!(forged.patch(), Err(MeshError::PatchHash { .. })));
+        let mut bad = p.clone();
+        bad.patch_b64 = "***".into();
+        assert!(matches!(bad.patch(), Err(MeshError::Malformed { .. })));
+
+        let big = vec![b'x'; MAX_PATCH_BYTES + 1];
+        assert!(matches!(
+            Proposal::new(&big, "r", None, None),
+            Err(MeshError::TooLarge { .. })
+        ));
+
+        let old = Proposal::new(b"x", "r", None, Some(Duration::from_millis(1))).unwrap();
+        assert!(old.expired(SystemTime::now() + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn unknown_generation_is_refused_before_the_body() {
+        let p = Proposal::new(b"x", "r", None, None).unwrap();
+        let mut v: serde_json::Value = serde_json::from_slice(&p.to_json().unwrap()).unwrap();
+        v["header"]["schema"]["generation"] = 2.into();
+        // A generation-2 body this code could not parse.
+        v["patch_b64"] = serde_json::json!({"chunks": []});
+        let e = decode_proposal(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(
+            matches!(e, MeshError::UnknownGeneration { generation: 2, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("generation 2"), "{e}");
+        assert_eq!(e.exit_code(), crate::cli::exit::BAD_INPUT);
+    }
+
+    #[test]
+    fn header_checks() {
+        let good = new_header(PROPOSAL_TYPE);
+        check_header(&good, PROPOSAL_TYPE).unwrap();
+        let mut h = good.clone();
+        h.schema.generation = 7;
+        assert!(matches!(
+            check_header(&h, PROPOSAL_TYPE),
+            Err(MeshError::UnknownGeneration { generation: 7, .. })
+        ));
+        let mut h = good.clone();
+        h.schema.version = "1.7".into();
+        check_header(&h, PROPOSAL_TYPE).unwrap();
+        h.schema.version = "2.0".into();
+        assert!(check_header(&h, PROPOSAL_TYPE).is_err());
+        assert!(check_header(&good, VERDICT_MESSAGE_TYPE).is_err());
+        let mut h = good.clone();
+        h.message_id = "not-a-uuid".into();
+        assert!(check_header(&h, PROPOSAL_TYPE).is_err());
+        let mut h = good;
+        h.timestamp = "yesterday".into();
+        assert!(check_header(&h, PROPOSAL_TYPE).is_err());
+    }
+
+    #[test]
+    fn bundle_file_names() {
+        for ok in [
+            "verdict.json",
+            "verdict.dsse.json",
+            "endorsement.dsse.json",
+            "artifacts/tests.xml",
+        ] {
+            assert!(is_valid_bundle_file(ok), "{ok}");
+        }
+        for bad in [
+            "../x",
+            "/etc/passwd",
+            "artifacts/../verdict.json",
+            "artifacts/a/b",
+            "artifacts/.hidden",
+            "artifacts/",
+            "other.json",
+            "artifacts/..",
+        ] {
+            assert!(!is_valid_bundle_file(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bundle_files_round_trip_and_hostile_names_write_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir_all(src.join("artifacts")).unwrap();
+        for (n, c) in [
+            ("verdict.json", "{}\n"),
+            ("verdict.dsse.json", "{\"a\":1}\n"),
+            ("endorsement.dsse.json", "{\"b\":2}\n"),
+            ("artifacts/tests.xml", "<x/>"),
+        ] {
+            std::fs::write(src.join(n), c).unwrap();
+        }
+        let key = crate::identity::NodeKey::generate().public();
+        let id = uuid::Uuid::new_v4().to_string();
+        let m = VerdictMessage::from_bundle(&id, &key, &src).unwrap();
+        let back = decode_verdict_message(&m.to_json().unwrap()).unwrap();
+        assert_eq!(back.files.len(), 4);
+        let dst = t.path().join("o/dst");
+        write_bundle_files(&dst, &back.files).unwrap();
+        assert_eq!(
+            std::fs::read(dst.join("artifacts/tests.xml")).unwrap(),
+            b"<x/>"
+        );
+        // An existing directory is never written into.
+        assert!(write_bundle_files(&dst, &back.files).is_err());
+
+        let mut hostile = back.files.clone();
+        hostile.insert("../escaped".into(), STANDARD.encode(b"x"));
+        let dst2 = t.path().join("dst2");
+        assert!(matches!(
+            write_bundle_files(&dst2, &hostile),
+            Err(MeshError::BadFileName(_))
+        ));
+        assert!(!dst2.exists() && !t.path().join("escaped").exists());
+        let mut m2 = back.clone();
+        m2.files = hostile;
+        let bytes = serde_json::to_vec(&m2).unwrap();
+        assert!(matches!(
+            decode_verdict_message(&bytes),
+            Err(MeshError::BadFileName(_))
+        ));
+
+        let mut m3 = back;
+        m3.proposal_id = "fork.v1.>".into();
+        assert!(decode_verdict_message(&serde_json::to_vec(&m3).unwrap()).is_err());
+    }
+
+    #[test]
+    fn oversized_messages_are_refused() {
+        let big = vec![b' '; MAX_VERDICT_MESSAGE_BYTES + 1];
+        assert!(matches!(
+            decode_verdict_message(&big),
+            Err(MeshError::TooLarge { .. })
+        ));
+        let big = vec![b' '; MAX_PROPOSAL_MESSAGE_BYTES + 1];
+        assert!(matches!(
+            decode_proposal(&big),
+            Err(MeshError::TooLarge { .. })
+        ));
+    }
+}

@@ -1,0 +1,6 @@
+pub mod approve;
+pub mod consensus;
+pub mod messages;
+pub mod propose;
+pub mod serve;
+pub mod transport;

@@ -1,0 +1,534 @@
+//! `fork mesh propose PATCH`: publish a patch to the mesh, collect the nodes' signed
+//! verdicts, and decide by consensus ([`crate::mesh::consensus`]).
+//!
+//! The verdicts are read from the verdicts stream (an ordered consumer on
+//! `<prefix>.v1.verdicts.<proposal_id>`, from the first message, so nothing published
+//! before the consumer existed or during a reconnect is missed). Each message's header is
+//! checked; a message seen before (same message id) is refused; every other one is written
+//! as a bundle directory `OUT/<proposal_id>/<node key id>-<n>/` and the votes are counted
+//! again, with the proposal's id and patch hash, so that a verdict for another proposal or
+//! patch (a replay) never counts. Collecting stops when the outcome can no longer change
+//! (every trusted node has a counted vote, approval has become impossible, or it holds
+//! even if every silent node votes against) or at the timeout.
+
+use crate::identity::PublicKey;
+use crate::mesh::consensus::{consensus, ConsensusConfig, ConsensusReport, Quorum};
+use crate::mesh::messages::{decode_verdict_message, io_err, MeshError, Proposal, MAX_PATCH_BYTES};
+use crate::mesh::transport::Bus;
+use async_nats::jetstream::consumer;
+use futures_util::StreamExt;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `fork mesh propose`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProposeArgs {
+    /// The patch to propose (a unified diff, at most 1 MiB).
+    pub patch: PathBuf,
+    /// The NATS server (JetStream on).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    /// The runtime the patch is for (its root, holding fork.toml: its name goes in the
+    /// proposal, and nodes serving another runtime refuse it).
+    #[arg(long, default_value = ".")]
+    pub runtime: PathBuf,
+    /// The task the nodes run (default: the runtime's first).
+    #[arg(long)]
+    pub task: Option<String>,
+    /// How long to wait for the verdicts, e.g. 60s, 5m.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The fraction of the responding trusted nodes that must approve.
+    #[arg(long, default_value = "2/3")]
+    pub quorum: Quorum,
+    /// The absolute floor of approvals, however many nodes answer.
+    #[arg(long, default_value_t = 2)]
+    pub min_nodes: usize,
+    /// A trusted node key (ed25519:<base64>), or a file holding one. Repeatable (or
+    /// comma-separated); only these nodes' verdicts count.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub trust: Vec<String>,
+    /// A steward key (or file): an approving verdict must carry this steward's approval.
+    #[arg(long)]
+    pub steward: Option<String>,
+    /// Where the received bundles go: OUT/<proposal_id>/<node key id>-<n>/ (default:
+    /// ./fork-mesh).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Use the staging subjects (fork-staging.*), for experimental schemas.
+    #[arg(long)]
+    pub staging: bool,
+}
+
+/// The options of [`propose`] (the command line's).
+pub type ProposeOptions = ProposeArgs;
+
+/// A verdict message that was not written as a bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedMessage {
+    /// Its sequence in the verdicts stream.
+    pub sequence: u64,
+    /// The node key it claims, when it could be read.
+    pub node_key: Option<String>,
+    pub reason: String,
+}
+
+/// What `fork mesh propose` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProposeReport {
+    pub proposal_id: String,
+    pub patch_hash: String,
+    pub runtime: String,
+    pub task: Option<String>,
+    /// Where the verdicts were read from.
+    pub subject: String,
+    /// The directory holding the received bundles.
+    pub out_dir: PathBuf,
+    /// Whether collecting ended at the timeout (rather than when the outcome was settled).
+    pub timed_out: bool,
+    pub elapsed_s: f64,
+    /// Verdict messages received, refused ones included.
+    pub messages: usize,
+    pub refused_messages: Vec<RefusedMessage>,
+    pub consensus: ConsensusReport,
+}
+
+impl ProposeReport {
+    /// The report as human text.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "proposal {}  patch {}  runtime `{}`  task {}\n  {} verdict message(s) in {:.1}s{}; bundles in {}\n",
+            self.proposal_id,
+            self.patch_hash,
+            self.runtime,
+            self.task.as_deref().unwrap_or("(default)"),
+            self.messages,
+            self.elapsed_s,
+            if self.timed_out { " (timed out)" } else { "" },
+            self.out_dir.display()
+        );
+        if !self.refused_messages.is_empty() {
+            out.push_str(&format!(
+                "refused messages ({}):\n",
+                self.refused_messages.len()
+            ));
+            for r in &self.refused_messages {
+                out.push_str(&format!(
+                    "  #{} {}: {}\n",
+                    r.sequence,
+                    r.node_key.as_deref().unwrap_or("(unknown node)"),
+                    r.reason
+                ));
+            }
+        }
+        out.push_str(&self.consensus.render());
+        out
+    }
+}
+
+/// Builds a runtime, runs [`propose`], prints the report (stdout); returns the exit code:
+/// 0 approved, 1 not approved.
+pub fn propose_blocking(opts: ProposeOptions) -> Result<i32, MeshError> {
+    let json = opts.json;
+    let report = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
+        .block_on(propose(opts))?;
+    if json {
+        let doc = serde_json::to_string_pretty(&report)
+            .map_err(|e| MeshError::Internal(format!("encoding the report: {e}")))?;
+        println!("{doc}");
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.consensus.approved { 0 } else { 1 })
+}
+
+/// A key given on the command line, or the file holding it.
+fn parse_key(flag: &str, s: &str) -> Result<PublicKey, MeshError> {
+    let r = if Path::new(s).is_file() {
+        crate::identity::read_public_key(Path::new(s))
+    } else {
+        PublicKey::parse(s)
+    };
+    r.map_err(|e| {
+        MeshError::Usage(format!(
+            "{flag} {}: {e}",
+            s.chars().take(80).collect::<String>()
+        ))
+    })
+}
+
+/// Whether more votes could still change the outcome.
+pub fn settled(r: &ConsensusReport, cfg: &ConsensusConfig) -> bool {
+    let voted: HashSet<&str> = r.votes.iter().map(|v| v.node_key.as_str()).collect();
+    let remaining = cfg
+        .trusted
+        .iter()
+        .map(PublicKey::to_string)
+        .collect::<HashSet<_>>()
+        .iter()
+        .filter(|k| !voted.contains(k.as_str()))
+        .count();
+    if remaining == 0 {
+        return true;
+    }
+    let (a, n) = (r.approvals, r.responders);
+    // The best case for approval: every silent trusted node approves. (The margin
+    // approvals - needed only grows with each approval, as the quorum is at most 1.)
+    let best = a + remaining;
+    if best < cfg.quorum.needed(n + remaining) || best < cfg.min_nodes {
+        return true;
+    }
+    // Approved, and it stays so even if every silent node votes against.
+    r.approved && a >= cfg.quorum.needed(n + remaining) && a >= cfg.min_nodes
+}
+
+/// Proposes the patch and collects the verdicts until the outcome is settled or the
+/// timeout passes.
+pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + opts.timeout;
+
+    // The patch, the runtime, the keys: all checked before anything is published.
+    let mut patch = Vec::new();
+    std::fs::File::open(&opts.patch)
+        .and_then(|f| f.take(MAX_PATCH_BYTES as u64 + 1).read_to_end(&mut patch))
+        .map_err(|e| {
+            MeshError::Input(format!("cannot read patch {}: {e}", opts.patch.display()))
+        })?;
+    if patch.len() > MAX_PATCH_BYTES {
+        return Err(MeshError::TooLarge {
+            what: format!("patch {}", opts.patch.display()),
+            size: patch.len(),
+            limit: MAX_PATCH_BYTES,
+        });
+    }
+    let manifest =
+        crate::manifest::load(&opts.runtime).map_err(|e| MeshError::Input(e.to_string()))?;
+    manifest
+        .task(opts.task.as_deref())
+        .map_err(|e| MeshError::Usage(e.to_string()))?;
+    let mut trusted = Vec::new();
+    for t in &opts.trust {
+        let k = parse_key("--trust", t)?;
+        if !trusted.contains(&k) {
+            trusted.push(k);
+        }
+    }
+    if trusted.is_empty() {
+        return Err(MeshError::Usage(
+            "no trusted node key: pass --trust ed25519:<key> for each node whose verdict counts"
+                .into(),
+        ));
+    }
+    if opts.min_nodes > trusted.len() {
+        return Err(MeshError::Usage(format!(
+            "--min-nodes {} is more than the {} trusted node key(s): no outcome could ever be approved; trust more nodes or lower --min-nodes",
+            opts.min_nodes,
+            trusted.len()
+        )));
+    }
+    let steward = opts
+        .steward
+        .as_deref()
+        .map(|s| parse_key("--steward", s))
+        .transpose()?;
+    let proposal = Proposal::new(
+        &patch,
+        &manifest.runtime.name,
+        opts.task.clone(),
+        Some(opts.timeout),
+    )?;
+    let id = proposal.proposal_id.clone();
+    let out_dir = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("fork-mesh"))
+        .join(&id);
+    std::fs::create_dir_all(&out_dir).map_err(io_err("create directory", &out_dir))?;
+    let cfg = ConsensusConfig {
+        quorum: opts.quorum,
+        min_nodes: opts.min_nodes,
+        trusted,
+        steward,
+        patch_hash: Some(proposal.patch_hash.clone()),
+        task_hash: None,
+        proposal_id: Some(id.clone()),
+    };
+
+    let bus = Bus::connect(
+        &opts.nats,
+        "fork-propose",
+        opts.staging,
+        Some(opts.timeout.min(Duration::from_secs(30))),
+    )
+    .await?;
+    let (_, verdicts) = bus.ensure_streams().await?;
+    let subject = bus.subjects.verdicts(&id);
+    // The verdict consumer exists before the proposal does.
+    let mut incoming = verdicts
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| MeshError::Nats {
+            action: format!("read {subject}"),
+            reason: e.to_string(),
+        })?
+        .messages()
+        .await
+        .map_err(|e| MeshError::Nats {
+            action: format!("read {subject}"),
+            reason: e.to_string(),
+        })?;
+    let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    bus.publish_retrying(
+        bus.subjects.proposals(),
+        proposal.to_json()?,
+        &id,
+        remaining.max(Duration::from_secs(1)),
+    )
+    .await?;
+    eprintln!(
+        "fork mesh: proposed {} ({}) on {}; waiting up to {} for verdicts",
+        id,
+        proposal.patch_hash,
+        bus.subjects.proposals(),
+        humantime::format_duration(opts.timeout)
+    );
+
+    let mut bundles: Vec<PathBuf> = Vec::new();
+    let mut seen_messages: HashSet<String> = HashSet::new();
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut refused_messages = Vec::new();
+    let mut messages = 0usize;
+    let mut report = consensus(&bundles, &cfg);
+    let mut timed_out = false;
+    loop {
+        if settled(&report, &cfg) {
+            break;
+        }
+        let next = match tokio::time::timeout_at(deadline, incoming.next()).await {
+            Err(_) => {
+                timed_out = true;
+                break;
+            }
+            Ok(None) => {
+                return Err(MeshError::Nats {
+                    action: format!("read {subject}"),
+                    reason: "the consumer ended".into(),
+                })
+            }
+            Ok(Some(Err(e))) => {
+                eprintln!("fork mesh: reading verdicts: {e}; going on");
+                continue;
+            }
+            Ok(Some(Ok(m))) => m,
+        };
+        messages += 1;
+        let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(0);
+        let mut refuse = |node_key: Option<String>, reason: String| {
+            eprintln!("fork mesh: refused verdict message #{sequence}: {reason}");
+            refused_messages.push(RefusedMessage {
+                sequence,
+                node_key,
+                reason,
+            });
+        };
+        let m = match decode_verdict_message(&next.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                refuse(None, e.to_string());
+                continue;
+            }
+        };
+        if m.proposal_id != id {
+            refuse(
+                Some(m.node_key.clone()),
+                format!("it answers proposal {}, not {id}", m.proposal_id),
+            );
+            continue;
+        }
+        if !seen_messages.insert(m.header.message_id.clone()) {
+            refuse(
+                Some(m.node_key.clone()),
+                format!(
+                    "duplicate: message {} was already received",
+                    m.header.message_id
+                ),
+            );
+            continue;
+        }
+        let key_id = match m.node_public_key() {
+            Ok(k) => k.key_id(),
+            Err(e) => {
+                refuse(None, e.to_string());
+                continue;
+            }
+        };
+        let n = per_node.entry(key_id.clone()).or_insert(0);
+        *n += 1;
+        let dir = out_dir.join(format!("{key_id}-{n}"));
+        if let Err(e) = crate::mesh::messages::write_bundle_files(&dir, &m.files) {
+            refuse(Some(m.node_key.clone()), e.to_string());
+            continue;
+        }
+        bundles.push(dir);
+        report = consensus(&bundles, &cfg);
+        eprintln!(
+            "fork mesh: verdict from {}: {} approval(s) of {} counted vote(s)",
+            m.node_key, report.approvals, report.responders
+        );
+    }
+    Ok(ProposeReport {
+        proposal_id: id,
+        patch_hash: proposal.patch_hash,
+        runtime: proposal.runtime,
+        task: proposal.task,
+        subject,
+        out_dir,
+        timed_out,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        messages,
+        refused_messages,
+        consensus: report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::NodeKey;
+    use crate::mesh::consensus::Vote;
+    use crate::verdict::VerdictKind;
+
+    fn report(votes: &[(PublicKey, bool)], cfg: &ConsensusConfig) -> ConsensusReport {
+        // The fields `settled` reads, filled as consensus would for these accepted votes.
+        let approvals = votes.iter().filter(|(_, a)| *a).count();
+        let responders = votes.len();
+        let needed = cfg.quorum.needed(responders);
+        ConsensusReport {
+            approved: responders > 0 && approvals >= needed && approvals >= cfg.min_nodes,
+            approvals,
+            responders,
+            needed,
+            min_nodes: cfg.min_nodes,
+            quorum: cfg.quorum.to_string(),
+            votes: votes
+                .iter()
+                .map(|(k, a)| Vote {
+                    bundle: PathBuf::from("b"),
+                    node_key: k.to_string(),
+                    verdict: if *a {
+                        VerdictKind::Approve
+                    } else {
+                        VerdictKind::NeedsRevision
+                    },
+                    confidence: 0.9,
+                    run_id: "r".into(),
+                })
+                .collect(),
+            refused: vec![],
+            steward: None,
+            patch_hash: None,
+            task_hash: None,
+            summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn settled_when_no_vote_can_change_the_outcome() {
+        let keys: Vec<PublicKey> = (0..4).map(|_| NodeKey::generate().public()).collect();
+        let cfg = |min_nodes| ConsensusConfig {
+            quorum: "2/3".parse().unwrap(),
+            min_nodes,
+            trusted: keys[..3].to_vec(),
+            steward: None,
+            patch_hash: None,
+            task_hash: None,
+            proposal_id: None,
+        };
+        let c = cfg(2);
+        // Nobody answered yet.
+        assert!(!settled(&report(&[], &c), &c));
+        // One approval of three: the others could still go either way.
+        assert!(!settled(&report(&[(keys[0], true)], &c), &c));
+        // Two approvals: even a third rejection leaves 2 >= ceil(2/3 * 3).
+        assert!(settled(
+            &report(&[(keys[0], true), (keys[1], true)], &c),
+            &c
+        ));
+        // Two rejections: one more approval cannot reach 2 of 3.
+        assert!(settled(
+            &report(&[(keys[0], false), (keys[1], false)], &c),
+            &c
+        ));
+        // One of each: the third decides.
+        assert!(!settled(
+            &report(&[(keys[0], true), (keys[1], false)], &c),
+            &c
+        ));
+        // A floor of 3 needs every node to approve: two approvals are not enough yet.
+        let c3 = cfg(3);
+        assert!(!settled(
+            &report(&[(keys[0], true), (keys[1], true)], &c3),
+            &c3
+        ));
+        assert!(settled(
+            &report(&[(keys[0], true), (keys[1], false)], &c3),
+            &c3
+        ));
+        // Everyone answered.
+        let all = [(keys[0], true), (keys[1], true), (keys[2], true)];
+        assert!(settled(&report(&all, &c3), &c3));
+    }
+
+    #[test]
+    fn arguments_parse_like_the_command_line() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: ProposeArgs,
+        }
+        let k1 = NodeKey::generate().public().to_string();
+        let k2 = NodeKey::generate().public().to_string();
+        let cli = Cli::try_parse_from([
+            "x",
+            "p.diff",
+            "--trust",
+            &k1,
+            "--trust",
+            &k2,
+            "--quorum",
+            "3/4",
+            "--timeout",
+            "90s",
+            "--min-nodes",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(cli.a.trust, vec![k1.clone(), k2.clone()]);
+        assert_eq!(cli.a.quorum, Quorum { num: 3, den: 4 });
+        assert_eq!(cli.a.timeout, Duration::from_secs(90));
+        assert_eq!(cli.a.min_nodes, 3);
+        let cli = Cli::try_parse_from(["x", "p.diff", "--trust", &format!("{k1},{k2}")]).unwrap();
+        assert_eq!(cli.a.trust.len(), 2);
+        assert_eq!(cli.a.quorum, Quorum { num: 2, den: 3 });
+        assert!(
+            Cli::try_parse_from(["x", "p.diff"]).is_err(),
+            "--trust is required"
+        );
+        assert!(Cli::try_parse_from(["x", "p.diff", "--trust", &k1, "--quorum", "4/3"]).is_err());
+    }
+}

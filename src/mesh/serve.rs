@@ -1,0 +1,499 @@
+//! `fork mesh serve`: a mesh node. It reads proposals from its durable consumer, one at a
+//! time, re-verifies each patch with the whole lifecycle (`fork evaluate`, on its own copy
+//! of the runtime, signed with its own node key) and publishes its verdict bundle.
+//!
+//! For each proposal: the header (schema generation, type, ids), the size, the base64, the
+//! patch hash (`sha256(patch)` must equal `patch_hash`), the runtime's name and the
+//! proposal's expiry are checked; a proposal that fails a check is acknowledged and logged,
+//! never retried. Otherwise the patch is evaluated (no verdict cache: a cached verdict
+//! would answer another proposal), the bundle is kept under
+//! `$XDG_DATA_HOME/fork/mesh/<prefix>/<proposal_id>`, published on
+//! `<prefix>.v1.verdicts.<proposal_id>`, and only then is the proposal acknowledged. A node
+//! that crashes before acknowledging gets the proposal again, and republishes the bundle it
+//! already signed rather than evaluating twice.
+//!
+//! The node outlives NATS restarts: the client reconnects with backoff, and the streams
+//! and the consumer are looked up again after any error. SIGINT/SIGTERM stop it between
+//! two steps (an evaluation in progress is destroyed and its proposal left to redelivery).
+//! Logs go to stderr.
+
+use crate::cli::{exit, CliError};
+use crate::evaluate::{EvaluateArgs, EvaluateError};
+use crate::identity::{NodeKey, PublicKey};
+use crate::mesh::messages::{
+    decode_proposal, io_err, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
+};
+use crate::mesh::transport::{backoff, consumer_name, Bus, PROGRESS_EVERY};
+use crate::sandbox::signals::interrupted;
+use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
+use futures_util::StreamExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+/// `fork mesh serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The NATS server (JetStream on).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    /// The runtime this node evaluates patches for (its root, holding fork.toml).
+    #[arg(long, default_value = ".")]
+    pub runtime: PathBuf,
+    /// Policy file (default: the built-in policies/default.toml).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// The node key that endorses this node's verdicts (default:
+    /// $XDG_CONFIG_HOME/fork/node.key, created on first use).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Use the staging subjects (fork-staging.*), for experimental schemas.
+    #[arg(long)]
+    pub staging: bool,
+    /// Stop after answering N proposals.
+    #[arg(long, value_name = "N")]
+    pub max_proposals: Option<u64>,
+    /// Answer the proposals pending now, then stop.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// The options of [`serve`] (the command line's).
+pub type ServeOptions = ServeArgs;
+
+/// `fork mesh <serve|propose>`: the subcommands, for the CLI to flatten under `mesh`.
+#[derive(Debug, clap::Subcommand)]
+pub enum MeshCommand {
+    /// Be a mesh node: re-verify proposed patches and publish signed verdicts.
+    Serve(ServeArgs),
+    /// Propose a patch to the mesh and wait for the nodes' consensus.
+    Propose(crate::mesh::propose::ProposeArgs),
+}
+
+/// Runs a `fork mesh` subcommand; returns the exit code.
+pub fn mesh_cli(cmd: MeshCommand) -> Result<i32, CliError> {
+    let to_cli = |e: MeshError| CliError {
+        code: e.exit_code(),
+        message: e.to_string(),
+    };
+    match cmd {
+        MeshCommand::Serve(a) => serve_blocking(a).map(|()| 0).map_err(to_cli),
+        MeshCommand::Propose(a) => crate::mesh::propose::propose_blocking(a).map_err(to_cli),
+    }
+}
+
+/// Builds a runtime and runs [`serve`] on it.
+pub fn serve_blocking(opts: ServeOptions) -> Result<(), MeshError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
+        .block_on(serve(opts))
+}
+
+/// What the node knows about itself.
+struct Node {
+    opts: ServeOptions,
+    key_path: PathBuf,
+    public: PublicKey,
+    runtime_name: String,
+    /// Where this node keeps the bundles it signed.
+    bundles: PathBuf,
+}
+
+enum Flow {
+    /// The proposal was answered or refused; go on.
+    Done,
+    /// Interrupted: stop serving.
+    Stop,
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("fork mesh: {}", msg.as_ref());
+}
+
+/// The node key at `path` (or the default one, created when missing).
+fn node_key(path: Option<&Path>) -> Result<(PathBuf, NodeKey), MeshError> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let p = crate::identity::default_node_key_path();
+            if !p.exists() {
+                let public = crate::identity::generate_node_key(&p, false).map_err(|e| {
+                    MeshError::Internal(format!("creating the node key {}: {e}", p.display()))
+                })?;
+                log(format!(
+                    "no node key yet: created {} ({public})",
+                    p.display()
+                ));
+            }
+            p
+        }
+    };
+    let key = crate::identity::load_node_key(&path).map_err(|e| MeshError::Usage(e.to_string()))?;
+    Ok((path, key))
+}
+
+/// Serves proposals until interrupted (or `--max-proposals`, or `--once`).
+pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
+    crate::sandbox::signals::install_interrupt_flag();
+    let (key_path, key) = node_key(opts.key.as_deref())?;
+    let public = key.public();
+    drop(key);
+    let manifest =
+        crate::manifest::load(&opts.runtime).map_err(|e| MeshError::Input(e.to_string()))?;
+    if let Some(p) = &opts.policy {
+        crate::policy::Policy::load(Some(p)).map_err(|e| MeshError::Input(e.to_string()))?;
+    }
+    let subjects = crate::mesh::messages::Subjects::new(opts.staging);
+    let bundles = crate::ledger::Ledger::default_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("mesh")
+        .join(subjects.prefix());
+    std::fs::create_dir_all(&bundles).map_err(io_err("create directory", &bundles))?;
+    let node = Node {
+        runtime_name: manifest.runtime.name.clone(),
+        opts,
+        key_path,
+        public,
+        bundles,
+    };
+
+    let bus = Bus::connect(
+        &node.opts.nats,
+        &consumer_name(&node.public),
+        node.opts.staging,
+        None,
+    )
+    .await?;
+    log(format!(
+        "node {} serving runtime `{}` ({}) on {} at {}",
+        node.public,
+        node.runtime_name,
+        node.opts.runtime.display(),
+        bus.subjects.proposals(),
+        bus.url
+    ));
+
+    let mut answered = 0u64;
+    let mut consumer: Option<PullConsumer> = None;
+    let mut failures = 0usize;
+    loop {
+        if interrupted() {
+            log("interrupted: stopping");
+            return Ok(());
+        }
+        if node.opts.max_proposals.is_some_and(|m| answered >= m) {
+            log(format!("answered {answered} proposal(s): stopping"));
+            return Ok(());
+        }
+        let c = match &consumer {
+            Some(c) => c.clone(),
+            None => match setup(&bus, &node.public).await {
+                Ok(c) => {
+                    if failures > 0 {
+                        log("the bus is back: serving again");
+                    }
+                    failures = 0;
+                    consumer = Some(c.clone());
+                    c
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 || failures % 10 == 0 {
+                        log(format!("{e}; retrying"));
+                    }
+                    tokio::time::sleep(backoff(failures)).await;
+                    continue;
+                }
+            },
+        };
+        match next_message(&c, node.opts.once).await {
+            Ok(Some(msg)) => match handle(&bus, &node, msg).await {
+                Flow::Done => answered += 1,
+                Flow::Stop => return Ok(()),
+            },
+            Ok(None) => {
+                if node.opts.once {
+                    log(format!(
+                        "no proposal pending: stopping (answered {answered})"
+                    ));
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures % 10 == 0 {
+                    log(format!("{e}; reconnecting"));
+                }
+                consumer = None;
+                tokio::time::sleep(backoff(failures)).await;
+            }
+        }
+    }
+}
+
+/// The streams and the node's consumer (looked up again after any error).
+async fn setup(bus: &Bus, node: &PublicKey) -> Result<PullConsumer, MeshError> {
+    let (proposals, _verdicts) = bus.ensure_streams().await?;
+    bus.node_consumer(&proposals, node).await
+}
+
+/// The next proposal: waits up to 2 s (or not at all with `no_wait`).
+async fn next_message(
+    c: &PullConsumer,
+    no_wait: bool,
+) -> Result<Option<jetstream::Message>, MeshError> {
+    let fail = |e: String| MeshError::Nats {
+        action: "fetch a proposal".into(),
+        reason: e,
+    };
+    let mut batch = if no_wait {
+        c.fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+    } else {
+        c.batch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+    }
+    .map_err(|e| fail(e.to_string()))?;
+    match tokio::time::timeout(Duration::from_secs(10), batch.next()).await {
+        Ok(Some(Ok(m))) => Ok(Some(m)),
+        Ok(Some(Err(e))) => Err(fail(e.to_string())),
+        Ok(None) => Ok(None),
+        Err(_) => Err(fail("no answer from the server in 10 s".into())),
+    }
+}
+
+/// Acknowledges, retrying a little: the server may be restarting.
+async fn ack(msg: &jetstream::Message, kind: AckKind) {
+    for attempt in 1..=20usize {
+        match msg.double_ack_with(kind).await {
+            Ok(()) => return,
+            Err(e) => {
+                if attempt == 1 {
+                    log(format!(
+                        "cannot acknowledge the proposal yet ({e}); retrying"
+                    ));
+                }
+                tokio::time::sleep(backoff(attempt).max(Duration::from_millis(500))).await;
+            }
+        }
+    }
+    log("gave up acknowledging the proposal: it will be delivered again");
+}
+
+/// A proposal refused without an answer: logged and acknowledged (never retried).
+async fn refuse(msg: &jetstream::Message, what: &str, e: &MeshError) -> Flow {
+    log(format!("refused {what}: {e}"));
+    ack(msg, AckKind::Term).await;
+    Flow::Done
+}
+
+async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
+    let (seq, delivered) = msg
+        .info()
+        .map(|i| (i.stream_sequence, i.delivered))
+        .unwrap_or((0, 0));
+    let what = format!("proposal #{seq}");
+    if msg.payload.len() > MAX_PROPOSAL_MESSAGE_BYTES {
+        let e = MeshError::TooLarge {
+            what: "the proposal message".into(),
+            size: msg.payload.len(),
+            limit: MAX_PROPOSAL_MESSAGE_BYTES,
+        };
+        return refuse(&msg, &what, &e).await;
+    }
+    let p = match decode_proposal(&msg.payload) {
+        Ok(p) => p,
+        Err(e) => return refuse(&msg, &what, &e).await,
+    };
+    let what = format!("proposal {} (#{seq})", p.proposal_id);
+    if p.runtime != node.runtime_name {
+        let e = MeshError::RuntimeMismatch {
+            proposed: p.runtime.chars().take(128).collect(),
+            local: node.runtime_name.clone(),
+        };
+        return refuse(&msg, &what, &e).await;
+    }
+    if p.expired(SystemTime::now()) {
+        let e = MeshError::Input(format!(
+            "it expired at {} (nobody collects its answers any more)",
+            p.expires_at.as_deref().unwrap_or("?")
+        ));
+        return refuse(&msg, &what, &e).await;
+    }
+    let patch = match p.patch() {
+        Ok(b) => b,
+        Err(e) => return refuse(&msg, &what, &e).await,
+    };
+    if p.budget.is_some() {
+        log(format!(
+            "{what}: the proposer's budget request is advisory: this node's policy governs"
+        ));
+    }
+    log(format!(
+        "{what}: evaluating patch {} (task {}, delivery {delivered})",
+        p.patch_hash,
+        p.task.as_deref().unwrap_or("default")
+    ));
+    let started = Instant::now();
+    let bundle = match existing_bundle(node, &p) {
+        Some(dir) => {
+            log(format!(
+                "{what}: already evaluated ({}): publishing that verdict again",
+                dir.display()
+            ));
+            dir
+        }
+        None => match evaluate(node, &p, patch, &msg).await {
+            Ok(dir) => dir,
+            Err(MeshError::Interrupted) => {
+                log(format!(
+                    "{what}: interrupted: the evaluation was destroyed; the proposal will be delivered again"
+                ));
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                return Flow::Stop;
+            }
+            Err(e @ MeshError::Evaluate { code, .. }) if code == exit::INTERNAL => {
+                log(format!("{what}: {e}; it will be delivered again"));
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
+                    .await;
+                return Flow::Done;
+            }
+            Err(e) => return refuse(&msg, &what, &e).await,
+        },
+    };
+    let sent = async {
+        let m = VerdictMessage::from_bundle(&p.proposal_id, &node.public, &bundle)?;
+        let bytes = m.to_json()?;
+        // One answer per node and proposal: the stream drops a republished one.
+        let msg_id = format!("{}-{}", p.proposal_id, node.public.key_id());
+        bus.publish_retrying(
+            bus.subjects.verdicts(&p.proposal_id),
+            bytes,
+            &msg_id,
+            Duration::from_secs(600),
+        )
+        .await
+    }
+    .await;
+    match sent {
+        Ok(_) => {
+            ack(&msg, AckKind::Ack).await;
+            let verdict = crate::verdict::verify_bundle(&bundle, &[node.public])
+                .map(|v| format!("{} ({:.2})", v.verdict.verdict, v.verdict.confidence))
+                .unwrap_or_else(|e| format!("a bundle that does not verify: {e}"));
+            log(format!(
+                "{what}: answered {verdict} in {:.1}s",
+                started.elapsed().as_secs_f64()
+            ));
+            Flow::Done
+        }
+        Err(e) => {
+            log(format!(
+                "{what}: cannot publish the verdict ({e}); the proposal will be delivered again"
+            ));
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
+                .await;
+            Flow::Done
+        }
+    }
+}
+
+/// The bundle this node already signed for `p` (a redelivery after a crash), if it still
+/// verifies with this node's key and answers this proposal.
+fn existing_bundle(node: &Node, p: &Proposal) -> Option<PathBuf> {
+    let dir = node.bundles.join(&p.proposal_id);
+    let v = crate::verdict::verify_bundle(&dir, &[node.public]).ok()?;
+    (v.verdict.proposal_id.as_deref() == Some(p.proposal_id.as_str())
+        && v.verdict.patch_hash == p.patch_hash)
+        .then_some(dir)
+}
+
+/// Runs the lifecycle on a thread of its own (it starts its own runtimes, which must never
+/// run inside this one), telling the server every [`PROGRESS_EVERY`] that the proposal is
+/// still being worked on. Returns the bundle directory.
+async fn evaluate(
+    node: &Node,
+    p: &Proposal,
+    patch: Vec<u8>,
+    msg: &jetstream::Message,
+) -> Result<PathBuf, MeshError> {
+    let out = node.bundles.join(&p.proposal_id);
+    if std::fs::symlink_metadata(&out).is_ok() {
+        // A bundle that does not verify (a crash while writing, or tampering): set aside.
+        let aside = node.bundles.join(format!(
+            ".{}.stale-{}",
+            p.proposal_id,
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::rename(&out, &aside).map_err(io_err("set aside", &out))?;
+        log(format!(
+            "an unusable earlier bundle for this proposal was moved to {}",
+            aside.display()
+        ));
+    }
+    let patch_file = tempfile::Builder::new()
+        .prefix(&format!(".{}.", p.proposal_id))
+        .suffix(".diff")
+        .tempfile_in(&node.bundles)
+        .map_err(io_err("create a patch file in", &node.bundles))?;
+    std::fs::write(patch_file.path(), &patch).map_err(io_err("write", patch_file.path()))?;
+    let args = EvaluateArgs {
+        patch: patch_file.path().to_path_buf(),
+        runtime: node.opts.runtime.clone(),
+        task: p.task.clone(),
+        policy: node.opts.policy.clone(),
+        out: Some(out.clone()),
+        json: false,
+        key: Some(node.key_path.clone()),
+        budget: Default::default(),
+        replicas: 1,
+        no_cache: true,
+        ledger: None,
+        no_ledger: false,
+        junit: None,
+        summary: None,
+        proposal: Some(p.proposal_id.clone()),
+    };
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let worker = std::thread::Builder::new()
+        .name("fork-evaluate".into())
+        .spawn(move || {
+            let _ = tx.send(crate::evaluate::evaluate(&args));
+        })
+        .map_err(|e| MeshError::Internal(format!("cannot start the evaluation thread: {e}")))?;
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    tick.tick().await;
+    let result = loop {
+        tokio::select! {
+            r = &mut rx => break r,
+            _ = tick.tick() => {
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+        }
+    };
+    let _ = worker.join();
+    drop(patch_file);
+    match result {
+        Ok(Ok(ev)) => Ok(ev.out_dir),
+        Ok(Err(EvaluateError::Interrupted)) => Err(MeshError::Interrupted),
+        Ok(Err(e)) => Err(MeshError::Evaluate {
+            code: e.exit_code(),
+            message: e.to_string(),
+        }),
+        Err(_) => Err(MeshError::Evaluate {
+            code: exit::INTERNAL,
+            message: "the evaluation thread ended without a result".into(),
+        }),
+    }
+}

@@ -1,0 +1,311 @@
+//! The bus: one NATS connection with JetStream.
+//!
+//! * Connecting retries with a capped exponential backoff, and the client reconnects on its
+//!   own, forever, when the server goes away (a node survives a NATS restart).
+//! * Two streams, created when missing (never reconfigured when present):
+//!   `<PREFIX>_PROPOSALS` on `<prefix>.v1.proposals` and `<PREFIX>_VERDICTS` on
+//!   `<prefix>.v1.verdicts.>`, file storage, bounded in age, bytes, count and message size.
+//! * Each node reads proposals through a durable pull consumer named after its node key
+//!   (`fork-node-<key id>`): a node that starts late still receives what is pending, acks
+//!   explicitly once its verdict is published, and gets a message again if it crashed
+//!   before that.
+
+use crate::identity::PublicKey;
+use crate::mesh::messages::{
+    MeshError, Subjects, MAX_PROPOSAL_MESSAGE_BYTES, MAX_VERDICT_MESSAGE_BYTES,
+};
+use async_nats::jetstream::{self, consumer, stream};
+use std::time::Duration;
+
+/// How long proposals and verdicts are kept.
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long a proposal may stay unacknowledged before it is delivered again (a node in
+/// the middle of an evaluation extends it with progress acks, see [`PROGRESS_EVERY`]).
+pub const ACK_WAIT: Duration = Duration::from_secs(60);
+/// How often a node working on a proposal tells the server it still is.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+/// How many times a proposal is delivered to one node at most.
+pub const MAX_DELIVER: i64 = 4;
+/// Room for the NATS headers on top of a message's payload.
+const HEADER_ROOM: usize = 4 << 10;
+/// Largest backoff between connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The delay before reconnect attempt `n` (1-based): 100 ms doubling, capped at 5 s.
+pub fn backoff(attempt: usize) -> Duration {
+    let exp = attempt.saturating_sub(1).min(16) as u32;
+    Duration::from_millis(100u64.saturating_mul(1u64 << exp)).min(MAX_BACKOFF)
+}
+
+fn nats_err(action: impl Into<String>) -> impl FnOnce(String) -> MeshError {
+    let action = action.into();
+    move |reason| MeshError::Nats { action, reason }
+}
+
+/// A connection to the bus.
+#[derive(Clone)]
+pub struct Bus {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub subjects: Subjects,
+    pub url: String,
+}
+
+impl Bus {
+    /// Connects to `url`, retrying with backoff until `give_up_after` (forever with `None`)
+    /// or until SIGINT/SIGTERM (when the interrupt flag is installed). Once connected, the
+    /// client reconnects by itself whenever the connection drops.
+    pub async fn connect(
+        url: &str,
+        name: &str,
+        staging: bool,
+        give_up_after: Option<Duration>,
+    ) -> Result<Bus, MeshError> {
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0usize;
+        let client = loop {
+            attempt += 1;
+            let url_owned = url.to_string();
+            let opts = async_nats::ConnectOptions::new()
+                .name(name)
+                .connection_timeout(Duration::from_secs(5))
+                .request_timeout(Some(Duration::from_secs(10)))
+                .max_reconnects(None)
+                .reconnect_delay_callback(backoff)
+                .event_callback(move |event| {
+                    let url = url_owned.clone();
+                    async move {
+                        match event {
+                            async_nats::Event::Disconnected => {
+                                eprintln!("fork mesh: disconnected from {url}, reconnecting")
+                            }
+                            async_nats::Event::Connected => {
+                                eprintln!("fork mesh: connected to {url}")
+                            }
+                            other => tracing::info!("NATS {url}: {other}"),
+                        }
+                    }
+                });
+            match opts.connect(url).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    if crate::sandbox::signals::interrupted() {
+                        return Err(MeshError::Interrupted);
+                    }
+                    let wait = backoff(attempt);
+                    if give_up_after.is_some_and(|g| started.elapsed() + wait > g) {
+                        return Err(MeshError::Connect {
+                            url: url.to_string(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    if attempt == 1 || attempt % 10 == 0 {
+                        eprintln!("fork mesh: cannot reach {url} yet ({e}); retrying");
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        let js = jetstream::new(client.clone());
+        Ok(Bus {
+            client,
+            js,
+            subjects: Subjects::new(staging),
+            url: url.to_string(),
+        })
+    }
+
+    /// The largest payload the server accepts.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// Refuses a payload the server would not accept, naming the server setting to raise.
+    pub fn check_payload(&self, what: &str, len: usize) -> Result<(), MeshError> {
+        let max = self.max_payload();
+        if max > 0 && len + HEADER_ROOM > max {
+            return Err(MeshError::Nats {
+                action: format!("publish {what}"),
+                reason: format!(
+                    "it is {len} bytes and the server at {} accepts at most {max} (max_payload): \
+                     raise max_payload in nats-server's configuration (e.g. `max_payload: 8MB`)",
+                    self.url
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The two streams, created when missing.
+    pub async fn ensure_streams(&self) -> Result<(stream::Stream, stream::Stream), MeshError> {
+        let max_payload = match self.max_payload() {
+            0 => usize::MAX,
+            m => m,
+        };
+        let size = |limit: usize| {
+            (limit + HEADER_ROOM)
+                .min(max_payload)
+                .min(i32::MAX as usize) as i32
+        };
+        let proposals = self
+            .js
+            .get_or_create_stream(stream::Config {
+                name: self.subjects.proposals_stream(),
+                description: Some("fork mesh: patches proposed for re-verification".into()),
+                subjects: vec![self.subjects.proposals()],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                discard: stream::DiscardPolicy::Old,
+                max_age: RETENTION,
+                max_bytes: 256 << 20,
+                max_messages: 100_000,
+                max_message_size: size(MAX_PROPOSAL_MESSAGE_BYTES),
+                duplicate_window: Duration::from_secs(120),
+                num_replicas: 1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                nats_err(format!(
+                    "create the stream {}",
+                    self.subjects.proposals_stream()
+                ))(format!(
+                    "{e} (is JetStream enabled on the server, `nats-server -js`?)"
+                ))
+            })?;
+        let verdicts = self
+            .js
+            .get_or_create_stream(stream::Config {
+                name: self.subjects.verdicts_stream(),
+                description: Some("fork mesh: the nodes' signed verdicts".into()),
+                subjects: vec![self.subjects.all_verdicts()],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                discard: stream::DiscardPolicy::Old,
+                max_age: RETENTION,
+                max_bytes: 1 << 30,
+                max_messages: 1_000_000,
+                max_message_size: size(MAX_VERDICT_MESSAGE_BYTES),
+                duplicate_window: Duration::from_secs(120),
+                num_replicas: 1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                nats_err(format!(
+                    "create the stream {}",
+                    self.subjects.verdicts_stream()
+                ))(format!(
+                    "{e} (is JetStream enabled on the server, `nats-server -js`?)"
+                ))
+            })?;
+        Ok((proposals, verdicts))
+    }
+
+    /// The node's durable pull consumer of proposals (created when missing).
+    pub async fn node_consumer(
+        &self,
+        proposals: &stream::Stream,
+        node: &PublicKey,
+    ) -> Result<consumer::PullConsumer, MeshError> {
+        let name = consumer_name(node);
+        proposals
+            .get_or_create_consumer(
+                &name,
+                consumer::pull::Config {
+                    durable_name: Some(name.clone()),
+                    description: Some(format!("fork mesh node {node}")),
+                    deliver_policy: consumer::DeliverPolicy::All,
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: ACK_WAIT,
+                    max_deliver: MAX_DELIVER,
+                    filter_subject: self.subjects.proposals(),
+                    max_ack_pending: 16,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| nats_err(format!("create the consumer {name}"))(e.to_string()))
+    }
+
+    /// Publishes to a stream subject and waits for the stream's acknowledgement. `msg_id`
+    /// lets the stream drop a retried duplicate.
+    pub async fn publish(
+        &self,
+        subject: String,
+        payload: Vec<u8>,
+        msg_id: &str,
+    ) -> Result<u64, MeshError> {
+        self.check_payload(&subject, payload.len())?;
+        let what = format!("publish to {subject}");
+        let ack = self
+            .js
+            .send_publish(
+                subject,
+                jetstream::message::PublishMessage::build()
+                    .payload(payload.into())
+                    .message_id(msg_id),
+            )
+            .await
+            .map_err(|e| nats_err(what.clone())(e.to_string()))?;
+        let ack = ack
+            .await
+            .map_err(|e| nats_err(what)(format!("no acknowledgement from the stream: {e}")))?;
+        Ok(ack.sequence)
+    }
+
+    /// [`Bus::publish`], retried with backoff until it succeeds or `give_up_after` passes
+    /// (the server may be restarting). Errors that retrying cannot fix are returned at once.
+    pub async fn publish_retrying(
+        &self,
+        subject: String,
+        payload: Vec<u8>,
+        msg_id: &str,
+        give_up_after: Duration,
+    ) -> Result<u64, MeshError> {
+        self.check_payload(&subject, payload.len())?;
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0usize;
+        loop {
+            attempt += 1;
+            match self.publish(subject.clone(), payload.clone(), msg_id).await {
+                Ok(seq) => return Ok(seq),
+                Err(e) => {
+                    let wait = backoff(attempt).max(Duration::from_millis(500));
+                    if started.elapsed() + wait > give_up_after {
+                        return Err(e);
+                    }
+                    eprintln!("fork mesh: {e}; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
+/// The durable consumer of a node: `fork-node-<key id>`.
+pub fn consumer_name(node: &PublicKey) -> String {
+    format!("fork-node-{}", node.key_id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(4), Duration::from_millis(800));
+        assert_eq!(backoff(10), MAX_BACKOFF);
+        assert_eq!(backoff(usize::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn consumer_names_are_valid_nats_names() {
+        let k = crate::identity::NodeKey::generate().public();
+        let n = consumer_name(&k);
+        assert!(n.starts_with("fork-node-") && n.len() == "fork-node-".len() + 16);
+        assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    }
+}

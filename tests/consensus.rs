@@ -1,0 +1,156 @@
+//! `fork consensus` and `fork approve` through the real binary: three nodes (their own
+//! keys) evaluate one patch; votes are counted per unique trusted node key, with a quorum
+//! of responders and an absolute floor, and the human steward's gate.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn node_cmd(dir: &Path) -> Command {
+    let mut c = fork_cmd(&dir.join("runs"));
+    c.env("XDG_CONFIG_HOME", dir.join("xdg"));
+    c.env("XDG_DATA_HOME", dir.join("data"));
+    c
+}
+
+fn ok(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+}
+
+/// A node: its own key, its verdict on `patch`.
+fn node(root: &Path, name: &str, patch: &Path) -> (String, PathBuf) {
+    let dir = root.join(name);
+    std::fs::create_dir_all(dir.join("runs")).unwrap();
+    let k = node_cmd(&dir).arg("keygen").output().unwrap();
+    assert_eq!(k.status.code(), Some(0), "{}", ok(&k));
+    let key = String::from_utf8_lossy(&k.stdout).trim().to_string();
+    let out = dir.join("verdict");
+    let e = node_cmd(&dir)
+        .arg("evaluate")
+        .arg(patch)
+        .arg("--runtime")
+        .arg(repo().join("fixtures/hermes-demo"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(matches!(e.status.code(), Some(0) | Some(2)), "{}", ok(&e));
+    (key, out)
+}
+
+fn consensus(root: &Path, args: &[&str], bundles: &[&PathBuf]) -> (i32, serde_json::Value) {
+    let mut c = fork_cmd(&root.join("runs"));
+    c.arg("consensus").arg("--json").args(args);
+    for b in bundles {
+        c.arg(b);
+    }
+    let o = c.output().unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", ok(&o)));
+    (o.status.code().unwrap_or(-1), v)
+}
+
+#[test]
+fn quorum_floor_trust_and_the_steward_gate() {
+    if !is_root() {
+        eprintln!("this test drives the sandbox with the default policy, which needs root");
+        return;
+    }
+    let root = scratch("consensus");
+    std::fs::create_dir_all(root.join("runs")).unwrap();
+    let patch = repo().join("fixtures/patches/swap-compressor.diff");
+    let (k1, b1) = node(&root, "n1", &patch);
+    let (k2, b2) = node(&root, "n2", &patch);
+    let (k3, b3) = node(&root, "n3", &patch);
+    let p = patch.to_str().unwrap();
+    let all = ["--trust", &k1, "--trust", &k2, "--trust", &k3, "--patch", p];
+
+    // Unanimous.
+    let (code, rep) = consensus(&root, &all, &[&b1, &b2, &b3]);
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(rep["approvals"], 3);
+    // The floor: 3 approvals of 3 responders, but 4 required.
+    let mut floor = all.to_vec();
+    floor.extend(["--min-nodes", "4"]);
+    let (code, rep) = consensus(&root, &floor, &[&b1, &b2, &b3]);
+    assert_eq!(code, 1, "{rep}");
+    // One node offline: 2 of 2 responders approve; with a floor of 3 that is not enough.
+    let (code, _) = consensus(&root, &all, &[&b1, &b2]);
+    assert_eq!(code, 0);
+    let mut floor3 = all.to_vec();
+    floor3.extend(["--min-nodes", "3"]);
+    let (code, _) = consensus(&root, &floor3, &[&b1, &b2]);
+    assert_eq!(code, 1);
+    // An untrusted node's vote is refused; the same bundle twice counts once.
+    let (code, rep) = consensus(
+        &root,
+        &["--trust", &k1, "--trust", &k2, "--patch", p],
+        &[&b1, &b2, &b3, &b1],
+    );
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(rep["responders"], 2, "{rep}");
+    let reasons: Vec<String> = rep["refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert!(reasons.contains(&"untrusted".to_string()), "{rep}");
+    assert!(
+        reasons.iter().any(|r| r == "replayed" || r == "duplicate"),
+        "{rep}"
+    );
+    // Votes about another patch do not count.
+    let other = repo().join("fixtures/patches/noop-comment.diff");
+    let (code, rep) = consensus(
+        &root,
+        &[
+            "--trust",
+            &k1,
+            "--trust",
+            &k2,
+            "--trust",
+            &k3,
+            "--patch",
+            other.to_str().unwrap(),
+        ],
+        &[&b1, &b2, &b3],
+    );
+    assert_eq!(code, 1, "{rep}");
+    assert_eq!(rep["responders"], 0, "{rep}");
+
+    // The human gate: a steward key; without its approval, no consensus.
+    let steward_dir = root.join("steward");
+    std::fs::create_dir_all(&steward_dir).unwrap();
+    let sk = steward_dir.join("steward.key");
+    let g = Command::new(fork_bin())
+        .args(["keygen", "--out"])
+        .arg(&sk)
+        .output()
+        .unwrap();
+    assert_eq!(g.status.code(), Some(0), "{}", ok(&g));
+    let steward = String::from_utf8_lossy(&g.stdout).trim().to_string();
+    let mut gated = all.to_vec();
+    gated.extend(["--steward", &steward]);
+    let (code, rep) = consensus(&root, &gated, &[&b1, &b2, &b3]);
+    assert_eq!(code, 1, "{rep}");
+    let a = Command::new(fork_bin())
+        .arg("approve")
+        .arg(&b2)
+        .arg("--key")
+        .arg(&sk)
+        .args(["--trust", &k2])
+        .output()
+        .unwrap();
+    assert_eq!(a.status.code(), Some(0), "{}", ok(&a));
+    let (code, rep) = consensus(&root, &gated, &[&b1, &b2, &b3]);
+    assert_eq!(code, 0, "{rep}");
+    // The approved bundle still verifies.
+    let v = Command::new(fork_bin())
+        .arg("verify")
+        .arg(&b2)
+        .args(["--trust", &k2])
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(0), "{}", ok(&v));
+}
