@@ -50,6 +50,11 @@ pub enum Command {
     Consensus(ConsensusArgs),
     /// A human steward's countersignature on an APPROVE verdict (the human gate).
     Approve(ApproveArgs),
+    /// Mesh re-verification over NATS: `serve` evaluates proposals, `propose` collects votes.
+    Mesh {
+        #[command(subcommand)]
+        command: crate::mesh::serve::MeshCommand,
+    },
     /// List the verdicts recorded in the ledger, newest first.
     History(HistoryArgs),
     /// Ledger maintenance: `fork ledger verify` checks the hash chain.
@@ -67,8 +72,9 @@ pub struct ConsensusArgs {
     /// The share of responding nodes that must approve.
     #[arg(long, default_value = "2/3")]
     pub quorum: String,
-    /// The least number of approving nodes, whatever the number of responders.
-    #[arg(long, default_value_t = 1)]
+    /// The least number of approving nodes, whatever the number of responders (an
+    /// absolute floor, so nodes that do not answer cannot shrink the vote).
+    #[arg(long, default_value_t = 2)]
     pub min_nodes: usize,
     /// Also require a steward's approval (fork approve) of one of the approving verdicts.
     #[arg(long)]
@@ -282,6 +288,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Reverify(a) => crate::reverify::reverify_cli(a),
         Command::Consensus(a) => consensus(a),
         Command::Approve(a) => approve(a),
+        Command::Mesh { command } => crate::mesh::serve::mesh_cli(command),
         Command::History(a) => history(a),
         Command::Ledger(LedgerArgs {
             action: LedgerAction::Verify { ledger, json },

@@ -17,9 +17,12 @@
 //! [`MAX_PROPOSAL_MESSAGE_BYTES`], a verdict message of at most
 //! [`MAX_VERDICT_MESSAGE_BYTES`] and [`MAX_BUNDLE_FILES`] files. A received bundle is
 //! written to disk only under the names a bundle may hold: `verdict.json`,
-//! `verdict.dsse.json`, `endorsement.dsse.json` and `artifacts/<plain name>`.
+//! `verdict.dsse.json`, `endorsement.dsse.json`, steward approvals
+//! (`steward-<key id>.dsse.json`, see [`crate::mesh::approve`]) and
+//! `artifacts/<plain name>`.
 
 use crate::identity::PublicKey;
+use crate::mesh::approve::is_approval_file_name;
 use crate::verdict::bundle::{
     ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
 };
@@ -81,7 +84,7 @@ pub enum MeshError {
     PatchHash { claimed: String, actual: String },
     #[error("the proposal is for runtime `{proposed}`, this node serves `{local}` (fork.toml [runtime] name)")]
     RuntimeMismatch { proposed: String, local: String },
-    #[error("bundle file name `{0}` refused: only verdict.json, verdict.dsse.json, endorsement.dsse.json and artifacts/<plain name> may be written")]
+    #[error("bundle file name `{0}` refused: only verdict.json, verdict.dsse.json, endorsement.dsse.json, steward-<key id>.dsse.json and artifacts/<plain name> may be written")]
     BadFileName(String),
     #[error("cannot {action} {path}: {source}")]
     Io {
@@ -501,17 +504,20 @@ pub fn check_proposal_id(id: &str) -> Result<(), MeshError> {
     }
 }
 
-/// Whether `name` may be written in a received bundle: one of the three top files, or
-/// `artifacts/<plain name>` (so never absolute, never `..`, never a nested path).
+/// Whether `name` may be written in a received bundle: one of the three top files, a
+/// steward's approval, or `artifacts/<plain name>` (so never absolute, never `..`, never
+/// a nested path).
 pub fn is_valid_bundle_file(name: &str) -> bool {
     matches!(
         name,
         VERDICT_FILE | VERDICT_ENVELOPE_FILE | ENDORSEMENT_FILE
-    ) || crate::verdict::is_valid_artifact_path(name)
+    ) || is_approval_file_name(name)
+        || crate::verdict::is_valid_artifact_path(name)
 }
 
-/// Reads a bundle directory into `name → base64`: the three top files and every regular
-/// file in `artifacts/` (anything else there, or a symlink, is an error).
+/// Reads a bundle directory into `name → base64`: the three top files, any steward
+/// approvals, and every regular file in `artifacts/` (anything else there, or a symlink,
+/// is an error).
 pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshError> {
     let mut files = BTreeMap::new();
     let mut total = 0usize;
@@ -543,6 +549,22 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
     };
     for top in [VERDICT_FILE, VERDICT_ENVELOPE_FILE, ENDORSEMENT_FILE] {
         add(top.to_string(), &dir.join(top))?;
+    }
+    let mut approvals = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let name = e
+            .map_err(io_err("list", dir))?
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if is_approval_file_name(&name) {
+            approvals.push(name);
+        }
+    }
+    approvals.sort();
+    for name in approvals {
+        let path = dir.join(&name);
+        add(name, &path)?;
     }
     let art = dir.join(ARTIFACTS_DIR);
     match std::fs::read_dir(&art) {
@@ -723,6 +745,7 @@ mod tests {
             "verdict.dsse.json",
             "endorsement.dsse.json",
             "artifacts/tests.xml",
+            "steward-0123456789abcdef.dsse.json",
         ] {
             assert!(is_valid_bundle_file(ok), "{ok}");
         }
@@ -735,6 +758,8 @@ mod tests {
             "artifacts/",
             "other.json",
             "artifacts/..",
+            "steward-../x.dsse.json",
+            "steward-0123.dsse.json",
         ] {
             assert!(!is_valid_bundle_file(bad), "{bad}");
         }

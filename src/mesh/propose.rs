@@ -331,6 +331,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             }
             Ok(Some(Err(e))) => {
                 eprintln!("fork mesh: reading verdicts: {e}; going on");
+                tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }
             Ok(Some(Ok(m))) => m,

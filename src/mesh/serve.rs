@@ -49,7 +49,7 @@ pub struct ServeArgs {
     /// Use the staging subjects (fork-staging.*), for experimental schemas.
     #[arg(long)]
     pub staging: bool,
-    /// Stop after answering N proposals.
+    /// Stop after handling N proposals (answered, or refused as invalid).
     #[arg(long, value_name = "N")]
     pub max_proposals: Option<u64>,
     /// Answer the proposals pending now, then stop.
@@ -209,6 +209,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
                 }
             },
         };
+        // No pull request while disconnected: the client would queue it, and the server
+        // could later deliver a proposal to a request nobody listens to any more.
+        if bus.client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
         match next_message(&c, node.opts.once).await {
             Ok(Some(msg)) => match handle(&bus, &node, msg).await {
                 Flow::Done => answered += 1,

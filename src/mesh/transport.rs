@@ -21,9 +21,9 @@ use std::time::Duration;
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long a proposal may stay unacknowledged before it is delivered again (a node in
 /// the middle of an evaluation extends it with progress acks, see [`PROGRESS_EVERY`]).
-pub const ACK_WAIT: Duration = Duration::from_secs(60);
+pub const ACK_WAIT: Duration = Duration::from_secs(30);
 /// How often a node working on a proposal tells the server it still is.
-pub const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// How many times a proposal is delivered to one node at most.
 pub const MAX_DELIVER: i64 = 4;
 /// Room for the NATS headers on top of a message's payload.

@@ -262,6 +262,29 @@ impl Sandbox {
                 nix::unistd::getegid().as_raw(),
             )
         };
+        if is_root() {
+            // The init runs as an unprivileged uid and must reach its mount points beneath
+            // the run root: every directory above them has to be searchable by others.
+            let base = crate::rundir::base_dir();
+            let mut dir = Some(base.as_path());
+            while let Some(d) = dir {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(md) = std::fs::metadata(d) {
+                    if md.permissions().mode() & 0o001 == 0 {
+                        return Err(SandboxError::Setup {
+                            stage: "run directory".into(),
+                            message: format!(
+                                "{} (mode {:o}) is not searchable by others, so the sandbox's unprivileged uid cannot reach its run directory under {}: set FORK_RUN_ROOT to a directory whose parents are all o+x (the default, the system temp dir, is)",
+                                d.display(),
+                                md.permissions().mode() & 0o7777,
+                                base.display()
+                            ),
+                        });
+                    }
+                }
+                dir = d.parent();
+            }
+        }
         let rundir = RunDir::create(&crate::rundir::new_run_id())?;
         let mut sb = Sandbox {
             policy: policy.clone(),
