@@ -27,6 +27,9 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# shellcheck source=scripts/target-dir.sh
+. scripts/target-dir.sh
+
 # Build every target first (the hostile probe is an example binary the tests run).
 cargo build --all-targets --locked
 cargo test --locked --all-targets "$@"
