@@ -479,13 +479,39 @@ fn assert_contained(report: &Value, parent_db: &Path, strict: bool) {
 fn hostile_escape_is_contained() {
     need_root!();
     let env = Env::new("ev-hostile");
-    let marker = demo().join("state/ESCAPED");
-    let e = evaluate(&env, &patch("hostile-escape"), &demo(), "hostile", &[]);
+    // A copy of the runtime whose task tells the hostile code where the parent's live
+    // state is (as a real successor could guess it), wherever this checkout lives.
+    let db = env.dir.join("hermes-demo/state/hermes.db");
+    let rt = runtime_copy(
+        &env,
+        &format!(
+            "\n[tasks.hostile]\ncommand = [\"python3\", \"tests/run.py\"]\n\
+             results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
+             env = {{ FORK_DEMO_PARENT_STATE = \"{}\" }}\n",
+            db.display()
+        ),
+    );
+    let before = std::fs::read(&db).unwrap();
+    let marker = rt.join("state/ESCAPED");
+    let e = evaluate(
+        &env,
+        &patch("hostile-escape"),
+        &rt,
+        "hostile",
+        &["--task", "hostile"],
+    );
     // It passes the gates on purpose, and the tests pass: APPROVE when contained.
     assert_eq!(e.code, 0, "{}", e.ctx());
     let report = e.artifact_json("report-escape.json");
-    assert_contained(&report, &demo().join("state/hermes.db"), true);
+    // Not strict: other checkouts' databases the read-only host root shows may be locked.
+    assert_contained(&report, &db, false);
     assert!(!marker.exists(), "{} appeared", marker.display());
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "the parent's state changed"
+    );
+    assert!(!demo().join("state/ESCAPED").exists());
 }
 
 // ---------------------------------------------------------------------------------------
