@@ -22,8 +22,8 @@ use crate::sandbox::{Outcome, Sandbox, SandboxError, WORKSPACE};
 use crate::task::results;
 use crate::verdict::decide::{decide, Decision, Evidence};
 use crate::verdict::{
-    ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, Metric, TestCounts,
-    Verdict, VerdictKind,
+    ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, TestCounts, Verdict,
+    VerdictKind,
 };
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::DirBuilderExt;
@@ -1468,21 +1468,7 @@ fn finish(
         evaluation_summary: d.summary,
         caveats: d.caveats,
         tests: counts,
-        metrics: d
-            .metrics
-            .into_iter()
-            .map(|m| Metric {
-                name: m.name,
-                baseline: m.baseline,
-                patched: m.patched,
-                change: m.change,
-                significant: m.significant,
-                ci_low: m.ci_low,
-                ci_high: m.ci_high,
-                p_value: m.p_value,
-                samples: m.samples,
-            })
-            .collect(),
+        metrics: d.metrics,
         budget: BudgetReport {
             limits,
             used,

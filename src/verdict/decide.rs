@@ -101,31 +101,8 @@ pub struct Evidence {
     pub metric_stats: BTreeMap<String, crate::verdict::stats::Comparison>,
 }
 
-/// One metric, as reported in the verdict's `metrics` array.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MetricChange {
-    /// The metric's name.
-    pub name: String,
-    /// The baseline value, when a baseline ran and reported it.
-    pub baseline: Option<f64>,
-    /// The patched run's value.
-    pub patched: f64,
-    /// Relative change `(patched - baseline) / |baseline|`; `None` without a usable baseline.
-    pub change: Option<f64>,
-    /// Whether the change is statistically significant; `None` with single samples.
-    pub significant: Option<bool>,
-    /// The confidence interval of the relative change (bootstrap), when computed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ci_low: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ci_high: Option<f64>,
-    /// The Mann-Whitney p-value, when computed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub p_value: Option<f64>,
-    /// Samples per side behind the comparison (1 without repeats).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub samples: Option<usize>,
-}
+/// One metric, as reported in the verdict's `metrics` array (the verdict's own type).
+pub use crate::verdict::Metric as MetricChange;
 
 /// The outcome of [`decide`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
