@@ -14,28 +14,9 @@ n=${1:-200}
 case $n in '' | *[!0-9]* | 0) echo "usage: $0 [N]   (N >= 1 rounds, default 200)" >&2; exit 64 ;; esac
 
 # What the benchmark needs, from the package registry when we can.
-missing=()
-command -v python3 >/dev/null 2>&1 || missing+=(python3)
-command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-  else
-    echo "$0: please install: ${missing[*]} (e.g. apt-get install -y ${missing[*]})" >&2
-    exit 69
-  fi
-fi
-
-fork=${FORK_BIN:-$root/target/release/fork}
-if [ ! -x "$fork" ]; then
-  command -v cargo >/dev/null 2>&1 || { echo "$0: cargo is missing: install Rust (rustup) first" >&2; exit 69; }
-  echo "building the release binary (cargo build --release)..." >&2
-  cargo build --release --locked >&2
-fi
-if [ -n "$(find src -newer "$fork" -name '*.rs' -print -quit)" ]; then
-  echo "note: src/ is newer than $fork; run cargo build --release for current figures" >&2
-fi
+need=(python3 bwrap:bubblewrap)
+# shellcheck source=scripts/bench/common.sh
+. "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-launch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

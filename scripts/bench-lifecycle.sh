@@ -17,27 +17,9 @@ case $n in '' | *[!0-9]* | 0) echo "usage: $0 [N]   (N >= 1 rounds, default 30)"
 patch=${BENCH_PATCH:-$root/fixtures/patches/noop-comment.diff}
 [ -f "$patch" ] || { echo "$0: patch $patch not found" >&2; exit 65; }
 
-missing=()
-command -v python3 >/dev/null 2>&1 || missing+=(python3)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-  else
-    echo "$0: please install: ${missing[*]} (e.g. apt-get install -y ${missing[*]})" >&2
-    exit 69
-  fi
-fi
-
-fork=${FORK_BIN:-$root/target/release/fork}
-if [ ! -x "$fork" ]; then
-  command -v cargo >/dev/null 2>&1 || { echo "$0: cargo is missing: install Rust (rustup) first" >&2; exit 69; }
-  echo "building the release binary (cargo build --release)..." >&2
-  cargo build --release --locked >&2
-fi
-if [ -n "$(find src -newer "$fork" -name '*.rs' -print -quit)" ]; then
-  echo "note: src/ is newer than $fork; run cargo build --release for current figures" >&2
-fi
+need=(python3)
+# shellcheck source=scripts/bench/common.sh
+. "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-lifecycle.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -60,7 +42,7 @@ export XDG_CONFIG_HOME=$tmp/config
 "$fork" keygen >/dev/null 2>&1
 
 # One evaluation outside the timing: it must APPROVE (exit 0) with a verdict on disk.
-if ! "$fork" evaluate "$patch" --runtime "$rt" --task noop --out "$tmp/check" >"$tmp/check.log" 2>&1; then
+if ! "$fork" evaluate "$patch" --runtime "$rt" --task noop --no-ledger --out "$tmp/check" >"$tmp/check.log" 2>&1; then
   cat "$tmp/check.log" >&2
   echo "$0: the no-op evaluation did not APPROVE; nothing timed" >&2
   exit 1
@@ -70,12 +52,12 @@ fi
 
 q() { printf '%q' "$1"; }
 echo "lifecycle: $n interleaved rounds on $(nproc) cores, kernel $(uname -r)"
-echo "  fork   : fork evaluate $(basename "$patch") --runtime <copy of hermes-demo> --task noop --out <fresh dir>"
+echo "  fork   : fork evaluate $(basename "$patch") --runtime <copy of hermes-demo> --task noop --no-ledger --out <fresh dir>"
 echo "  true   : true (the task, bare)"
 echo "  cp -r  : cp -r <runtime tree, $(du -sh "$rt" | cut -f1)> <fresh dir>"
 python3 "$root/scripts/bench/interleave.py" --runs "$n" --warmup 2 \
   --ratio 'fork/cp -r' --target-median 'fork<150' \
-  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --task noop --out $(q "$tmp/out")/{i}" \
+  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --task noop --no-ledger --out $(q "$tmp/out")/{i}" \
   true "true" \
   'cp -r' "cp -r $(q "$rt") $(q "$tmp/cp")/{i}" | tee "$tmp/report"
 
