@@ -3,16 +3,10 @@
 //! of responders and an absolute floor, and the human steward's gate.
 
 mod common;
+use common::lifecycle::{demo, need_root, node_cmd, patch};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn node_cmd(dir: &Path) -> Command {
-    let mut c = fork_cmd(&dir.join("runs"));
-    c.env("XDG_CONFIG_HOME", dir.join("xdg"));
-    c.env("XDG_DATA_HOME", dir.join("data"));
-    c
-}
 
 fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
@@ -30,7 +24,7 @@ fn node(root: &Path, name: &str, patch: &Path) -> (String, PathBuf) {
         .arg("evaluate")
         .arg(patch)
         .arg("--runtime")
-        .arg(repo().join("fixtures/hermes-demo"))
+        .arg(demo())
         .arg("--out")
         .arg(&out)
         .output()
@@ -52,13 +46,10 @@ fn consensus(root: &Path, args: &[&str], bundles: &[&PathBuf]) -> (i32, serde_js
 
 #[test]
 fn quorum_floor_trust_and_the_steward_gate() {
-    if !is_root() {
-        eprintln!("this test drives the sandbox with the default policy, which needs root");
-        return;
-    }
+    need_root!();
     let root = scratch("consensus");
     std::fs::create_dir_all(root.join("runs")).unwrap();
-    let patch = repo().join("fixtures/patches/swap-compressor.diff");
+    let patch = patch("swap-compressor");
     let (k1, b1) = node(&root, "n1", &patch);
     let (k2, b2) = node(&root, "n2", &patch);
     let (k3, b3) = node(&root, "n3", &patch);
@@ -101,7 +92,7 @@ fn quorum_floor_trust_and_the_steward_gate() {
         "{rep}"
     );
     // Votes about another patch do not count.
-    let other = repo().join("fixtures/patches/noop-comment.diff");
+    let other = common::lifecycle::patch("noop-comment");
     let (code, rep) = consensus(
         &root,
         &[

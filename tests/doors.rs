@@ -19,8 +19,10 @@
 //! bounded. They need root (the default policy mounts a capped tmpfs, creates cgroups).
 
 mod common;
+use common::lifecycle::*;
 use common::*;
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -28,15 +30,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-macro_rules! need_root {
-    () => {
-        if !is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
-            return;
-        }
-    };
-}
 
 /// What the gateway puts where the key would have reached the task.
 const REDACTED: &str = "[redacted by fork gateway]";
@@ -706,136 +699,7 @@ fn an_unpriced_model_is_refused_with_403_and_never_forwarded() {
 // `fork evaluate`.
 // ---------------------------------------------------------------------------------------
 
-/// A private world for `fork evaluate`: run root, node key, ledger.
-struct Env {
-    dir: PathBuf,
-    run_root: PathBuf,
-}
-
-impl Env {
-    fn new(name: &str) -> Env {
-        let dir = scratch(name);
-        let run_root = dir.join("runs");
-        std::fs::create_dir_all(&run_root).unwrap();
-        std::fs::create_dir_all(dir.join("xdg")).unwrap();
-        Env { dir, run_root }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = fork_cmd(&self.run_root);
-        c.env("XDG_CONFIG_HOME", self.dir.join("xdg"));
-        c.env("XDG_DATA_HOME", self.dir.join("data"));
-        c
-    }
-
-    /// A private copy of the demo runtime with `extra` appended to its fork.toml.
-    fn runtime(&self, name: &str, extra: &str) -> PathBuf {
-        let rt = self.dir.join(name);
-        copy_dir(&repo().join("fixtures/hermes-demo"), &rt);
-        let _ = std::fs::remove_file(rt.join("state/ESCAPED"));
-        let mut toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
-        toml.push_str(extra);
-        std::fs::write(rt.join("fork.toml"), toml).unwrap();
-        rt
-    }
-
-    /// `fork evaluate PATCH --runtime RT --out OUT ARGS...`; a verdict bundle (exit 0-2)
-    /// must verify with the node key; nothing of the run may remain in the run root.
-    fn evaluate(
-        &self,
-        patch: &str,
-        rt: &Path,
-        name: &str,
-        env: &[(&str, &str)],
-        args: &[&str],
-    ) -> Eval {
-        let out = self.dir.join(format!("out-{name}"));
-        let mut c = self.cmd();
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let o = c
-            .arg("evaluate")
-            .arg(
-                repo()
-                    .join("fixtures/patches")
-                    .join(format!("{patch}.diff")),
-            )
-            .arg("--runtime")
-            .arg(rt)
-            .arg("--out")
-            .arg(&out)
-            .args(args)
-            .output()
-            .expect("spawn fork");
-        let e = Eval {
-            code: o.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-            verdict: std::fs::read(out.join("verdict.json"))
-                .ok()
-                .map(|b| serde_json::from_slice(&b).unwrap())
-                .unwrap_or(Value::Null),
-            out,
-        };
-        for entry in std::fs::read_dir(&self.run_root).unwrap().flatten() {
-            let n = entry.file_name().to_string_lossy().into_owned();
-            assert!(
-                !n.starts_with("fork-") && !n.starts_with(".fork-stage-"),
-                "{n} left in the run root"
-            );
-        }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        assert!(
-            !mounts.contains(self.run_root.to_str().unwrap()),
-            "a mount is left behind"
-        );
-        if matches!(e.code, 0..=2) {
-            let v = self.cmd().arg("verify").arg(&e.out).output().unwrap();
-            assert_eq!(
-                v.status.code(),
-                Some(0),
-                "the bundle must verify: {}{}",
-                String::from_utf8_lossy(&v.stdout),
-                String::from_utf8_lossy(&v.stderr)
-            );
-        }
-        e
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-struct Eval {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    out: PathBuf,
-    verdict: Value,
-}
-
 impl Eval {
-    fn ctx(&self) -> String {
-        format!(
-            "exit {}\nstdout:\n{}\nstderr:\n{}\nverdict: {}",
-            self.code, self.stdout, self.stderr, self.verdict
-        )
-    }
-    fn summary(&self) -> &str {
-        self.verdict["evaluation_summary"].as_str().unwrap_or("")
-    }
-    fn metric(&self, name: &str) -> &Value {
-        self.verdict["metrics"]
-            .as_array()
-            .and_then(|m| m.iter().find(|x| x["name"] == name))
-            .unwrap_or_else(|| panic!("no metric {name}: {}", self.ctx()))
-    }
     /// The gateway's call log (JSON lines), which must be a listed artifact.
     fn gateway_calls(&self) -> Vec<Value> {
         let listed = self.verdict["artifacts"]
@@ -853,19 +717,6 @@ impl Eval {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let ft = e.file_type().unwrap();
-        let dest = to.join(e.file_name());
-        if ft.is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else if ft.is_file() {
-            std::fs::copy(e.path(), &dest).unwrap();
-        }
     }
 }
 
@@ -932,15 +783,19 @@ fn evaluate_summarize_through_the_gateway_approves_and_a_tiny_budget_rejects() {
     .unwrap();
     let rt = env.runtime("hermes-demo", "");
     let p = policy.to_str().unwrap();
-    let keyenv = [("FORK_DEMO_API_KEY", key.as_str())];
+    let keyenv = [("FORK_DEMO_API_KEY", OsStr::new(&key))];
 
     // APPROVE: the swapped compressor sends fewer prompt tokens for the same summaries.
-    let e = env.evaluate(
-        "swap-compressor",
+    let e = evaluate_with(
+        &env,
+        &patch("swap-compressor"),
         &rt,
         "approve",
-        &keyenv,
         &["--task", "summarize", "--policy", p],
+        With {
+            vars: &keyenv,
+            ..With::default()
+        },
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert_eq!(e.verdict["verdict"], "APPROVE", "{}", e.ctx());
@@ -981,11 +836,11 @@ fn evaluate_summarize_through_the_gateway_approves_and_a_tiny_budget_rejects() {
     // REJECT: a budget the summaries overrun.
     let before = up.requests();
     let limit = 0.001;
-    let e = env.evaluate(
-        "swap-compressor",
+    let e = evaluate_with(
+        &env,
+        &patch("swap-compressor"),
         &rt,
         "reject",
-        &keyenv,
         &[
             "--task",
             "summarize",
@@ -994,6 +849,10 @@ fn evaluate_summarize_through_the_gateway_approves_and_a_tiny_budget_rejects() {
             "--api-cost",
             &limit.to_string(),
         ],
+        With {
+            vars: &keyenv,
+            ..With::default()
+        },
     );
     assert_eq!(e.code, 1, "{}", e.ctx());
     assert_eq!(e.verdict["verdict"], "REJECT", "{}", e.ctx());
@@ -1049,11 +908,11 @@ fn evaluate_reports_the_evaluations_whole_api_spend() {
     )
     .unwrap();
     let rt = env.runtime("hermes-demo", "");
-    let e = env.evaluate(
-        "swap-compressor",
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
         &rt,
         "spend",
-        &[],
         &["--task", "summarize", "--policy", policy.to_str().unwrap()],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
@@ -1168,11 +1027,11 @@ fn evaluate_forwards_a_task_level_loopback_service_and_only_that() {
     );
 
     // With the forward: the task reaches the host service, APPROVE.
-    let e = env.evaluate(
-        "noop-comment",
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
         &rt,
         "open",
-        &[],
         &["--task", "needs_service"],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
@@ -1183,11 +1042,11 @@ fn evaluate_forwards_a_task_level_loopback_service_and_only_that() {
     assert!(log.contains("pong-needs_service"), "{log}");
 
     // Without it: the same command cannot reach the service, NEEDS_REVISION.
-    let e = env.evaluate(
-        "noop-comment",
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
         &rt,
         "closed",
-        &[],
         &["--task", "needs_service_closed"],
     );
     assert_eq!(e.code, 2, "{}", e.ctx());
@@ -1205,11 +1064,11 @@ fn evaluate_forwards_a_task_level_loopback_service_and_only_that() {
         "rt-bad-forward",
         &service_task("needs_remote", svc.port, Some("[\"10.0.0.1:80\"]")),
     );
-    let e = env.evaluate(
-        "noop-comment",
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
         &bad,
         "bad",
-        &[],
         &["--task", "needs_remote"],
     );
     assert_eq!(e.code, 65, "{}", e.ctx());

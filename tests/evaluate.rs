@@ -12,278 +12,18 @@
 //! tmpfs and creates cgroups), as on the project's CI machine.
 
 mod common;
+use common::lifecycle::*;
 use common::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-macro_rules! need_root {
-    () => {
-        if !is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
-            return;
-        }
-    };
-}
-
-fn demo() -> PathBuf {
-    repo().join("fixtures/hermes-demo")
-}
-
-fn patch(name: &str) -> PathBuf {
-    repo().join("fixtures/patches").join(format!("{name}.diff"))
-}
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-/// A private world for one test: a run root, a config dir (node key), room for outputs.
-struct Env {
-    dir: PathBuf,
-    run_root: PathBuf,
-    xdg: PathBuf,
-}
-
-impl Env {
-    fn new(name: &str) -> Env {
-        let dir = scratch(name);
-        let run_root = dir.join("runs");
-        let xdg = dir.join("xdg");
-        std::fs::create_dir_all(&run_root).unwrap();
-        std::fs::create_dir_all(&xdg).unwrap();
-        Env { dir, run_root, xdg }
-    }
-
-    /// `fork` with this test's run root, node key and verdict ledger (so no verdict is
-    /// ever reused from another test's cache).
-    fn cmd(&self) -> Command {
-        let mut c = fork_cmd(&self.run_root);
-        c.env("XDG_CONFIG_HOME", &self.xdg);
-        c.env("XDG_DATA_HOME", self.dir.join("data"));
-        c
-    }
-
-    /// A fresh (not yet existing) path for a bundle.
-    fn out(&self, name: &str) -> PathBuf {
-        let p = self.dir.join(format!("out-{name}"));
-        assert!(!p.exists());
-        p
-    }
-
-    fn node_pub(&self) -> PathBuf {
-        self.xdg.join("fork/node.pub")
-    }
-}
-
-/// A passing test leaves nothing in the target directory; a failing one keeps its files.
-impl Drop for Env {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// Records every `fork-<id>` run directory that appears in a run root while it watches
-/// (the sandboxes' own ids, which the verdict does not carry), polling every millisecond.
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<BTreeSet<String>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    fn start(run_root: &Path) -> Watcher {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(BTreeSet::new()));
-        let (s, n, root) = (stop.clone(), seen.clone(), run_root.to_path_buf());
-        let thread = std::thread::spawn(move || loop {
-            let done = s.load(Ordering::SeqCst);
-            if let Ok(rd) = std::fs::read_dir(&root) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    // Sandbox run directories (the evaluation's own is fork-eval-<id>).
-                    if let Some(id) = name
-                        .strip_prefix("fork-")
-                        .filter(|i| !i.starts_with("eval-"))
-                    {
-                        n.lock().unwrap().insert(id.to_string());
-                    }
-                }
-            }
-            if done {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        });
-        Watcher {
-            stop,
-            seen,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> Vec<String> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        let v = self.seen.lock().unwrap().iter().cloned().collect();
-        v
-    }
-}
-
-/// Nothing of any run remains in `run_root`: no run directory, no staging directory (other
-/// than `allowed`, known leftovers), no mount under it, and for each sandbox id seen, no
-/// cgroup and no process.
-fn assert_run_root_clean(run_root: &Path, ids: &[String], allowed: &[PathBuf]) {
-    for e in std::fs::read_dir(run_root).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if allowed.contains(&e.path()) {
-            continue;
-        }
-        assert!(
-            !name.starts_with("fork-") && !name.starts_with(".fork-stage-"),
-            "{} left behind in the run root",
-            e.path().display()
-        );
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let root = run_root.to_string_lossy();
-    for line in mounts.lines() {
-        assert!(!line.contains(&*root), "a mount is left behind: {line}");
-    }
-    for id in ids {
-        assert_nothing_left(run_root, id);
-    }
-}
-
-/// One `fork evaluate` and what it left.
-struct Eval {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    out: PathBuf,
-    /// verdict.json, when a bundle was written.
-    verdict: Value,
-    /// The sandbox run ids seen while it ran.
-    sandboxes: Vec<String>,
-}
-
-impl Eval {
-    fn summary(&self) -> &str {
-        self.verdict["evaluation_summary"].as_str().unwrap_or("")
-    }
-    fn artifact(&self, name: &str) -> PathBuf {
-        self.out.join("artifacts").join(name)
-    }
-    fn artifact_json(&self, name: &str) -> Value {
-        let p = self.artifact(name);
-        let b = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        serde_json::from_slice(&b).unwrap()
-    }
-    fn ctx(&self) -> String {
-        format!(
-            "exit {}\nstdout:\n{}\nstderr:\n{}\nverdict: {}",
-            self.code, self.stdout, self.stderr, self.verdict
-        )
-    }
-}
-
-/// Runs `fork [pre] evaluate PATCH --runtime RUNTIME --out OUT [args]`, then checks that
-/// nothing of the run remains and, when a verdict was written, that the bundle is complete
-/// and verifies with the node key.
-fn evaluate_with(
-    env: &Env,
-    pre: &[&str],
-    patch: &Path,
-    runtime: &Path,
-    name: &str,
-    args: &[&str],
-    allowed_leftovers: &[PathBuf],
-) -> Eval {
-    let out = env.out(name);
-    let w = Watcher::start(&env.run_root);
-    let o = env
-        .cmd()
-        .args(pre)
-        .arg("evaluate")
-        .arg(patch)
-        .arg("--runtime")
-        .arg(runtime)
-        .arg("--out")
-        .arg(&out)
-        .args(args)
-        .output()
-        .expect("spawn fork");
-    let sandboxes = w.finish();
-    let e = Eval {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        verdict: std::fs::read(out.join("verdict.json"))
-            .ok()
-            .map(|b| serde_json::from_slice(&b).unwrap())
-            .unwrap_or(Value::Null),
-        out,
-        sandboxes,
-    };
-    // 4. Nothing remains after any evaluate.
-    assert_run_root_clean(&env.run_root, &e.sandboxes, allowed_leftovers);
-    if matches!(e.code, 0..=2) {
-        for f in ["verdict.json", "verdict.dsse.json", "endorsement.dsse.json"] {
-            assert!(e.out.join(f).is_file(), "{f} missing: {}", e.ctx());
-        }
-        assert!(e.out.join("artifacts").is_dir());
-        let expected = match e.code {
-            0 => "APPROVE",
-            1 => "REJECT",
-            _ => "NEEDS_REVISION",
-        };
-        assert_eq!(e.verdict["verdict"], expected, "{}", e.ctx());
-        let v = env.cmd().arg("verify").arg(&e.out).output().unwrap();
-        assert_eq!(
-            v.status.code(),
-            Some(0),
-            "the fresh bundle must verify: {}{}",
-            String::from_utf8_lossy(&v.stdout),
-            String::from_utf8_lossy(&v.stderr)
-        );
-    }
-    e
-}
-
-fn evaluate(env: &Env, patch: &Path, runtime: &Path, name: &str, args: &[&str]) -> Eval {
-    evaluate_with(env, &[], patch, runtime, name, args, &[])
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let ft = e.file_type().unwrap();
-        let dest = to.join(e.file_name());
-        if ft.is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else if ft.is_file() {
-            std::fs::copy(e.path(), &dest).unwrap();
-        }
-    }
-}
-
-/// A private copy of the demo runtime (so the test owns its database), with extra text
-/// appended to its fork.toml (extra tasks).
-fn runtime_copy(env: &Env, extra_toml: &str) -> PathBuf {
-    let rt = env.dir.join("hermes-demo");
-    copy_dir(&demo(), &rt);
-    let _ = std::fs::remove_file(rt.join("state/ESCAPED"));
-    let mut toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
-    toml.push_str(extra_toml);
-    std::fs::write(rt.join("fork.toml"), toml).unwrap();
-    rt
 }
 
 /// A unique `sleep` argument, so the test can find its own sandboxed process.
@@ -482,8 +222,8 @@ fn hostile_escape_is_contained() {
     // A copy of the runtime whose task tells the hostile code where the parent's live
     // state is (as a real successor could guess it), wherever this checkout lives.
     let db = env.dir.join("hermes-demo/state/hermes.db");
-    let rt = runtime_copy(
-        &env,
+    let rt = env.runtime(
+        "hermes-demo",
         &format!(
             "\n[tasks.hostile]\ncommand = [\"python3\", \"tests/run.py\"]\n\
              results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
@@ -840,8 +580,8 @@ fn parent_is_never_modified_while_a_writer_writes() {
     need_root!();
     let env = Env::new("ev-parent");
     let placeholder = "@PARENT_DB@";
-    let rt = runtime_copy(
-        &env,
+    let rt = env.runtime(
+        "hermes-demo",
         &format!(
             "\n[tasks.hostile]\ncommand = [\"python3\", \"tests/run.py\"]\n\
              results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
@@ -891,12 +631,14 @@ fn parent_is_never_modified_while_a_writer_writes() {
     let t0 = now();
     let swap = evaluate_with(
         &env,
-        &["-v"],
         &patch("swap-compressor"),
         &rt,
         "swap",
         &[],
-        &[],
+        With {
+            pre: &["-v"],
+            ..With::default()
+        },
     );
     windows.push((t0, now()));
     assert_eq!(swap.code, 0, "{}", swap.ctx());
@@ -1039,8 +781,8 @@ fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
     need_root!();
     let env = Env::new("ev-kill");
     let (m1, m2) = (unique_sleep(30), unique_sleep(31));
-    let rt = runtime_copy(
-        &env,
+    let rt = env.runtime(
+        "hermes-demo",
         &format!(
             "\n[tasks.slow1]\ncommand = [\"sleep\", \"{m1}\"]\n\
              \n[tasks.slow2]\ncommand = [\"sleep\", \"{m2}\"]\n"
@@ -1087,12 +829,15 @@ fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
     let leaked = stage_dirs(&env.run_root);
     let e = evaluate_with(
         &env,
-        &["-v"],
         &patch("noop-comment"),
         &rt,
         "after-kill",
         &[],
-        &leaked,
+        With {
+            pre: &["-v"],
+            allowed_leftovers: &leaked,
+            ..With::default()
+        },
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     // The killed sandbox's run directory and the killed evaluation's own.
@@ -1108,8 +853,8 @@ fn killed_supervisor_leaves_no_staging_directory() {
     need_root!();
     let env = Env::new("ev-stage");
     let m = unique_sleep(32);
-    let rt = runtime_copy(
-        &env,
+    let rt = env.runtime(
+        "hermes-demo",
         &format!("\n[tasks.slow]\ncommand = [\"sleep\", \"{m}\"]\n"),
     );
     let id = kill_supervisor_mid_run(&env, &rt, "slow", &m);
@@ -1128,8 +873,8 @@ fn staging_copy_of_the_state_is_private() {
     need_root!();
     let env = Env::new("ev-private");
     let m = unique_sleep(33);
-    let rt = runtime_copy(
-        &env,
+    let rt = env.runtime(
+        "hermes-demo",
         &format!("\n[tasks.slow]\ncommand = [\"sleep\", \"{m}\"]\n"),
     );
     std::fs::set_permissions(
@@ -1332,9 +1077,7 @@ fn blown_budget_is_a_reject_naming_it() {
     need_root!();
     let env = Env::new("ev-budget");
     let m = unique_sleep(30);
-    let rt = runtime_copy(
-        &env,
-        &format!(
+    let rt = env.runtime("hermes-demo", &format!(
             "\n[tasks.slow]\ncommand = [\"sleep\", \"{m}\"]\n\
              \n[tasks.hog]\ncommand = [\"python3\", \"-c\", \"b = b'x' * (256 << 20); print(len(b))\"]\n"
         ),

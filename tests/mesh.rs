@@ -17,6 +17,7 @@
 //! They need root (the nodes evaluate with the default policy) and nats-server on PATH.
 
 mod common;
+use common::lifecycle::{demo, node_cmd, patch};
 use common::*;
 use fork::mesh::messages::{decode_proposal, Proposal, Subjects, VerdictMessage};
 use serde_json::Value;
@@ -46,14 +47,6 @@ fn nats_server_bin() -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/bin")])
         .map(|d| d.join("nats-server"))
         .find(|p| p.is_file())
-}
-
-fn demo() -> PathBuf {
-    repo().join("fixtures/hermes-demo")
-}
-
-fn patch(name: &str) -> PathBuf {
-    repo().join("fixtures/patches").join(format!("{name}.diff"))
 }
 
 /// A scratch directory removed when the test passes (kept when it fails, for the logs).
@@ -215,10 +208,7 @@ impl Node {
     }
 
     fn cmd(&self) -> Command {
-        let mut c = fork_cmd(&self.dir.join("runs"));
-        c.env("XDG_CONFIG_HOME", self.dir.join("xdg"));
-        c.env("XDG_DATA_HOME", self.dir.join("data"));
-        c
+        node_cmd(&self.dir)
     }
 
     fn key_file(&self) -> PathBuf {

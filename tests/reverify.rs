@@ -2,29 +2,18 @@
 //! agreement; a patch with another hash, or a tampered verdict, is refused.
 
 mod common;
+use common::lifecycle::{demo, need_root, node_cmd, patch};
 use common::*;
-use std::path::Path;
-use std::process::Command;
-
-fn cmd(dir: &Path) -> Command {
-    let mut c = fork_cmd(&dir.join("runs"));
-    c.env("XDG_CONFIG_HOME", dir.join("xdg"));
-    c.env("XDG_DATA_HOME", dir.join("data"));
-    c
-}
 
 #[test]
 fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
-    if !is_root() {
-        eprintln!("this test drives the sandbox with the default policy, which needs root");
-        return;
-    }
+    need_root!();
     let dir = scratch("reverify");
     std::fs::create_dir_all(dir.join("runs")).unwrap();
-    let demo = repo().join("fixtures/hermes-demo");
-    let patch = repo().join("fixtures/patches/swap-compressor.diff");
+    let demo = demo();
+    let patch = patch("swap-compressor");
     let theirs = dir.join("theirs");
-    let out = cmd(&dir)
+    let out = node_cmd(&dir)
         .arg("evaluate")
         .arg(&patch)
         .arg("--runtime")
@@ -44,7 +33,7 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
     let other = dir.join("other");
     std::fs::create_dir_all(other.join("runs")).unwrap();
     let ours = other.join("ours");
-    let out = cmd(&other)
+    let out = node_cmd(&other)
         .arg("reverify")
         .arg(&theirs)
         .arg("--patch")
@@ -74,15 +63,15 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
     assert_eq!(mine["patch_hash"], theirs_v["patch_hash"]);
     assert_eq!(mine["task_hash"], theirs_v["task_hash"]);
     assert_ne!(mine["run_id"], theirs_v["run_id"]);
-    let v = cmd(&other).arg("verify").arg(&ours).output().unwrap();
+    let v = node_cmd(&other).arg("verify").arg(&ours).output().unwrap();
     assert_eq!(v.status.code(), Some(0));
 
     // Another patch than the verdict's: refused before anything runs.
-    let out = cmd(&other)
+    let out = node_cmd(&other)
         .arg("reverify")
         .arg(&theirs)
         .arg("--patch")
-        .arg(repo().join("fixtures/patches/noop-comment.diff"))
+        .arg(common::lifecycle::patch("noop-comment"))
         .arg("--runtime")
         .arg(&demo)
         .output()
@@ -96,7 +85,7 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
     let i = bytes.iter().position(|b| *b == b'0').unwrap();
     bytes[i] = b'1';
     std::fs::write(&vj, bytes).unwrap();
-    let out = cmd(&other)
+    let out = node_cmd(&other)
         .arg("reverify")
         .arg(&theirs)
         .arg("--patch")

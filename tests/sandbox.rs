@@ -6,19 +6,11 @@
 //! as on the project's CI machine.
 
 mod common;
+use common::lifecycle::need_root;
 use common::*;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-macro_rules! need_root {
-    () => {
-        if !is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
-            return;
-        }
-    };
-}
 
 fn assert_denied(args: &[&str], errno: i64) {
     let r = probe(&[], args);

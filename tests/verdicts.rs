@@ -18,36 +18,18 @@
 //! default policy mounts a capped tmpfs and creates cgroups).
 
 mod common;
+use common::lifecycle::*;
 use common::*;
 use fork::task::results::{parse_junit, TestOutcome, TestReport};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-macro_rules! need_root {
-    () => {
-        if !is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
-            return;
-        }
-    };
-}
-
-fn demo() -> PathBuf {
-    repo().join("fixtures/hermes-demo")
-}
 
 fn flaky_demo() -> PathBuf {
     repo().join("fixtures/flaky-demo")
-}
-
-fn patch(name: &str) -> PathBuf {
-    repo().join("fixtures/patches").join(format!("{name}.diff"))
 }
 
 fn patch_hash(p: &Path) -> String {
@@ -57,226 +39,32 @@ fn patch_hash(p: &Path) -> String {
     )
 }
 
-/// A private world for one test: run root, node key, default ledger, room for outputs.
-struct Env {
-    dir: PathBuf,
-    run_root: PathBuf,
-    xdg: PathBuf,
-}
-
-impl Env {
-    fn new(name: &str) -> Env {
-        let dir = scratch(name);
-        let run_root = dir.join("runs");
-        let xdg = dir.join("xdg");
-        std::fs::create_dir_all(&run_root).unwrap();
-        std::fs::create_dir_all(&xdg).unwrap();
-        Env { dir, run_root, xdg }
-    }
-
-    /// `fork` with this test's run root, node key and default ledger; never the CI job's
-    /// own step summary.
-    fn cmd(&self) -> Command {
-        let mut c = fork_cmd(&self.run_root);
-        c.env("XDG_CONFIG_HOME", &self.xdg);
-        c.env("XDG_DATA_HOME", self.data());
-        c.env_remove("GITHUB_STEP_SUMMARY");
-        c
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn default_ledger(&self) -> PathBuf {
-        self.data().join("fork/ledger.db")
-    }
-
-    fn out(&self, name: &str) -> PathBuf {
-        let p = self.dir.join(format!("out-{name}"));
-        assert!(!p.exists());
-        p
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// Records every sandbox run directory (`fork-<id>`, not the evaluation's own
-/// `fork-eval-<id>`) that appears in a run root while it watches.
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<BTreeSet<String>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    fn start(run_root: &Path) -> Watcher {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(BTreeSet::new()));
-        let (s, n, root) = (stop.clone(), seen.clone(), run_root.to_path_buf());
-        let thread = std::thread::spawn(move || loop {
-            let done = s.load(Ordering::SeqCst);
-            if let Ok(rd) = std::fs::read_dir(&root) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    if let Some(id) = name
-                        .strip_prefix("fork-")
-                        .filter(|i| !i.starts_with("eval-"))
-                    {
-                        n.lock().unwrap().insert(id.to_string());
-                    }
-                }
-            }
-            if done {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        });
-        Watcher {
-            stop,
-            seen,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> Vec<String> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
-        let v = self.seen.lock().unwrap().iter().cloned().collect();
-        v
-    }
-}
-
-/// Nothing of any run remains: no run or staging directory, no mount, and for each sandbox
-/// seen no cgroup and no process.
-fn assert_run_root_clean(run_root: &Path, ids: &[String]) {
-    for e in std::fs::read_dir(run_root).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        assert!(
-            !name.starts_with("fork-") && !name.starts_with(".fork-stage-"),
-            "{} left behind in the run root",
-            e.path().display()
-        );
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let root = run_root.to_string_lossy();
-    for line in mounts.lines() {
-        assert!(!line.contains(&*root), "a mount is left behind: {line}");
-    }
-    for id in ids {
-        assert_nothing_left(run_root, id);
-    }
-}
-
-/// One `fork evaluate` and what it left.
-struct Eval {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    out: PathBuf,
-    verdict: Value,
-    /// Sandbox run ids seen while it ran.
-    sandboxes: Vec<String>,
-}
-
 impl Eval {
-    fn summary(&self) -> &str {
-        self.verdict["evaluation_summary"].as_str().unwrap_or("")
-    }
-    fn run_id(&self) -> &str {
-        self.verdict["run_id"].as_str().unwrap()
-    }
-    fn caveats(&self) -> Vec<String> {
-        self.verdict["caveats"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_str().unwrap().to_string())
-            .collect()
-    }
-    fn metric(&self, name: &str) -> &Value {
-        self.verdict["metrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["name"] == name)
-            .unwrap_or_else(|| panic!("no metric {name}: {}", self.ctx()))
-    }
-    fn artifact(&self, name: &str) -> PathBuf {
-        self.out.join("artifacts").join(name)
-    }
+    /// Did this evaluation reuse a cached verdict?
     fn reused(&self) -> bool {
         self.stderr.contains("reusing the verdict")
     }
-    fn ctx(&self) -> String {
-        format!(
-            "exit {}\nstdout:\n{}\nstderr:\n{}\nverdict: {}",
-            self.code, self.stdout, self.stderr, self.verdict
-        )
-    }
 }
 
-/// `fork evaluate PATCH --runtime RUNTIME --out OUT [args]` with extra environment; then
-/// nothing of the run remains, and a written bundle is complete, matches the exit code and
-/// verifies with the node key.
+/// The shared `evaluate_with`, demanding a verdict (exit 0-2): every evaluation here comes
+/// to one. `vars` go into its environment.
 fn evaluate_env(
     env: &Env,
     patch: &Path,
     runtime: &Path,
     name: &str,
     args: &[&str],
-    vars: &[(&str, &Path)],
+    vars: &[(&str, &OsStr)],
 ) -> Eval {
-    let out = env.out(name);
-    let w = Watcher::start(&env.run_root);
-    let mut c = env.cmd();
-    c.arg("evaluate")
-        .arg(patch)
-        .arg("--runtime")
-        .arg(runtime)
-        .arg("--out")
-        .arg(&out)
-        .args(args);
-    for (k, v) in vars {
-        c.env(k, v);
-    }
-    let o = c.output().expect("spawn fork");
-    let sandboxes = w.finish();
-    let e = Eval {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        verdict: std::fs::read(out.join("verdict.json"))
-            .ok()
-            .map(|b| serde_json::from_slice(&b).unwrap())
-            .unwrap_or(Value::Null),
-        out,
-        sandboxes,
+    let with = With {
+        vars,
+        require_verdict: true,
+        ..With::default()
     };
-    assert_run_root_clean(&env.run_root, &e.sandboxes);
-    assert!(matches!(e.code, 0..=2), "no verdict: {}", e.ctx());
-    for f in ["verdict.json", "verdict.dsse.json", "endorsement.dsse.json"] {
-        assert!(e.out.join(f).is_file(), "{f} missing: {}", e.ctx());
-    }
-    let expected = ["APPROVE", "REJECT", "NEEDS_REVISION"][e.code as usize];
-    assert_eq!(e.verdict["verdict"], expected, "{}", e.ctx());
-    let v = env.cmd().arg("verify").arg(&e.out).output().unwrap();
-    assert_eq!(
-        v.status.code(),
-        Some(0),
-        "the bundle must verify: {}{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
-    );
-    e
+    evaluate_with(env, patch, runtime, name, args, with)
 }
 
+/// Shadows the shared `evaluate`: here a verdict is required.
 fn evaluate(env: &Env, patch: &Path, runtime: &Path, name: &str, args: &[&str]) -> Eval {
     evaluate_env(env, patch, runtime, name, args, &[])
 }
@@ -288,30 +76,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let ft = e.file_type().unwrap();
-        let dest = to.join(e.file_name());
-        if ft.is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else if ft.is_file() {
-            std::fs::copy(e.path(), &dest).unwrap();
-        }
-    }
-}
-
-/// A private copy of the demo runtime with `extra_toml` appended to its fork.toml.
-fn runtime_copy(env: &Env, extra_toml: &str) -> PathBuf {
-    let rt = env.dir.join("hermes-demo");
-    copy_dir(&demo(), &rt);
-    let _ = std::fs::remove_file(rt.join("state/ESCAPED"));
-    let mut toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
-    toml.push_str(extra_toml);
-    std::fs::write(rt.join("fork.toml"), toml).unwrap();
-    rt
 }
 
 fn read_metrics(p: &Path) -> BTreeMap<String, f64> {
@@ -438,7 +202,7 @@ fn slow_compressor_is_a_significant_p99_regression() {
     let env = Env::new("vd-slow");
     // The slowed compressor takes ~15 ms per session and run: the same compress task on
     // 5 sessions instead of 100 keeps the ten runs within seconds (p99 = the slowest).
-    let rt = runtime_copy(&env, "");
+    let rt = env.runtime("hermes-demo", "");
     let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
     let fewer = toml.replace(r#""--sessions", "100""#, r#""--sessions", "5""#);
     assert_ne!(fewer, toml, "the compress task's --sessions");
@@ -845,7 +609,7 @@ fn names_with(r: &TestReport, prefix: &str) -> BTreeSet<String> {
 fn junit_and_markdown_summaries_for_ci() {
     need_root!();
     let env = Env::new("vd-ci");
-    let rt = runtime_copy(&env, BOTH_TASK);
+    let rt = env.runtime("hermes-demo", BOTH_TASK);
     let step = env.dir.join("step-summary.md");
     let earlier = "# an earlier step\n\nits own summary\n";
     std::fs::write(&step, earlier).unwrap();
@@ -863,7 +627,7 @@ fn junit_and_markdown_summaries_for_ci() {
             "--summary",
             sa.to_str().unwrap(),
         ],
-        &[("GITHUB_STEP_SUMMARY", &step)],
+        &[("GITHUB_STEP_SUMMARY", step.as_os_str())],
     );
     assert_eq!(a.code, 0, "{}", a.ctx());
 
@@ -946,7 +710,7 @@ fn junit_and_markdown_summaries_for_ci() {
             "--summary",
             sb.to_str().unwrap(),
         ],
-        &[("GITHUB_STEP_SUMMARY", &step)],
+        &[("GITHUB_STEP_SUMMARY", step.as_os_str())],
     );
     assert_eq!(b.code, 0, "{}", b.ctx());
     let md_b = std::fs::read_to_string(&sb).unwrap();
@@ -986,7 +750,7 @@ repeat = 5
 fn junit_metric_cases_follow_the_verdicts_significance() {
     need_root!();
     let env = Env::new("vd-noisy");
-    let rt = runtime_copy(&env, NOISY_TASK);
+    let rt = env.runtime("hermes-demo", NOISY_TASK);
     let j = env.dir.join("noisy.xml");
     let e = evaluate(
         &env,

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: they drive the real `fork` binary.
 #![allow(dead_code)]
 
+pub mod lifecycle;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
