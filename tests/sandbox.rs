@@ -791,3 +791,28 @@ fn a_forward_to_another_host_is_refused_at_load_time() {
         );
     }
 }
+
+#[test]
+fn without_the_disk_layer_the_workspace_is_still_there() {
+    need_root!();
+    // A policy that turns the capped disk off: /tmp is then a tmpfs inside the sandbox and
+    // the workspace is bound into it from the run directory; the report says so.
+    let d = scratch("nodisk");
+    let p = d.join("nodisk.toml");
+    std::fs::write(&p, "[layers]\ndisk = \"off\"\n").unwrap();
+    let r = run(
+        &["--policy", p.to_str().unwrap()],
+        &[
+            "sh",
+            "-c",
+            "pwd && echo data > /tmp/successor/f && cat /tmp/successor/f",
+        ],
+    );
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("/tmp/successor") && r.stdout.contains("data"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.report["isolation"]["disk"].is_null(), "{}", r.report);
+}

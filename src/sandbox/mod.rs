@@ -482,6 +482,13 @@ impl Sandbox {
         } else {
             None
         };
+        // Without a capped disk, the workspace is bound from the run directory into the
+        // sandbox's own (capped) /tmp.
+        let workspace_src = if self.disk_mounted {
+            None
+        } else {
+            Some(self.workspace())
+        };
         let mut hide = policy.filesystem.hide.clone();
         hide.push(crate::identity::node_key_dir());
         hide.push(crate::rundir::base_dir());
@@ -491,6 +498,7 @@ impl Sandbox {
             hide: &hide,
             tmp_src: tmp_src.as_deref(),
             tmp_size: policy.budgets.disk_bytes,
+            workspace_src: workspace_src.as_deref(),
             shm_size: policy.filesystem.shm_bytes,
         });
         // Door ports must be reachable past Landlock's TCP rules, and only they are added.

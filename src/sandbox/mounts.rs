@@ -85,6 +85,8 @@ pub struct RootPlan<'a> {
     pub tmp_src: Option<&'a Path>,
     /// Size of /tmp when `tmp_src` is None (a tmpfs made inside the sandbox).
     pub tmp_size: u64,
+    /// Without a capped disk (`tmp_src` None): the host directory bound at /tmp/successor.
+    pub workspace_src: Option<&'a Path>,
     pub shm_size: u64,
 }
 
@@ -111,10 +113,18 @@ pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
             src: src.to_path_buf(),
             dst: PathBuf::from("/tmp"),
         }),
-        None => ops.push(MountOp::Tmpfs {
-            dst: PathBuf::from("/tmp"),
-            size: p.tmp_size,
-        }),
+        None => {
+            ops.push(MountOp::Tmpfs {
+                dst: PathBuf::from("/tmp"),
+                size: p.tmp_size,
+            });
+            if let Some(ws) = p.workspace_src {
+                ops.push(MountOp::BindRw {
+                    src: ws.to_path_buf(),
+                    dst: PathBuf::from(super::WORKSPACE),
+                });
+            }
+        }
     }
     let mut hidden: Vec<PathBuf> = Vec::new();
     for h in p.hide {
@@ -304,7 +314,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
             }
             MountOp::BindRw { src, dst } => {
                 let d = inside(newroot, dst);
-                if minimal {
+                if minimal || !d.exists() {
                     mkdirs(&d)?;
                 }
                 mount(
@@ -555,6 +565,7 @@ mod tests {
             hide: &hide,
             tmp_src: Some(Path::new("/x/disk")),
             tmp_size: 0,
+            workspace_src: None,
             shm_size: 1 << 20,
         });
         assert_eq!(ops[0], MountOp::HostRoot);
@@ -595,6 +606,7 @@ mod tests {
             hide: &[PathBuf::from("/usr/share/doc")],
             tmp_src: None,
             tmp_size: 1 << 20,
+            workspace_src: Some(Path::new("/x/ws")),
             shm_size: 1 << 20,
         });
         assert_eq!(ops[0], MountOp::EmptyRoot);
@@ -605,6 +617,11 @@ mod tests {
             src: PathBuf::from("/definitely-not-here")
         }));
         assert_eq!(ops.last(), Some(&MountOp::Seal));
+        // Without a capped disk the workspace is bound into the private /tmp.
+        assert!(ops.contains(&MountOp::BindRw {
+            src: PathBuf::from("/x/ws"),
+            dst: PathBuf::from("/tmp/successor")
+        }));
         assert!(ops.contains(&MountOp::Tmpfs {
             dst: PathBuf::from("/tmp"),
             size: 1 << 20
