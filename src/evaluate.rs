@@ -111,6 +111,8 @@ fn internal(what: &str) -> impl FnOnce(String) -> EvaluateError + '_ {
 
 /// Undeclared files in the reports directory kept as artifacts, at most.
 const MAX_EXTRA_REPORTS: usize = 32;
+/// Bytes of undeclared report files kept per run, in all (what does not fit is left out).
+const MAX_EXTRA_REPORT_BYTES: u64 = 16 << 20;
 
 /// The evaluation's run directory, `<run root>/fork-<run-id>/stage`; removed on drop.
 struct Staging {
@@ -1276,13 +1278,15 @@ fn run_attempt(
                 .filter(|n| !declared.contains(&n.as_str()))
                 .collect();
             names.sort();
+            let mut room = MAX_EXTRA_REPORT_BYTES;
             for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
-                // read_report_file refuses symlinks, non-regular and oversized files.
-                if let Ok(bytes) = results::read_report_file(
-                    &disk,
-                    &in_reports(&name),
-                    results::DEFAULT_MAX_REPORT_BYTES,
-                ) {
+                // read_report_file refuses symlinks, non-regular and oversized files; what
+                // the successor left is bounded in count and in total size on the host.
+                if room == 0 {
+                    break;
+                }
+                if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
+                    room = room.saturating_sub(bytes.len() as u64);
                     let safe: String = name
                         .chars()
                         .map(|c| {
