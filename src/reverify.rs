@@ -5,7 +5,7 @@
 use crate::cli::{exit, BudgetArgs, CliError};
 use crate::evaluate::{evaluate, EvaluateArgs};
 use crate::identity::PublicKey;
-use crate::verdict::sign::{Endorsement, Envelope};
+use crate::verdict::sign::Endorsement;
 use crate::verdict::{Verdict, VerdictKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -77,12 +77,11 @@ fn bundle_dir(p: &Path) -> PathBuf {
 /// by `verify_bundle`).
 fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
     let path = dir.join(crate::verdict::bundle::ENDORSEMENT_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let env: Envelope =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    let payload = env
-        .payload_bytes()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let (_, _, payload) = crate::verdict::verify::read_envelope(
+        &path,
+        crate::verdict::sign::ENDORSEMENT_PAYLOAD_TYPE,
+    )
+    .map_err(|e| e.to_string())?;
     let e: Endorsement =
         serde_json::from_slice(&payload).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(e.node_key)

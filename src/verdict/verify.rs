@@ -169,6 +169,25 @@ fn malformed(path: &Path, reason: impl ToString) -> VerifyError {
     }
 }
 
+/// The raw bytes of an envelope file, the envelope, and its payload bytes (NOT yet verified).
+pub type ReadEnvelope = (Vec<u8>, Envelope, Vec<u8>);
+
+/// Reads a DSSE envelope file (bounded) and checks its payload type; the caller checks the
+/// signature.
+pub fn read_envelope(path: &Path, payload_type: &str) -> Result<ReadEnvelope, VerifyError> {
+    let bytes = read_json_file(path)?;
+    let envelope: Envelope = serde_json::from_slice(&bytes).map_err(|e| malformed(path, e))?;
+    if envelope.payload_type != payload_type {
+        return Err(VerifyError::PayloadType {
+            path: path.to_path_buf(),
+            found: envelope.payload_type,
+            expected: payload_type.to_string(),
+        });
+    }
+    let payload = envelope.payload_bytes().map_err(|e| malformed(path, e))?;
+    Ok((bytes, envelope, payload))
+}
+
 fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
     let f = fs::File::open(path).map_err(io_err("open", path))?;
     let mut bytes = Vec::new();
@@ -257,19 +276,7 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
 
     // 1. The verdict envelope, signed by the successor key its predicate names.
     let env_path = dir.join(VERDICT_ENVELOPE_FILE);
-    let env_bytes = read_json_file(&env_path)?;
-    let envelope: Envelope =
-        serde_json::from_slice(&env_bytes).map_err(|e| malformed(&env_path, e))?;
-    if envelope.payload_type != VERDICT_PAYLOAD_TYPE {
-        return Err(VerifyError::PayloadType {
-            path: env_path,
-            found: envelope.payload_type,
-            expected: VERDICT_PAYLOAD_TYPE.to_string(),
-        });
-    }
-    let unverified = envelope
-        .payload_bytes()
-        .map_err(|e| malformed(&env_path, e))?;
+    let (env_bytes, envelope, unverified) = read_envelope(&env_path, VERDICT_PAYLOAD_TYPE)?;
     let statement: Statement<Verdict> = serde_json::from_slice(&unverified).map_err(|e| {
         malformed(
             &env_path,
@@ -353,19 +360,7 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
 
     // 5. The endorsement, by a trusted node key, binding this run.
     let end_path = dir.join(ENDORSEMENT_FILE);
-    let end_bytes = read_json_file(&end_path)?;
-    let end_env: Envelope =
-        serde_json::from_slice(&end_bytes).map_err(|e| malformed(&end_path, e))?;
-    if end_env.payload_type != ENDORSEMENT_PAYLOAD_TYPE {
-        return Err(VerifyError::PayloadType {
-            path: end_path,
-            found: end_env.payload_type,
-            expected: ENDORSEMENT_PAYLOAD_TYPE.to_string(),
-        });
-    }
-    let end_unverified = end_env
-        .payload_bytes()
-        .map_err(|e| malformed(&end_path, e))?;
+    let (end_bytes, end_env, end_unverified) = read_envelope(&end_path, ENDORSEMENT_PAYLOAD_TYPE)?;
     let claimed: Endorsement = serde_json::from_slice(&end_unverified)
         .map_err(|e| malformed(&end_path, format!("its payload is not an endorsement: {e}")))?;
     let node_key = trusted
