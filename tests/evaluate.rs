@@ -1139,3 +1139,60 @@ fn json_prints_exactly_the_verdict_document() {
         assert_eq!(e.verdict["patch_hash"], want.as_str());
     }
 }
+
+/// The successor replaces its reports directory, or its whole workspace, with a symlink to a
+/// host directory holding a forged all-passing tests.xml and a secret: the supervisor reads
+/// the results beneath the capped disk's root without following any link, so the forgery is
+/// never read (no APPROVE) and no host file travels into the bundle.
+#[test]
+fn results_behind_a_symlink_are_never_read() {
+    need_root!();
+    let env = Env::new("ev-linked-reports");
+    let host = env.dir.join("host-side");
+    std::fs::create_dir_all(host.join("reports")).unwrap();
+    let forged = "<testsuite name=\"x\" tests=\"1\"><testcase classname=\"forged\" name=\"all_good\"/></testsuite>";
+    std::fs::write(host.join("tests.xml"), forged).unwrap();
+    std::fs::write(host.join("reports/tests.xml"), forged).unwrap();
+    std::fs::write(host.join("secret.txt"), "HOST-SECRET").unwrap();
+    std::fs::write(host.join("reports/secret.txt"), "HOST-SECRET").unwrap();
+    let h = host.display();
+    let rt = env.runtime(
+        "hermes-demo",
+        &format!(
+            "\n[tasks.link_reports]\ncommand = [\"sh\", \"-c\", \"rm -rf /tmp/successor/reports && ln -s {h} /tmp/successor/reports\"]\n\
+             results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
+             \n[tasks.link_workspace]\ncommand = [\"sh\", \"-c\", \"cd / && mv /tmp/successor /tmp/moved && ln -s {h} /tmp/successor\"]\n\
+             results = {{ format = \"junit\", path = \"tests.xml\" }}\n"
+        ),
+    );
+    for task in ["link_reports", "link_workspace"] {
+        let e = evaluate(
+            &env,
+            &patch("noop-comment"),
+            &rt,
+            task,
+            &["--task", task, "--no-ledger"],
+        );
+        assert_eq!(
+            e.code,
+            2,
+            "{task}: the forged results must not be read: {}",
+            e.ctx()
+        );
+        assert_eq!(e.verdict["tests"]["passed"], 0, "{task}: {}", e.ctx());
+        let bundle = e.out.join("artifacts");
+        for entry in std::fs::read_dir(&bundle).unwrap().flatten() {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                !text.contains("HOST-SECRET") && !text.contains("forged"),
+                "{task}: a host file travelled into {}",
+                entry.path().display()
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(host.join("secret.txt")).unwrap(),
+        "HOST-SECRET"
+    );
+}
