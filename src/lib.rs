@@ -9,7 +9,7 @@
 pub mod budget;
 pub mod check;
 pub mod cli;
-pub mod evaluate;
+pub mod evaluation;
 pub mod fork;
 pub mod gateway;
 pub mod gc;
@@ -19,7 +19,6 @@ pub mod manifest;
 pub mod mesh;
 pub mod patch;
 pub mod policy;
-pub mod reverify;
 pub mod run;
 pub mod rundir;
 pub mod sandbox;

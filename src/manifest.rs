@@ -11,14 +11,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::time::Duration;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::units::{parse_duration, parse_size};
 
 /// The manifest's file name, at the runtime's root.
 pub const MANIFEST_FILE: &str = "fork.toml";
@@ -126,7 +124,7 @@ pub struct TaskSpec {
     #[serde(default = "one")]
     pub repeat: u32,
     #[serde(default)]
-    pub budget: TaskBudget,
+    pub budget: crate::budget::BudgetText,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Metric names (or `*` patterns) for which a smaller value is better, in addition to
@@ -162,174 +160,6 @@ pub enum ResultsFormat {
     /// Rust libtest's `--format json` lines.
     LibtestJson,
     ExitStatus,
-}
-
-/// `budget = { wall = "10m", memory = "1GiB", cpu = "200", disk = "10GiB",
-/// pids = 512, api_cost = "5.00" }`: human units, kept as written (numbers are
-/// accepted and kept as their decimal text); see [`TaskBudget::resolve`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskBudget {
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub wall: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub memory: Option<String>,
-    /// Percent of one CPU ("200" = two CPUs; "200%" also accepted).
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cpu: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub disk: Option<String>,
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub pids: Option<String>,
-    /// US dollars ("5.00" or "$5").
-    #[serde(
-        default,
-        deserialize_with = "human",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub api_cost: Option<String>,
-}
-
-/// A [`TaskBudget`] in machine units; `None` where the task sets no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct BudgetValues {
-    pub wall: Option<Duration>,
-    pub memory_bytes: Option<u64>,
-    pub cpu_percent: Option<f64>,
-    pub disk_bytes: Option<u64>,
-    pub pids: Option<u64>,
-    pub api_cost_usd: Option<f64>,
-}
-
-/// A budget value that is not acceptable: `budget.<field>` and why, with the fix.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
-#[error("budget.{field}: {message}")]
-pub struct BudgetError {
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl TaskBudget {
-    /// Parses every set value; zero limits are refused (a budget of nothing).
-    pub fn resolve(&self) -> Result<BudgetValues, BudgetError> {
-        fn get<T>(
-            field: &'static str,
-            v: &Option<String>,
-            f: impl Fn(&str) -> Result<T, String>,
-        ) -> Result<Option<T>, BudgetError> {
-            v.as_deref()
-                .map(|s| f(s).map_err(|message| BudgetError { field, message }))
-                .transpose()
-        }
-        Ok(BudgetValues {
-            wall: get("wall", &self.wall, parse_wall)?,
-            memory_bytes: get("memory", &self.memory, parse_bytes)?,
-            cpu_percent: get("cpu", &self.cpu, parse_cpu)?,
-            disk_bytes: get("disk", &self.disk, parse_bytes)?,
-            pids: get("pids", &self.pids, parse_pids)?,
-            api_cost_usd: get("api_cost", &self.api_cost, parse_api_cost)?,
-        })
-    }
-}
-
-/// A positive duration such as "10m".
-pub fn parse_wall(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err(format!(
-            "`{s}` is zero: write a positive duration like 30s, 10m or 1h"
-        ));
-    }
-    Ok(d)
-}
-
-/// A positive size such as "1GiB".
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    match parse_size(s) {
-        Ok(0) => Err(format!(
-            "`{s}` is zero: write a positive size like 512MiB or 2GiB"
-        )),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Percent of one CPU: "200" or "200%" (two CPUs), positive.
-pub fn parse_cpu(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let t = t.strip_suffix('%').unwrap_or(t).trim();
-    match t.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not a CPU share: write a percent of one CPU, like \"50\" or \"200\" (two CPUs)"
-        )),
-    }
-}
-
-/// A positive process count.
-pub fn parse_pids(s: &str) -> Result<u64, String> {
-    match s.trim().parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!(
-            "`{s}` is not a process count: write a positive integer like 512"
-        )),
-    }
-}
-
-/// US dollars: "5.00", "$5" or "0".
-pub fn parse_api_cost(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let t = t.strip_prefix('$').unwrap_or(t);
-    match t.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not an amount: write US dollars like \"5.00\""
-        )),
-    }
-}
-
-/// Accepts a string or a number (kept as its decimal text).
-fn human<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    struct V;
-    impl Visitor<'_> for V {
-        type Value = Option<String>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a string in human units such as \"10m\" or \"1GiB\", or a number")
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(Some(v.to_string()))
-        }
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-            Ok(Some(v.to_string()))
-        }
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-            Ok(Some(v.to_string()))
-        }
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-            Ok(Some(v.to_string()))
-        }
-    }
-    d.deserialize_any(V)
 }
 
 fn serialize_tasks<S: Serializer>(tasks: &[(String, TaskSpec)], s: S) -> Result<S::Ok, S::Error> {
@@ -512,7 +342,7 @@ impl Manifest {
                 ),
             ));
         }
-        if let Err(e) = t.budget.resolve() {
+        if let Err(e) = t.budget.parse() {
             return Err(self.invalid(field(&format!("budget.{}", e.field)), e.message));
         }
         for (k, v) in &t.env {
@@ -692,6 +522,7 @@ impl Manifest {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
     use super::*;
 
     fn demo() -> PathBuf {
@@ -762,7 +593,7 @@ env = { MODE = "fast" }
         assert_eq!(c.metrics.as_deref(), Some("metrics.json"));
         assert!(c.baseline);
         assert_eq!(c.repeat, 5);
-        let b = c.budget.resolve().unwrap();
+        let b = c.budget.parse().unwrap();
         assert_eq!(b.wall, Some(Duration::from_secs(600)));
         assert_eq!(b.memory_bytes, Some(1 << 30));
         assert_eq!(b.cpu_percent, None);
@@ -777,8 +608,8 @@ env = { MODE = "fast" }
         assert_eq!(m.task(None).unwrap().0, "zeta");
         let (_, a) = m.task(Some("alpha")).unwrap();
         assert_eq!(a.budget.cpu.as_deref(), Some("200"));
-        let b = a.budget.resolve().unwrap();
-        assert_eq!(b.cpu_percent, Some(200.0));
+        let b = a.budget.parse().unwrap();
+        assert_eq!(b.cpu_percent, Some(200));
         assert_eq!(b.pids, Some(64));
         assert_eq!(b.api_cost_usd, Some(2.5));
         assert_eq!(b.disk_bytes, Some(1 << 30));

@@ -4,18 +4,18 @@
 //! The default policy is compiled into the binary (with its seccomp profile), so `fork`
 //! works from any directory; `--policy FILE` loads another one.
 
-use crate::units::{self, UnitError};
+pub use crate::budget::{BudgetOverrides, BudgetText, Budgets};
+pub use crate::sandbox::spec::{
+    Layer, Layers, Requirement, RootMode, SeccompProfile, SeccompSource, Spec, DEFAULT_SECCOMP,
+};
+use crate::units;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 use thiserror::Error;
 
 /// The built-in default policy (policies/default.toml).
 pub const DEFAULT_POLICY: &str = include_str!("../policies/default.toml");
-/// The built-in default seccomp profile (policies/seccomp/default.json).
-pub const DEFAULT_SECCOMP: &str = include_str!("../policies/seccomp/default.json");
-
 #[derive(Debug, Error)]
 pub enum PolicyError {
     #[error("cannot read policy {path}: {source}")]
@@ -34,218 +34,6 @@ impl PolicyError {
             message: message.into(),
         }
     }
-}
-
-/// How much a policy insists on one isolation layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Requirement {
-    Required,
-    Optional,
-    Off,
-}
-
-impl Requirement {
-    pub fn wanted(self) -> bool {
-        self != Requirement::Off
-    }
-}
-
-/// Every layer a policy can require, in the order `fork check` prints them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Layer {
-    Userns,
-    Pidns,
-    Mountns,
-    Netns,
-    Ipcns,
-    Utsns,
-    Cgroupns,
-    Seccomp,
-    Landlock,
-    Cgroup,
-    Disk,
-}
-
-impl Layer {
-    pub const ALL: [Layer; 11] = [
-        Layer::Userns,
-        Layer::Pidns,
-        Layer::Mountns,
-        Layer::Netns,
-        Layer::Ipcns,
-        Layer::Utsns,
-        Layer::Cgroupns,
-        Layer::Seccomp,
-        Layer::Landlock,
-        Layer::Cgroup,
-        Layer::Disk,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Layer::Userns => "userns",
-            Layer::Pidns => "pidns",
-            Layer::Mountns => "mountns",
-            Layer::Netns => "netns",
-            Layer::Ipcns => "ipcns",
-            Layer::Utsns => "utsns",
-            Layer::Cgroupns => "cgroupns",
-            Layer::Seccomp => "seccomp",
-            Layer::Landlock => "landlock",
-            Layer::Cgroup => "cgroup",
-            Layer::Disk => "disk",
-        }
-    }
-
-    /// The sandbox is built on these; a policy cannot relax them.
-    pub fn is_core(self) -> bool {
-        matches!(self, Layer::Userns | Layer::Pidns | Layer::Mountns)
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLayers {
-    userns: Option<Requirement>,
-    pidns: Option<Requirement>,
-    mountns: Option<Requirement>,
-    netns: Option<Requirement>,
-    ipcns: Option<Requirement>,
-    utsns: Option<Requirement>,
-    cgroupns: Option<Requirement>,
-    seccomp: Option<Requirement>,
-    landlock: Option<Requirement>,
-    cgroup: Option<Requirement>,
-    disk: Option<Requirement>,
-}
-
-/// The requirement for each layer.
-#[derive(Debug, Clone, Serialize)]
-pub struct Layers(pub BTreeMap<Layer, Requirement>);
-
-impl Layers {
-    pub fn get(&self, l: Layer) -> Requirement {
-        self.0.get(&l).copied().unwrap_or(Requirement::Required)
-    }
-    pub fn set(&mut self, l: Layer, r: Requirement) {
-        self.0.insert(l, r);
-    }
-}
-
-/// Budget limits, resolved to numbers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Budgets {
-    #[serde(serialize_with = "ser_secs")]
-    pub wall: Duration,
-    pub cpu_percent: u32,
-    pub memory_bytes: u64,
-    pub pids: u64,
-    pub disk_bytes: u64,
-    pub api_cost_usd: f64,
-    #[serde(serialize_with = "ser_opt_secs")]
-    pub cpu_time: Option<Duration>,
-}
-
-fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
-}
-
-/// Budget values as people write them (policy files, fork.toml, the command line).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetOverrides {
-    pub wall: Option<String>,
-    pub cpu: Option<u32>,
-    pub memory: Option<String>,
-    pub pids: Option<u64>,
-    pub disk: Option<String>,
-    pub api_cost: Option<f64>,
-    pub cpu_time: Option<String>,
-}
-
-impl Budgets {
-    /// Applies overrides on top of these limits; `origin` names where they came from.
-    pub fn apply(&mut self, o: &BudgetOverrides, origin: &str) -> Result<(), PolicyError> {
-        let bad = |e: UnitError, field: &str| {
-            PolicyError::invalid(origin, format!("budget.{field}: {e}"))
-        };
-        if let Some(w) = &o.wall {
-            self.wall = units::parse_duration(w).map_err(|e| bad(e, "wall"))?;
-            if self.wall.is_zero() {
-                return Err(PolicyError::invalid(
-                    origin,
-                    "budget.wall must be more than 0",
-                ));
-            }
-        }
-        if let Some(c) = o.cpu {
-            if c == 0 || c > 100 * 1024 {
-                return Err(PolicyError::invalid(
-                    origin,
-                    format!("budget.cpu = {c}: give a percentage of one core, 1 to 102400 (200 = two cores)"),
-                ));
-            }
-            self.cpu_percent = c;
-        }
-        if let Some(m) = &o.memory {
-            self.memory_bytes = units::parse_size(m).map_err(|e| bad(e, "memory"))?;
-            if self.memory_bytes < (8 << 20) {
-                return Err(PolicyError::invalid(
-                    origin,
-                    "budget.memory must be at least 8MiB",
-                ));
-            }
-        }
-        if let Some(p) = o.pids {
-            if p < 2 {
-                return Err(PolicyError::invalid(
-                    origin,
-                    "budget.pids must be at least 2 (the sandbox's init and the command)",
-                ));
-            }
-            self.pids = p;
-        }
-        if let Some(d) = &o.disk {
-            self.disk_bytes = units::parse_size(d).map_err(|e| bad(e, "disk"))?;
-            if self.disk_bytes < (1 << 20) {
-                return Err(PolicyError::invalid(
-                    origin,
-                    "budget.disk must be at least 1MiB",
-                ));
-            }
-        }
-        if let Some(a) = o.api_cost {
-            if !(a.is_finite() && a >= 0.0) {
-                return Err(PolicyError::invalid(
-                    origin,
-                    "budget.api_cost must be a non-negative number of USD",
-                ));
-            }
-            self.api_cost_usd = a;
-        }
-        if let Some(c) = &o.cpu_time {
-            self.cpu_time = Some(units::parse_duration(c).map_err(|e| bad(e, "cpu_time"))?);
-        }
-        Ok(())
-    }
-}
-
-/// What the successor sees of the host filesystem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RootMode {
-    /// The whole host root, read-only.
-    Host,
-    /// Only the policy's `binds`, read-only, on an empty read-only root.
-    Minimal,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -309,14 +97,6 @@ struct RawSeccomp {
     profile: Option<String>,
 }
 
-/// Where the seccomp profile comes from.
-#[derive(Debug, Clone, Serialize)]
-pub enum SeccompSource {
-    /// The profile compiled into the binary.
-    Builtin,
-    File(PathBuf),
-}
-
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvPolicy {
@@ -329,8 +109,8 @@ pub struct EnvPolicy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
-    budget: Option<BudgetOverrides>,
-    layers: Option<RawLayers>,
+    budget: Option<BudgetText>,
+    layers: Option<BTreeMap<Layer, Requirement>>,
     filesystem: Option<RawFilesystem>,
     network: Option<NetPolicy>,
     seccomp: Option<RawSeccomp>,
@@ -360,20 +140,60 @@ pub struct Policy {
     pub gateway: Option<crate::gateway::GatewayConfig>,
 }
 
-/// The seed's defaults, used for anything a policy leaves out.
-pub fn seed_budgets() -> Budgets {
-    Budgets {
-        wall: Duration::from_secs(3600),
-        cpu_percent: 200,
-        memory_bytes: 2 << 30,
-        pids: 512,
-        disk_bytes: 10 << 30,
-        api_cost_usd: 5.0,
-        cpu_time: None,
-    }
-}
-
 impl Policy {
+    /// What a sandbox run under this policy isolates and limits. The node key's directory
+    /// is always hidden, whatever the policy says (the sandbox hides its run directories).
+    pub fn sandbox_spec(&self) -> Spec {
+        let mut hide = self.filesystem.hide.clone();
+        hide.push(crate::identity::node_key_dir());
+        Spec {
+            layers: self.layers.clone(),
+            limits: self.budgets.run_limits(),
+            root: self.filesystem.root,
+            binds: self.filesystem.binds.clone(),
+            hide,
+            shm_bytes: self.filesystem.shm_bytes,
+            seccomp: SeccompProfile {
+                source: self.seccomp.clone(),
+                name: self.seccomp_name.clone(),
+            },
+            tcp_bind: self.network.tcp_bind.clone(),
+            tcp_connect: self.network.tcp_connect.clone(),
+        }
+    }
+
+    /// The environment a successor gets: a fixed base, `FORK_WORKSPACE`, what the policy
+    /// passes or sets, then `extra`. Nothing else of the supervisor's environment.
+    pub fn successor_env(&self, extra: &[(String, String)]) -> Vec<(String, String)> {
+        use crate::sandbox::{SANDBOX_PATH, WORKSPACE};
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), SANDBOX_PATH.into()),
+            ("HOME".into(), format!("{WORKSPACE}/home")),
+            ("TMPDIR".into(), "/tmp".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("FORK_WORKSPACE".into(), WORKSPACE.into()),
+        ];
+        let mut set = |k: &str, v: String| {
+            if let Some(e) = env.iter_mut().find(|(ek, _)| ek == k) {
+                e.1 = v;
+            } else {
+                env.push((k.to_string(), v));
+            }
+        };
+        for k in &self.environment.pass {
+            if let Ok(v) = std::env::var(k) {
+                set(k, v);
+            }
+        }
+        for (k, v) in &self.environment.set {
+            set(k, v.clone());
+        }
+        for (k, v) in extra {
+            set(k, v.clone());
+        }
+        env
+    }
+
     /// The built-in default policy.
     pub fn builtin() -> Result<Policy, PolicyError> {
         Self::parse(DEFAULT_POLICY, "builtin:default", None)
@@ -412,9 +232,14 @@ impl Policy {
                 raw.budget = base.budget;
             }
         }
-        let mut budgets = seed_budgets();
+        let mut budgets = Budgets::default();
         if let Some(b) = &raw.budget {
-            budgets.apply(b, origin)?;
+            let o = b
+                .parse()
+                .map_err(|e| PolicyError::invalid(origin, e.to_string()))?;
+            budgets
+                .apply(&o)
+                .map_err(|e| PolicyError::invalid(origin, e.to_string()))?;
         }
         let mut layers = Layers(
             Layer::ALL
@@ -422,34 +247,17 @@ impl Policy {
                 .map(|l| (*l, Requirement::Required))
                 .collect(),
         );
-        if let Some(l) = raw.layers {
-            let pairs = [
-                (Layer::Userns, l.userns),
-                (Layer::Pidns, l.pidns),
-                (Layer::Mountns, l.mountns),
-                (Layer::Netns, l.netns),
-                (Layer::Ipcns, l.ipcns),
-                (Layer::Utsns, l.utsns),
-                (Layer::Cgroupns, l.cgroupns),
-                (Layer::Seccomp, l.seccomp),
-                (Layer::Landlock, l.landlock),
-                (Layer::Cgroup, l.cgroup),
-                (Layer::Disk, l.disk),
-            ];
-            for (layer, req) in pairs {
-                if let Some(r) = req {
-                    if layer.is_core() && r != Requirement::Required {
-                        return Err(PolicyError::invalid(
-                            origin,
-                            format!(
-                                "layers.{} must be \"required\": the sandbox is built on it",
-                                layer.name()
-                            ),
-                        ));
-                    }
-                    layers.set(layer, r);
-                }
+        for (layer, r) in raw.layers.unwrap_or_default() {
+            if layer.is_core() && r != Requirement::Required {
+                return Err(PolicyError::invalid(
+                    origin,
+                    format!(
+                        "layers.{} must be \"required\": the sandbox is built on it",
+                        layer.name()
+                    ),
+                ));
             }
+            layers.set(layer, r);
         }
         let fs = raw.filesystem.unwrap_or(RawFilesystem {
             root: None,
@@ -577,12 +385,13 @@ pub fn home_dir() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
     use super::*;
 
     #[test]
     fn builtin_has_seed_defaults() {
         let p = Policy::builtin().unwrap();
-        assert_eq!(p.budgets, seed_budgets());
+        assert_eq!(p.budgets, Budgets::default());
         assert_eq!(p.budgets.wall, Duration::from_secs(3600));
         assert_eq!(p.budgets.cpu_percent, 200);
         assert_eq!(p.budgets.disk_bytes, 10 << 30);
@@ -658,32 +467,5 @@ mod tests {
             e.to_string().contains("network.forward") && e.to_string().contains("10.1.2.3:5432"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn overrides_apply() {
-        let mut b = seed_budgets();
-        b.apply(
-            &BudgetOverrides {
-                wall: Some("2s".into()),
-                memory: Some("128MiB".into()),
-                pids: Some(64),
-                ..Default::default()
-            },
-            "cli",
-        )
-        .unwrap();
-        assert_eq!(b.wall, Duration::from_secs(2));
-        assert_eq!(b.memory_bytes, 128 << 20);
-        assert_eq!(b.pids, 64);
-        assert!(b
-            .apply(
-                &BudgetOverrides {
-                    cpu: Some(0),
-                    ..Default::default()
-                },
-                "cli"
-            )
-            .is_err());
     }
 }

@@ -93,8 +93,8 @@ pub enum MeshError {
         #[source]
         source: io::Error,
     },
-    #[error("evaluation failed: {message}")]
-    Evaluate { code: i32, message: String },
+    #[error("evaluation failed: {0}")]
+    Evaluate(Box<crate::evaluation::EvaluateError>),
     #[error("{0}")]
     Internal(String),
     #[error("interrupted")]
@@ -102,26 +102,10 @@ pub enum MeshError {
 }
 
 impl MeshError {
-    /// The process exit code (DESIGN.md, "Exit codes").
-    pub fn exit_code(&self) -> i32 {
-        use crate::cli::exit;
-        match self {
-            MeshError::Usage(_) => exit::USAGE,
-            MeshError::Connect { .. } => exit::UNAVAILABLE,
-            MeshError::Nats { .. } | MeshError::Io { .. } | MeshError::Internal(_) => {
-                exit::INTERNAL
-            }
-            MeshError::Evaluate { code, .. } => *code,
-            MeshError::Interrupted => 130,
-            MeshError::Input(_)
-            | MeshError::UnknownGeneration { .. }
-            | MeshError::BadHeader(_)
-            | MeshError::Malformed { .. }
-            | MeshError::TooLarge { .. }
-            | MeshError::PatchHash { .. }
-            | MeshError::RuntimeMismatch { .. }
-            | MeshError::BadFileName(_) => exit::BAD_INPUT,
-        }
+    /// A failure that may go away by itself (an internal error of the evaluation): the
+    /// proposal is delivered again rather than refused.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, MeshError::Evaluate(e) if matches!(**e, crate::evaluation::EvaluateError::Internal(_)))
     }
 }
 
@@ -711,7 +695,6 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("generation 2"), "{e}");
-        assert_eq!(e.exit_code(), crate::cli::exit::BAD_INPUT);
     }
 
     #[test]

@@ -24,50 +24,38 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `fork mesh propose`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ProposeArgs {
+/// What `fork mesh propose` is asked.
+#[derive(Debug, Clone)]
+pub struct ProposeOptions {
     /// The patch to propose (a unified diff, at most 1 MiB).
     pub patch: PathBuf,
     /// The NATS server (JetStream on).
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats: String,
     /// The runtime the patch is for (its root, holding fork.toml: its name goes in the
     /// proposal, and nodes serving another runtime refuse it).
-    #[arg(long, default_value = ".")]
     pub runtime: PathBuf,
     /// The task the nodes run (default: the runtime's first).
-    #[arg(long)]
     pub task: Option<String>,
     /// How long to wait for the verdicts, e.g. 60s, 5m.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// The fraction of the responding trusted nodes that must approve.
-    #[arg(long, default_value = "2/3")]
     pub quorum: Quorum,
     /// The absolute floor of approvals, however many nodes answer.
-    #[arg(long, default_value_t = 2)]
     pub min_nodes: usize,
     /// A trusted node key (ed25519:<base64>), or a file holding one. Repeatable (or
     /// comma-separated); only these nodes' verdicts count.
-    #[arg(long, required = true, value_delimiter = ',')]
     pub trust: Vec<String>,
     /// A steward key (or file): an approving verdict must carry this steward's approval.
-    #[arg(long)]
     pub steward: Option<String>,
     /// Where the received bundles go: OUT/<proposal_id>/<node key id>-<n>/ (default:
     /// ./fork-mesh).
-    #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print the report as JSON.
-    #[arg(long)]
     pub json: bool,
     /// Use the staging subjects (fork-staging.*), for experimental schemas.
-    #[arg(long)]
     pub staging: bool,
 }
 
-/// The options of [`propose`] (the command line's).
-pub type ProposeOptions = ProposeArgs;
 
 /// A verdict message that was not written as a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -134,21 +122,12 @@ impl ProposeReport {
 
 /// Builds a runtime, runs [`propose`], prints the report (stdout); returns the exit code:
 /// 0 approved, 1 not approved.
-pub fn propose_blocking(opts: ProposeOptions) -> Result<i32, MeshError> {
-    let json = opts.json;
-    let report = tokio::runtime::Builder::new_current_thread()
+pub fn propose_blocking(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
-        .block_on(propose(opts))?;
-    if json {
-        let doc = serde_json::to_string_pretty(&report)
-            .map_err(|e| MeshError::Internal(format!("encoding the report: {e}")))?;
-        println!("{doc}");
-    } else {
-        print!("{}", report.render());
-    }
-    Ok(if report.consensus.approved { 0 } else { 1 })
+        .block_on(propose(opts))
 }
 
 /// A key given on the command line, or the file holding it.
@@ -492,44 +471,5 @@ mod tests {
         // Everyone answered.
         let all = [(keys[0], true), (keys[1], true), (keys[2], true)];
         assert!(settled(&report(&all, &c3), &c3));
-    }
-
-    #[test]
-    fn arguments_parse_like_the_command_line() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            a: ProposeArgs,
-        }
-        let k1 = NodeKey::generate().public().to_string();
-        let k2 = NodeKey::generate().public().to_string();
-        let cli = Cli::try_parse_from([
-            "x",
-            "p.diff",
-            "--trust",
-            &k1,
-            "--trust",
-            &k2,
-            "--quorum",
-            "3/4",
-            "--timeout",
-            "90s",
-            "--min-nodes",
-            "3",
-        ])
-        .unwrap();
-        assert_eq!(cli.a.trust, vec![k1.clone(), k2.clone()]);
-        assert_eq!(cli.a.quorum, Quorum { num: 3, den: 4 });
-        assert_eq!(cli.a.timeout, Duration::from_secs(90));
-        assert_eq!(cli.a.min_nodes, 3);
-        let cli = Cli::try_parse_from(["x", "p.diff", "--trust", &format!("{k1},{k2}")]).unwrap();
-        assert_eq!(cli.a.trust.len(), 2);
-        assert_eq!(cli.a.quorum, Quorum { num: 2, den: 3 });
-        assert!(
-            Cli::try_parse_from(["x", "p.diff"]).is_err(),
-            "--trust is required"
-        );
-        assert!(Cli::try_parse_from(["x", "p.diff", "--trust", &k1, "--quorum", "4/3"]).is_err());
     }
 }

@@ -17,8 +17,7 @@
 //! two steps (an evaluation in progress is destroyed and its proposal left to redelivery).
 //! Logs go to stderr.
 
-use crate::cli::{exit, CliError};
-use crate::evaluate::{EvaluateArgs, EvaluateError};
+use crate::evaluation::{EvaluateError, LedgerChoice, Request};
 use crate::identity::{NodeKey, PublicKey};
 use crate::mesh::messages::{
     decode_proposal, io_err, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
@@ -30,56 +29,26 @@ use futures_util::StreamExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-/// `fork mesh serve`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
+/// What `fork mesh serve` is asked.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
     /// The NATS server (JetStream on).
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats: String,
     /// The runtime this node evaluates patches for (its root, holding fork.toml).
-    #[arg(long, default_value = ".")]
     pub runtime: PathBuf,
     /// Policy file (default: the built-in policies/default.toml).
-    #[arg(long)]
     pub policy: Option<PathBuf>,
     /// The node key that endorses this node's verdicts (default:
     /// $XDG_CONFIG_HOME/fork/node.key, created on first use).
-    #[arg(long)]
     pub key: Option<PathBuf>,
     /// Use the staging subjects (fork-staging.*), for experimental schemas.
-    #[arg(long)]
     pub staging: bool,
     /// Stop after handling N proposals (answered, or refused as invalid).
-    #[arg(long, value_name = "N")]
     pub max_proposals: Option<u64>,
     /// Answer the proposals pending now, then stop.
-    #[arg(long)]
     pub once: bool,
 }
 
-/// The options of [`serve`] (the command line's).
-pub type ServeOptions = ServeArgs;
-
-/// `fork mesh <serve|propose>`: the subcommands, for the CLI to flatten under `mesh`.
-#[derive(Debug, clap::Subcommand)]
-pub enum MeshCommand {
-    /// Be a mesh node: re-verify proposed patches and publish signed verdicts.
-    Serve(ServeArgs),
-    /// Propose a patch to the mesh and wait for the nodes' consensus.
-    Propose(crate::mesh::propose::ProposeArgs),
-}
-
-/// Runs a `fork mesh` subcommand; returns the exit code.
-pub fn mesh_cli(cmd: MeshCommand) -> Result<i32, CliError> {
-    let to_cli = |e: MeshError| CliError {
-        code: e.exit_code(),
-        message: e.to_string(),
-    };
-    match cmd {
-        MeshCommand::Serve(a) => serve_blocking(a).map(|()| 0).map_err(to_cli),
-        MeshCommand::Propose(a) => crate::mesh::propose::propose_blocking(a).map_err(to_cli),
-    }
-}
 
 /// Builds a runtime and runs [`serve`] on it.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), MeshError> {
@@ -367,7 +336,7 @@ async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
                 let _ = msg.ack_with(AckKind::Nak(None)).await;
                 return Flow::Stop;
             }
-            Err(e @ MeshError::Evaluate { code, .. }) if code == exit::INTERNAL => {
+            Err(e @ MeshError::Evaluate(_)) if e.is_transient() => {
                 log(format!("{what}: {e}; it will be delivered again"));
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
@@ -454,28 +423,20 @@ async fn evaluate(
         .tempfile_in(&node.bundles)
         .map_err(io_err("create a patch file in", &node.bundles))?;
     std::fs::write(patch_file.path(), &patch).map_err(io_err("write", patch_file.path()))?;
-    let args = EvaluateArgs {
-        patch: patch_file.path().to_path_buf(),
-        runtime: node.opts.runtime.clone(),
-        task: p.task.clone(),
-        policy: node.opts.policy.clone(),
-        out: Some(out.clone()),
-        json: false,
-        key: Some(node.key_path.clone()),
-        budget: Default::default(),
-        replicas: 1,
-        no_cache: true,
-        ledger: None,
-        no_ledger: false,
-        junit: None,
-        summary: None,
-        proposal: Some(p.proposal_id.clone()),
-    };
+    let mut args = Request::new(patch_file.path().to_path_buf(), node.opts.runtime.clone());
+    args.task = p.task.clone();
+    args.policy = node.opts.policy.clone();
+    args.out = Some(out.clone());
+    args.key = Some(node.key_path.clone());
+    // A cached verdict would answer another proposal.
+    args.use_cache = false;
+    args.ledger = LedgerChoice::Default;
+    args.proposal = Some(p.proposal_id.clone());
     let (tx, mut rx) = tokio::sync::oneshot::channel();
     let worker = std::thread::Builder::new()
         .name("fork-evaluate".into())
         .spawn(move || {
-            let _ = tx.send(crate::evaluate::evaluate(&args));
+            let _ = tx.send(crate::evaluation::evaluate(&args));
         })
         .map_err(|e| MeshError::Internal(format!("cannot start the evaluation thread: {e}")))?;
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
@@ -493,13 +454,9 @@ async fn evaluate(
     match result {
         Ok(Ok(ev)) => Ok(ev.out_dir),
         Ok(Err(EvaluateError::Interrupted)) => Err(MeshError::Interrupted),
-        Ok(Err(e)) => Err(MeshError::Evaluate {
-            code: e.exit_code(),
-            message: e.to_string(),
-        }),
-        Err(_) => Err(MeshError::Evaluate {
-            code: exit::INTERNAL,
-            message: "the evaluation thread ended without a result".into(),
-        }),
+        Ok(Err(e)) => Err(MeshError::Evaluate(Box::new(e))),
+        Err(_) => Err(MeshError::Evaluate(Box::new(EvaluateError::Internal(
+            "the evaluation thread ended without a result".into(),
+        )))),
     }
 }

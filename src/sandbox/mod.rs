@@ -22,9 +22,11 @@ pub mod net;
 pub mod probe;
 pub mod seccomp;
 pub mod signals;
+pub mod spec;
+pub mod watchdog;
 
-use crate::budget::{BudgetKind, Observation, Usage, Watchdog};
-use crate::policy::{Layer, Policy, Requirement, SeccompSource};
+pub use spec::{Layer, Layers, Requirement, RootMode, SeccompSource, Spec};
+pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 use crate::rundir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
@@ -68,16 +70,6 @@ pub enum SandboxError {
     },
 }
 
-impl SandboxError {
-    /// The CLI exit code for this error (69: a required layer is missing; 70: internal).
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            SandboxError::LayerUnavailable { .. } => 69,
-            SandboxError::Seccomp(_) => 65,
-            _ => 70,
-        }
-    }
-}
 
 fn sys(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
     move |source| SandboxError::Sys { op, source }
@@ -194,10 +186,36 @@ pub struct Doors {
     pub cost: Option<std::sync::Arc<dyn CostMeter + Send + Sync>>,
 }
 
+/// What runs in a sandbox: argv, its whole environment, its working directory (inside
+/// the sandbox), where its output goes and the doors it gets.
+pub struct Command<'a> {
+    pub argv: Vec<String>,
+    /// The complete environment the command gets (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// With a file, the command's stdout and stderr go to it and its stdin is /dev/null;
+    /// otherwise all three are the supervisor's.
+    pub output: Option<&'a std::fs::File>,
+    pub doors: Doors,
+}
+
+impl Command<'_> {
+    /// `argv` with `env`, in the workspace, with the supervisor's stdio and no doors.
+    pub fn new(argv: Vec<String>, env: Vec<(String, String)>) -> Command<'static> {
+        Command {
+            argv,
+            env,
+            cwd: PathBuf::from(WORKSPACE),
+            output: None,
+            doors: Doors::default(),
+        }
+    }
+}
+
 /// A prepared sandbox: run directory, capped disk and workspace exist; nothing runs yet.
 /// Dropping it destroys everything (as [`Sandbox::destroy`]).
 pub struct Sandbox {
-    policy: Policy,
+    spec: Spec,
     rundir: Option<RunDir>,
     disk_mounted: bool,
     host_uid: u32,
@@ -215,21 +233,21 @@ impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
     /// seccomp profile, creates the run directory and the size-capped disk holding
     /// `/tmp` and the workspace.
-    pub fn prepare(policy: &Policy) -> Result<Sandbox, SandboxError> {
-        let layers = &policy.layers;
+    pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        let layers = &spec.layers;
         // Seccomp: compile at start, so a broken profile fails before anything runs.
         let seccomp = if layers.get(Layer::Seccomp).wanted() {
             match seccomp::probe() {
-                Ok(()) => Some(match &policy.seccomp {
+                Ok(()) => Some(match &spec.seccomp.source {
                     SeccompSource::Builtin => seccomp::compile_json(
-                        &policy.seccomp_name,
-                        crate::policy::DEFAULT_SECCOMP.as_bytes(),
+                        &spec.seccomp.name,
+                        spec::DEFAULT_SECCOMP.as_bytes(),
                     )?,
                     SeccompSource::File(p) => seccomp::compile_file(p)?,
                 }),
                 Err(fix) => {
                     require_missing(
-                        policy,
+                        layers,
                         Layer::Seccomp,
                         "the kernel has no seccomp filter mode",
                         &fix,
@@ -244,7 +262,7 @@ impl Sandbox {
             match landlock::best_abi() {
                 Ok(abi) => Some(abi),
                 Err(e) => {
-                    require_missing(policy, Layer::Landlock, &e.reason, &e.fix)?;
+                    require_missing(layers, Layer::Landlock, &e.reason, &e.fix)?;
                     None
                 }
             }
@@ -287,7 +305,7 @@ impl Sandbox {
         }
         let rundir = RunDir::create(&crate::rundir::new_run_id())?;
         let mut sb = Sandbox {
-            policy: policy.clone(),
+            spec: spec.clone(),
             rundir: Some(rundir),
             disk_mounted: false,
             host_uid,
@@ -336,13 +354,13 @@ impl Sandbox {
     }
 
     fn mount_disk(&mut self) -> Result<(), SandboxError> {
-        let req = self.policy.layers.get(Layer::Disk);
+        let req = self.spec.layers.get(Layer::Disk);
         if !req.wanted() {
             return Ok(());
         }
         if !is_root() {
             return require_missing(
-                &self.policy,
+                &self.spec.layers,
                 Layer::Disk,
                 "capping the workspace needs a tmpfs mounted by root on the host",
                 "run fork as root, or set [layers] disk = \"optional\" in the policy (then /tmp is capped inside the sandbox but the workspace is not)",
@@ -351,7 +369,7 @@ impl Sandbox {
         let disk = self.disk();
         let data = format!(
             "size={},mode=0700,uid={},gid={}",
-            self.policy.budgets.disk_bytes, self.host_uid, self.host_gid
+            self.spec.limits.disk_bytes, self.host_uid, self.host_gid
         );
         use nix::mount::{mount, MsFlags};
         match mount(
@@ -366,16 +384,27 @@ impl Sandbox {
                 Ok(())
             }
             Err(e) => require_missing(
-                &self.policy,
+                &self.spec.layers,
                 Layer::Disk,
                 &format!(
                     "mounting a {} tmpfs at {} failed: {e}",
-                    self.policy.budgets.disk_bytes,
+                    self.spec.limits.disk_bytes,
                     disk.display()
                 ),
                 "run fork as root with mount rights, or set [layers] disk = \"optional\"",
             ),
         }
+    }
+
+    /// Lowers the wall-clock limit of the runs to come to at most `max` (a caller's own
+    /// deadline, such as an evaluation's whole-run budget). Never raises it.
+    pub fn clamp_wall(&mut self, max: std::time::Duration) {
+        self.spec.limits.wall = self.spec.limits.wall.min(max);
+    }
+
+    /// The limits the next run gets.
+    pub fn limits(&self) -> &Limits {
+        &self.spec.limits
     }
 
     /// Hands the workspace to the sandbox's uid (after the caller has populated it).
@@ -386,27 +415,16 @@ impl Sandbox {
         chown_tree(&self.disk(), self.host_uid, self.host_gid)
     }
 
-    /// Runs `argv` in the sandbox and waits for it, enforcing every budget.
-    /// `env` is the complete environment the command gets.
-    pub fn run(
-        &mut self,
-        argv: &[String],
-        env: &[(String, String)],
-    ) -> Result<Outcome, SandboxError> {
-        self.run_in(argv, env, Path::new(WORKSPACE), None, Doors::default())
-    }
-
-    /// As [`Sandbox::run`], with the working directory (inside the sandbox) and, when
-    /// `output` is given, the command's stdout and stderr sent to that file and its stdin
-    /// from /dev/null (otherwise all three are the supervisor's).
-    pub fn run_in(
-        &mut self,
-        argv: &[String],
-        env: &[(String, String)],
-        cwd: &Path,
-        output: Option<&std::fs::File>,
-        doors: Doors,
-    ) -> Result<Outcome, SandboxError> {
+    /// Runs a command in the sandbox and waits for it, enforcing every budget.
+    pub fn run(&mut self, cmd: Command<'_>) -> Result<Outcome, SandboxError> {
+        let Command {
+            argv,
+            env,
+            cwd,
+            output,
+            doors,
+        } = cmd;
+        let (argv, env, cwd) = (argv.as_slice(), env.as_slice(), cwd.as_path());
         if argv.is_empty() {
             return Err(SandboxError::Setup {
                 stage: "command".into(),
@@ -422,12 +440,12 @@ impl Sandbox {
             })?;
         }
         self.chown_workspace()?;
-        let policy = self.policy.clone();
-        let layers = &policy.layers;
+        let spec = self.spec.clone();
+        let layers = &spec.layers;
         let mut isolation = Isolation {
-            root: match policy.filesystem.root {
-                crate::policy::RootMode::Host => "host".into(),
-                crate::policy::RootMode::Minimal => "minimal".into(),
+            root: match spec.root {
+                RootMode::Host => "host".into(),
+                RootMode::Minimal => "minimal".into(),
             },
             host_uid: self.host_uid,
             ..Default::default()
@@ -449,9 +467,9 @@ impl Sandbox {
         // cgroup budgets, beneath our own cgroup.
         if layers.get(Layer::Cgroup).wanted() && self.cgroup.is_none() {
             let limits = cgroup::CgroupLimits {
-                memory_bytes: Some(policy.budgets.memory_bytes),
-                cpu_percent: Some(policy.budgets.cpu_percent),
-                pids: Some(policy.budgets.pids),
+                memory_bytes: Some(spec.limits.memory_bytes),
+                cpu_percent: Some(spec.limits.cpu_percent),
+                pids: Some(spec.limits.pids),
             };
             match cgroup::SandboxCgroup::create(&self.rundir().id, &limits) {
                 Ok(cg) => self.cgroup = Some(cg),
@@ -462,14 +480,14 @@ impl Sandbox {
                     } else {
                         p.fix.join("; ")
                     };
-                    require_missing(&policy, Layer::Cgroup, &e.to_string(), &fix)?;
+                    require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
                 }
             }
         }
         if self.cgroup.is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
             require_missing(
-                &policy,
+                layers,
                 Layer::Cgroupns,
                 "no sandbox cgroup to root the cgroup namespace at",
                 "make the cgroup layer available",
@@ -489,26 +507,26 @@ impl Sandbox {
         } else {
             Some(self.workspace())
         };
-        let mut hide = policy.filesystem.hide.clone();
-        hide.push(crate::identity::node_key_dir());
+        // fork's own run directories are never visible, whatever the spec hides.
+        let mut hide = spec.hide.clone();
         hide.push(crate::rundir::base_dir());
         let ops = mounts::plan(&mounts::RootPlan {
-            mode: policy.filesystem.root,
-            binds: &policy.filesystem.binds,
+            mode: spec.root,
+            binds: &spec.binds,
             hide: &hide,
             tmp_src: tmp_src.as_deref(),
-            tmp_size: policy.budgets.disk_bytes,
+            tmp_size: spec.limits.disk_bytes,
             workspace_src: workspace_src.as_deref(),
-            shm_size: policy.filesystem.shm_bytes,
+            shm_size: spec.shm_bytes,
         });
         // Door ports must be reachable past Landlock's TCP rules, and only they are added.
         let door_addrs: Vec<std::net::SocketAddr> = doors.doors.iter().map(|d| d.addr).collect();
         let landlock_spec = self.landlock_abi.map(|_| {
-            let mut spec = landlock_spec(&policy);
-            if let Some(ports) = spec.tcp_connect.as_mut() {
+            let mut ll = landlock_spec(&spec);
+            if let Some(ports) = ll.tcp_connect.as_mut() {
                 ports.extend(door_addrs.iter().map(|a| a.port()));
             }
-            spec
+            ll
         });
         let cfg = InitConfig {
             newroot: self.rundir().root_mount(),
@@ -566,7 +584,7 @@ impl Sandbox {
         });
         isolation.disk = self.disk_mounted.then(|| "tmpfs".to_string());
 
-        let mut watchdog = Watchdog::new(policy.budgets.clone());
+        let mut watchdog = Watchdog::new(spec.limits.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
         let listeners = std::mem::take(&mut child.listeners);
         let (exit, budget, interrupted) = supervise(
@@ -611,7 +629,7 @@ impl Sandbox {
             }) = msgs.iter().find(|m| matches!(m, InitMsg::Error { .. }))
             {
                 if let (Some(layer), Some(fix)) = (layer, fix) {
-                    let l = crate::policy::Layer::ALL
+                    let l = Layer::ALL
                         .iter()
                         .find(|l| l.name() == layer)
                         .map(|l| l.name())
@@ -747,12 +765,12 @@ fn unescape_mountinfo(s: &str) -> PathBuf {
 }
 
 fn require_missing(
-    policy: &Policy,
+    layers: &Layers,
     layer: Layer,
     reason: &str,
     fix: &str,
 ) -> Result<(), SandboxError> {
-    match policy.layers.get(layer) {
+    match layers.get(layer) {
         Requirement::Required => Err(SandboxError::LayerUnavailable {
             layer: layer.name(),
             reason: reason.to_string(),
@@ -770,7 +788,7 @@ fn require_missing(
 
 /// The Landlock rules: read and execute everywhere the mount layer shows, write only in
 /// /tmp (which holds the workspace) and /dev/shm, the harmless devices.
-fn landlock_spec(policy: &Policy) -> landlock::LandlockSpec {
+fn landlock_spec(spec: &Spec) -> landlock::LandlockSpec {
     let mut devices: Vec<PathBuf> = mounts::DEV_NODES
         .iter()
         .map(|n| Path::new("/dev").join(n))
@@ -781,8 +799,8 @@ fn landlock_spec(policy: &Policy) -> landlock::LandlockSpec {
         read_exec: vec![PathBuf::from("/")],
         read_write: vec![PathBuf::from("/tmp"), PathBuf::from("/dev/shm")],
         devices,
-        tcp_bind: policy.network.tcp_bind.clone(),
-        tcp_connect: policy.network.tcp_connect.clone(),
+        tcp_bind: spec.tcp_bind.clone(),
+        tcp_connect: spec.tcp_connect.clone(),
         scope_signals: true,
         scope_abstract_unix: true,
     }

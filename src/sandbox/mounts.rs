@@ -78,7 +78,7 @@ pub enum MountOp {
 /// Inputs for planning a root.
 #[derive(Debug, Clone)]
 pub struct RootPlan<'a> {
-    pub mode: crate::policy::RootMode,
+    pub mode: crate::sandbox::spec::RootMode,
     pub binds: &'a [PathBuf],
     pub hide: &'a [PathBuf],
     /// The host directory that becomes /tmp (holds the workspace).
@@ -94,8 +94,8 @@ pub struct RootPlan<'a> {
 pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
     let mut ops = Vec::new();
     match p.mode {
-        crate::policy::RootMode::Host => ops.push(MountOp::HostRoot),
-        crate::policy::RootMode::Minimal => {
+        crate::sandbox::spec::RootMode::Host => ops.push(MountOp::HostRoot),
+        crate::sandbox::spec::RootMode::Minimal => {
             ops.push(MountOp::EmptyRoot);
             for b in p.binds {
                 if std::fs::symlink_metadata(b).is_ok() {
@@ -149,7 +149,7 @@ pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
             if md.file_type().is_symlink() {
                 continue;
             }
-            if p.mode == crate::policy::RootMode::Minimal
+            if p.mode == crate::sandbox::spec::RootMode::Minimal
                 && !p.binds.iter().any(|b| t.starts_with(b))
             {
                 continue;
@@ -161,7 +161,7 @@ pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
             });
         }
     }
-    if p.mode == crate::policy::RootMode::Minimal {
+    if p.mode == crate::sandbox::spec::RootMode::Minimal {
         ops.push(MountOp::Seal);
     }
     ops
@@ -541,7 +541,7 @@ fn pivot(newroot: &Path) -> Result<(), MountError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::RootMode;
+    use crate::sandbox::spec::RootMode;
 
     #[test]
     fn host_plan_order_and_hiding() {

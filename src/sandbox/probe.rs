@@ -1,7 +1,7 @@
 //! Probing which namespaces this host lets fork create, one short-lived child per
 //! namespace type, each reporting the errno of its unshare(2).
 
-use crate::policy::Layer;
+use crate::sandbox::spec::Layer;
 use serde::Serialize;
 
 /// The result of probing one layer.

@@ -33,7 +33,7 @@ use std::time::SystemTime;
 /// The schema generation this code writes and the only one it reads.
 pub const SCHEMA_GENERATION: u32 = 1;
 /// The schema version this code writes; any `1.x` is read.
-pub const SCHEMA_VERSION: &str = "1.0";
+pub const SCHEMA_VERSION: &str = "1.1";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
 
@@ -136,6 +136,12 @@ pub struct BudgetLimits {
     pub pids: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_cost_usd: Option<f64>,
+    /// Total CPU time of each run, when limited (schema 1.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_time_s: Option<f64>,
+    /// The whole evaluation's wall-clock budget (schema 1.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation_wall_s: Option<f64>,
 }
 
 /// `budget.used`: what the run consumed.

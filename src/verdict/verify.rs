@@ -130,21 +130,6 @@ pub enum VerifyError {
     UnexpectedFile { path: PathBuf },
 }
 
-impl VerifyError {
-    /// The exit code `fork verify` uses (DESIGN.md): 64 without a trusted key (usage),
-    /// 65 when the input is not a readable bundle (not a bundle, a file missing, malformed
-    /// JSON), 70 for an I/O failure, and 1 (invalid) for every failed check.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            VerifyError::NoTrustedKeys => 64,
-            VerifyError::NotABundle { .. }
-            | VerifyError::Missing { .. }
-            | VerifyError::Malformed { .. } => 65,
-            VerifyError::Io { .. } => 70,
-            _ => 1,
-        }
-    }
-}
 
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VerifyError + 'a {
     move |source| {
@@ -678,13 +663,11 @@ mod tests {
         let f = fixture();
         let err = verify_bundle(&f.out, &[]).unwrap_err();
         assert!(matches!(err, VerifyError::NoTrustedKeys));
-        assert_eq!(err.exit_code(), 64);
         assert!(err.to_string().contains("--trust"), "{err}");
 
         let stranger = NodeKey::generate();
         let err = verify_bundle(&f.out, &[stranger.public()]).unwrap_err();
         assert!(matches!(err, VerifyError::UntrustedNodeKey { .. }), "{err}");
-        assert_eq!(err.exit_code(), 1);
         assert!(err.to_string().contains(&f.node.public().to_string()));
         // Trusting several keys, one of which endorsed it, is fine.
         verify_bundle(&f.out, &[stranger.public(), f.node.public()]).unwrap();

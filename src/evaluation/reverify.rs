@@ -2,41 +2,45 @@
 //! verdict describes (its task, its budgets), emits this node's own signed verdict, and
 //! reports whether the two agree: the same verdict, and every metric within its noise band.
 
-use crate::cli::{exit, BudgetArgs, CliError};
-use crate::evaluate::{evaluate, EvaluateArgs};
+use super::{evaluate, EvaluateError, Evaluation, LedgerChoice, Request};
+use crate::budget::BudgetOverrides;
 use crate::identity::PublicKey;
+use crate::verdict::verify::VerifyError;
 use crate::verdict::sign::Endorsement;
 use crate::verdict::{Verdict, VerdictKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
 
-#[derive(Debug, clap::Args)]
-pub struct ReverifyArgs {
-    /// The verdict to re-verify: a bundle directory or its verdict.json.
+/// What `fork reverify` is asked: the verdict to re-run, its patch, and this node's own
+/// runtime copy, policy, key and output directory.
+#[derive(Debug, Clone)]
+pub struct ReverifyRequest {
+    /// A bundle directory or its verdict.json.
     pub verdict: PathBuf,
     /// The patch it is about; its hash must be the verdict's.
-    #[arg(long)]
     pub patch: PathBuf,
-    /// This node's copy of the runtime (holding fork.toml).
-    #[arg(long, default_value = ".")]
     pub runtime: PathBuf,
-    /// Policy file for this node's evaluation (default: the built-in policy).
-    #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// This node's key (default: $XDG_CONFIG_HOME/fork/node.key).
-    #[arg(long)]
     pub key: Option<PathBuf>,
-    /// Where this node's verdict bundle goes (default: ./fork-out/<run-id>).
-    #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Node keys trusted to have endorsed the verdict (default: its own endorser, which
-    /// then only proves the bundle is intact, not who made it).
-    #[arg(long)]
-    pub trust: Vec<String>,
-    /// Print the agreement report as JSON.
-    #[arg(long)]
-    pub json: bool,
+    /// Node keys trusted to have endorsed the verdict (empty: its own endorser, which then
+    /// only proves the bundle is intact, not who made it).
+    pub trust: Vec<PublicKey>,
+}
+
+/// Why a re-verification could not answer.
+#[derive(Debug, Error)]
+pub enum ReverifyError {
+    /// The verdict to re-verify does not verify (or its endorser cannot be read).
+    #[error("the verdict to re-verify is not valid: {0}")]
+    Invalid(#[source] VerifyError),
+    #[error("{0}")]
+    Input(String),
+    #[error(transparent)]
+    Evaluate(#[from] EvaluateError),
 }
 
 /// One metric compared between the two verdicts.
@@ -87,17 +91,19 @@ fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
     Ok(e.node_key)
 }
 
-/// The budget overrides that reproduce a verdict's limits.
-fn budgets_of(v: &Verdict) -> BudgetArgs {
+/// The budget that reproduces a verdict's limits, typed: no round trip through text.
+fn budgets_of(v: &Verdict) -> BudgetOverrides {
     let l = &v.budget.limits;
-    BudgetArgs {
-        wall: l.wall_s.map(|s| format!("{s}")),
-        cpu: l.cpu_percent,
-        memory: l.memory_bytes.map(|b| b.to_string()),
+    let secs = |s: Option<f64>| s.filter(|s| s.is_finite() && *s > 0.0).map(Duration::from_secs_f64);
+    BudgetOverrides {
+        wall: secs(l.wall_s),
+        cpu_percent: l.cpu_percent,
+        memory_bytes: l.memory_bytes,
         pids: l.pids,
-        disk: l.disk_bytes.map(|b| b.to_string()),
-        api_cost: l.api_cost_usd,
-        cpu_time: None,
+        disk_bytes: l.disk_bytes,
+        api_cost_usd: l.api_cost_usd,
+        cpu_time: secs(l.cpu_time_s),
+        evaluation_wall: secs(l.evaluation_wall_s),
     }
 }
 
@@ -162,72 +168,40 @@ pub fn compare(theirs: &Verdict, ours: &Verdict, band: f64) -> (bool, Vec<Metric
     (theirs.verdict == ours.verdict && all, metrics)
 }
 
-pub fn reverify_cli(a: ReverifyArgs) -> Result<i32, CliError> {
+/// Re-runs the evaluation a verdict describes on this node (its task, its exact budget,
+/// never from the cache), signs this node's own verdict, and compares the two.
+pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), ReverifyError> {
     let dir = bundle_dir(&a.verdict);
-    // 1. The verdict must be intact (and, with --trust, endorsed by a trusted node).
-    let mut trusted = Vec::new();
-    for t in &a.trust {
-        let key = if Path::new(t).is_file() {
-            crate::identity::read_public_key(Path::new(t))
-        } else {
-            PublicKey::parse(t)
-        }
-        .map_err(|e| CliError::from((exit::USAGE, format!("--trust {t}: {e}"))))?;
-        trusted.push(key);
-    }
+    // 1. The verdict must be intact (and, with trusted keys, endorsed by one of them).
+    let mut trusted = a.trust.clone();
     let their_node_trusted = !trusted.is_empty();
     if trusted.is_empty() {
-        let k = claimed_endorser(&dir).map_err(|e| CliError::from((exit::BAD_INPUT, e)))?;
-        trusted.push(k);
+        trusted.push(claimed_endorser(&dir).map_err(ReverifyError::Input)?);
     }
-    let theirs = crate::verdict::verify_bundle(&dir, &trusted).map_err(|e| {
-        let code = if e.exit_code() == 1 {
-            exit::BAD_INPUT
-        } else {
-            e.exit_code()
-        };
-        CliError::from((code, format!("the verdict to re-verify is not valid: {e}")))
-    })?;
+    let theirs = crate::verdict::verify_bundle(&dir, &trusted).map_err(ReverifyError::Invalid)?;
     // 2. The patch must be the one the verdict is about.
     let raw = std::fs::read(&a.patch).map_err(|e| {
-        CliError::from((
-            exit::BAD_INPUT,
-            format!("cannot read patch {}: {e}", a.patch.display()),
-        ))
+        ReverifyError::Input(format!("cannot read patch {}: {e}", a.patch.display()))
     })?;
     let hash = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
     if hash != theirs.verdict.patch_hash {
-        return Err(CliError::from((
-            exit::BAD_INPUT,
-            format!(
-                "patch {} has hash {hash}, but the verdict is about {}: refusing to re-verify another patch",
-                a.patch.display(),
-                theirs.verdict.patch_hash
-            ),
+        return Err(ReverifyError::Input(format!(
+            "patch {} has hash {hash}, but the verdict is about {}: refusing to re-verify another patch",
+            a.patch.display(),
+            theirs.verdict.patch_hash
         )));
     }
     // 3. This node's own evaluation: the same task and budgets, never from the cache.
-    let args = EvaluateArgs {
-        patch: a.patch.clone(),
-        runtime: a.runtime.clone(),
-        task: Some(theirs.verdict.task.clone()),
-        policy: a.policy.clone(),
-        out: a.out.clone(),
-        json: false,
-        key: a.key.clone(),
-        budget: budgets_of(&theirs.verdict),
-        replicas: 1,
-        no_cache: true,
-        ledger: None,
-        no_ledger: false,
-        junit: None,
-        summary: None,
-        proposal: theirs.verdict.proposal_id.clone(),
-    };
-    let ours = evaluate(&args).map_err(|e| CliError {
-        code: e.exit_code(),
-        message: e.to_string(),
-    })?;
+    let mut req = Request::new(a.patch.clone(), a.runtime.clone());
+    req.task = Some(theirs.verdict.task.clone());
+    req.policy = a.policy.clone();
+    req.out = a.out.clone();
+    req.key = a.key.clone();
+    req.budget = budgets_of(&theirs.verdict);
+    req.use_cache = false;
+    req.ledger = LedgerChoice::Default;
+    req.proposal = theirs.verdict.proposal_id.clone();
+    let ours = evaluate(&req)?;
     let band = crate::policy::Policy::load(a.policy.as_deref())
         .map(|p| p.decision.noise_band)
         .unwrap_or(crate::verdict::decide::DecisionRules::DEFAULT_NOISE_BAND);
@@ -243,47 +217,7 @@ pub fn reverify_cli(a: ReverifyArgs) -> Result<i32, CliError> {
         our_bundle: ours.out_dir.clone(),
         our_run_id: ours.verdict.run_id.clone(),
     };
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report)
-                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
-    } else {
-        println!(
-            "{}: theirs {} (node {}{}), ours {} (confidence {:.2})",
-            if agree { "AGREE" } else { "DISAGREE" },
-            report.theirs,
-            report.their_node,
-            if their_node_trusted {
-                ""
-            } else {
-                ", not pinned with --trust"
-            },
-            report.ours,
-            ours.verdict.confidence
-        );
-        for m in &report.metrics {
-            println!(
-                "  {:<20} theirs {:<12} ours {:<12} {}",
-                m.name,
-                m.theirs,
-                m.ours
-                    .map(|o| o.to_string())
-                    .unwrap_or_else(|| "missing".into()),
-                if m.within_band {
-                    "within band"
-                } else {
-                    "OUTSIDE band"
-                }
-            );
-        }
-        println!(
-            "  our verdict: {}",
-            ours.out_dir.join("verdict.json").display()
-        );
-    }
-    Ok(ours.verdict.verdict.exit_code())
+    Ok((report, ours))
 }
 
 #[cfg(test)]
@@ -363,9 +297,16 @@ mod tests {
         v.budget.limits.wall_s = Some(600.0);
         v.budget.limits.memory_bytes = Some(1 << 30);
         v.budget.limits.pids = Some(64);
+        v.budget.limits.cpu_time_s = Some(90.0);
         let b = budgets_of(&v);
-        assert_eq!(b.wall.as_deref(), Some("600"));
-        assert_eq!(b.memory.as_deref(), Some("1073741824"));
+        assert_eq!(b.wall, Some(Duration::from_secs(600)));
+        assert_eq!(b.memory_bytes, Some(1 << 30));
         assert_eq!(b.pids, Some(64));
+        assert_eq!(b.cpu_time, Some(Duration::from_secs(90)));
+        // The budget a verdict records is the budget a replay gets, exactly.
+        let mut replay = crate::budget::Budgets::default();
+        replay.apply(&b).unwrap();
+        assert_eq!(replay.wall, Duration::from_secs(600));
+        assert_eq!(replay.cpu_time, Some(Duration::from_secs(90)));
     }
 }

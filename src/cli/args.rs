@@ -1,0 +1,94 @@
+//! Arguments several subcommands share: budget flags, trusted keys, bundle paths.
+
+use crate::budget::{BudgetOverrides, BudgetText};
+use crate::cli::exit::{self, CliError};
+use crate::policy::Policy;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+/// Budget overrides shared by `run` and `evaluate`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct BudgetArgs {
+    /// Wall-clock budget, e.g. 30s, 10m, 1h.
+    #[arg(long)]
+    pub wall: Option<String>,
+    /// CPU quota in percent of one core (200 = two cores).
+    #[arg(long)]
+    pub cpu: Option<u32>,
+    /// Memory budget, e.g. 512MiB, 2GiB.
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Maximum number of processes and threads.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Disk budget for the workspace and /tmp together, e.g. 64MiB, 10GiB.
+    #[arg(long)]
+    pub disk: Option<String>,
+    /// API cost budget in USD.
+    #[arg(long = "api-cost")]
+    pub api_cost: Option<f64>,
+    /// Total CPU time budget of each run, e.g. 10m (kills the sandbox when passed).
+    #[arg(long = "cpu-time")]
+    pub cpu_time: Option<String>,
+    /// Wall-clock budget of the whole evaluation (every run together), e.g. 2h.
+    #[arg(long = "evaluation-wall")]
+    pub evaluation_wall: Option<String>,
+}
+
+impl BudgetArgs {
+    /// The flags through the one budget pipeline (exit 64 naming the flag's field).
+    pub fn overrides(&self) -> Result<BudgetOverrides, CliError> {
+        BudgetText {
+            wall: self.wall.clone(),
+            cpu: self.cpu.map(|c| c.to_string()),
+            memory: self.memory.clone(),
+            pids: self.pids.map(|p| p.to_string()),
+            disk: self.disk.clone(),
+            api_cost: self.api_cost.map(|a| a.to_string()),
+            cpu_time: self.cpu_time.clone(),
+            evaluation_wall: self.evaluation_wall.clone(),
+        }
+        .parse()
+        .map_err(|e| CliError::new(exit::USAGE, format!("the command line: {e}")))
+    }
+}
+
+/// Loads a policy (errors exit 65) and applies the command line's budget flags (64).
+pub fn load_policy(path: Option<&Path>, b: &BudgetArgs) -> Result<Policy, CliError> {
+    let mut p = Policy::load(path)?;
+    p.budgets
+        .apply(&b.overrides()?)
+        .map_err(|e| CliError::new(exit::USAGE, format!("the command line: {e}")))?;
+    Ok(p)
+}
+
+
+/// Public keys from `--trust`-style arguments: the key itself, or a file holding one.
+pub fn parse_keys(
+    args: &[String],
+    flag: &str,
+) -> Result<Vec<crate::identity::PublicKey>, CliError> {
+    let mut out = Vec::new();
+    for t in args {
+        let key = if Path::new(t).is_file() {
+            crate::identity::read_public_key(Path::new(t))
+        } else {
+            crate::identity::PublicKey::parse(t)
+        }
+        .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
+        out.push(key);
+    }
+    Ok(out)
+}
+
+/// The bundle directory of a path that names it or its verdict.json.
+pub fn bundle_dir(p: &Path) -> PathBuf {
+    if p.is_file() {
+        p.parent()
+            .map(|d| d.to_path_buf())
+            .unwrap_or_else(|| PathBuf::from("."))
+    } else {
+        p.to_path_buf()
+    }
+}
+

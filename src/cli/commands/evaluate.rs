@@ -1,0 +1,99 @@
+//! `fork evaluate`: the command line's request for an evaluation, and the verdict printed.
+
+use crate::cli::args::BudgetArgs;
+use crate::cli::exit::{self, CliError};
+use crate::evaluation::{evaluate, CiOutputs, LedgerChoice, Request};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct EvaluateArgs {
+    /// The patch to evaluate (a unified diff, as `git diff` writes it).
+    pub patch: PathBuf,
+    /// The runtime's root, holding fork.toml.
+    #[arg(long, default_value = ".")]
+    pub runtime: PathBuf,
+    /// The task to run (default: the first in fork.toml).
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Policy file (default: the built-in policies/default.toml).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Where the verdict bundle goes (default: ./fork-out/<run-id>); must not exist.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the verdict document as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The node key that endorses the verdict (default: $XDG_CONFIG_HOME/fork/node.key,
+    /// created on first use).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Run N independent patched successors; disagreement lowers the confidence.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub replicas: u32,
+    /// Evaluate even when the ledger holds a verdict for the same patch, state, source,
+    /// task and policy.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// The verdict ledger (default: $XDG_DATA_HOME/fork/ledger.db).
+    #[arg(long)]
+    pub ledger: Option<PathBuf>,
+    /// Neither read nor write the ledger.
+    #[arg(long, conflicts_with = "ledger")]
+    pub no_ledger: bool,
+    /// Write a JUnit report for CI (one testcase per test, per metric check, and the verdict).
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Write a markdown summary (also appended to $GITHUB_STEP_SUMMARY when set).
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
+}
+
+impl EvaluateArgs {
+    pub fn request(&self) -> Result<Request, CliError> {
+        let mut r = Request::new(self.patch.clone(), self.runtime.clone());
+        r.task = self.task.clone();
+        r.policy = self.policy.clone();
+        r.out = self.out.clone();
+        r.key = self.key.clone();
+        r.budget = self.budget.overrides()?;
+        r.replicas = self.replicas;
+        r.use_cache = !self.no_cache;
+        r.ledger = match (&self.ledger, self.no_ledger) {
+            (_, true) => LedgerChoice::Off,
+            (Some(p), false) => LedgerChoice::At(p.clone()),
+            (None, false) => LedgerChoice::Default,
+        };
+        r.ci = CiOutputs {
+            junit: self.junit.clone(),
+            summary: self.summary.clone(),
+        };
+        Ok(r)
+    }
+}
+
+pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
+    let ev = evaluate(&a.request()?)?;
+    let v = &ev.verdict;
+    if a.json {
+        let doc = v
+            .to_json_pretty()
+            .map_err(|e| CliError::new(exit::INTERNAL, e))?;
+        println!("{}", String::from_utf8_lossy(&doc));
+    } else {
+        println!(
+            "{} (confidence {:.2})  task `{}`  run {}",
+            v.verdict, v.confidence, v.task, v.run_id
+        );
+        println!("  {}", v.evaluation_summary);
+        for c in &v.caveats {
+            println!("  caveat: {c}");
+        }
+        println!("  patch {}", v.patch_hash);
+        println!("  verdict: {}", ev.out_dir.join("verdict.json").display());
+    }
+    Ok(exit::verdict(v.verdict))
+}

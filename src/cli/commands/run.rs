@@ -1,0 +1,53 @@
+//! `fork run`: one command in the sandbox.
+
+use crate::cli::args::{load_policy, BudgetArgs};
+use crate::cli::exit::{self, CliError};
+use crate::run::{run, RunRequest};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Policy file (default: the built-in policies/default.toml).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// A directory whose contents are copied into the workspace (/tmp/successor) before
+    /// the run; the workspace's final contents are copied back into it afterwards.
+    #[arg(long)]
+    pub workspace: Option<PathBuf>,
+    /// Write a JSON report (exit status, budget, usage, isolation) to this file.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
+    let policy = load_policy(a.policy.as_deref(), &a.budget)?;
+    let limits = policy.budgets.clone();
+    let r = run(RunRequest {
+        policy,
+        workspace: a.workspace.clone(),
+        command: a.command.clone(),
+    })?;
+    for n in &r.notes {
+        eprintln!("fork: {n}");
+    }
+    if let Some(path) = &a.report {
+        let json = serde_json::to_vec_pretty(&r.report(&limits))
+            .map_err(|e| CliError::new(exit::INTERNAL, e))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &json)
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| {
+                CliError::new(
+                    exit::INTERNAL,
+                    format!("writing report {}: {e}", path.display()),
+                )
+            })?;
+    }
+    Ok(r.outcome.exit_code)
+}

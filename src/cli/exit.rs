@@ -1,0 +1,232 @@
+//! Exit codes, and the one place where every library error becomes one.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | APPROVE (verify: valid; consensus: quorum approves) |
+//! | 1 | REJECT (verify: invalid) |
+//! | 2 | NEEDS_REVISION |
+//! | 64 | usage error |
+//! | 65 | bad input: malformed patch, manifest, policy, task or verdict |
+//! | 69 | a required isolation layer is unavailable on this host (fail closed) |
+//! | 70 | internal error |
+//! | 130 | interrupted |
+
+use crate::evaluation::reverify::ReverifyError;
+use crate::evaluation::EvaluateError;
+use crate::identity::IdentityError;
+use crate::ledger::LedgerError;
+use crate::mesh::approve::ApproveError;
+use crate::mesh::messages::MeshError;
+use crate::policy::PolicyError;
+use crate::run::RunError;
+use crate::sandbox::SandboxError;
+use crate::verdict::verify::VerifyError;
+use crate::verdict::VerdictKind;
+
+pub const APPROVE: i32 = 0;
+pub const REJECT: i32 = 1;
+pub const NEEDS_REVISION: i32 = 2;
+/// A verdict bundle that was checked and is not valid (`fork verify`).
+pub const INVALID: i32 = 1;
+pub const USAGE: i32 = 64;
+pub const BAD_INPUT: i32 = 65;
+pub const UNAVAILABLE: i32 = 69;
+pub const INTERNAL: i32 = 70;
+pub const INTERRUPTED: i32 = 130;
+
+/// An error that reached the command line: its message and the exit code it maps to.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(code: i32, message: impl std::fmt::Display) -> CliError {
+        CliError {
+            code,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl<E: std::fmt::Display> From<(i32, E)> for CliError {
+    fn from((code, e): (i32, E)) -> Self {
+        CliError::new(code, e)
+    }
+}
+
+/// The exit code of a verdict.
+pub fn verdict(k: VerdictKind) -> i32 {
+    match k {
+        VerdictKind::Approve => APPROVE,
+        VerdictKind::Reject => REJECT,
+        VerdictKind::NeedsRevision => NEEDS_REVISION,
+    }
+}
+
+pub fn sandbox(e: &SandboxError) -> i32 {
+    match e {
+        SandboxError::LayerUnavailable { .. } => UNAVAILABLE,
+        SandboxError::Seccomp(_) => BAD_INPUT,
+        _ => INTERNAL,
+    }
+}
+
+pub fn evaluate(e: &EvaluateError) -> i32 {
+    match e {
+        EvaluateError::Usage(_) => USAGE,
+        EvaluateError::Input(_) => BAD_INPUT,
+        EvaluateError::Sandbox(e) => sandbox(e),
+        EvaluateError::Internal(_) => INTERNAL,
+        EvaluateError::Interrupted => INTERRUPTED,
+    }
+}
+
+/// `fork verify`'s own mapping: an invalid bundle is the answer 1, not an error.
+pub fn verify(e: &VerifyError) -> i32 {
+    match e {
+        VerifyError::NoTrustedKeys => USAGE,
+        VerifyError::NotABundle { .. }
+        | VerifyError::Missing { .. }
+        | VerifyError::Malformed { .. } => BAD_INPUT,
+        VerifyError::Io { .. } => INTERNAL,
+        _ => INVALID,
+    }
+}
+
+pub fn reverify(e: &ReverifyError) -> i32 {
+    match e {
+        // A verdict to re-verify that does not verify is bad input here, not an answer.
+        ReverifyError::Invalid(v) => match verify(v) {
+            INVALID => BAD_INPUT,
+            c => c,
+        },
+        ReverifyError::Input(_) => BAD_INPUT,
+        ReverifyError::Evaluate(e) => evaluate(e),
+    }
+}
+
+pub fn mesh(e: &MeshError) -> i32 {
+    match e {
+        MeshError::Usage(_) => USAGE,
+        MeshError::Connect { .. } => UNAVAILABLE,
+        MeshError::Nats { .. } | MeshError::Io { .. } | MeshError::Internal(_) => INTERNAL,
+        MeshError::Evaluate(e) => evaluate(e),
+        MeshError::Interrupted => INTERRUPTED,
+        MeshError::Input(_)
+        | MeshError::UnknownGeneration { .. }
+        | MeshError::BadHeader(_)
+        | MeshError::Malformed { .. }
+        | MeshError::TooLarge { .. }
+        | MeshError::PatchHash { .. }
+        | MeshError::RuntimeMismatch { .. }
+        | MeshError::BadFileName(_) => BAD_INPUT,
+    }
+}
+
+pub fn run(e: &RunError) -> i32 {
+    match e {
+        RunError::NotADirectory(_) => USAGE,
+        RunError::Input(_) => BAD_INPUT,
+        RunError::Sandbox(e) => sandbox(e),
+        RunError::Internal(_) => INTERNAL,
+    }
+}
+
+pub fn policy(_: &PolicyError) -> i32 {
+    BAD_INPUT
+}
+
+pub fn ledger(e: &LedgerError) -> i32 {
+    match e {
+        LedgerError::NotFound { .. } => USAGE,
+        LedgerError::Io { .. } | LedgerError::Sql { .. } => INTERNAL,
+        _ => BAD_INPUT,
+    }
+}
+
+/// Reading or creating the node key (`fork keygen`: an existing key is a usage error).
+pub fn identity(e: &IdentityError) -> i32 {
+    match e {
+        IdentityError::KeyExists { .. } => USAGE,
+        _ => INTERNAL,
+    }
+}
+
+pub fn approve(e: &ApproveError) -> i32 {
+    match e {
+        ApproveError::Verify { .. } | ApproveError::NotApprove { .. } => REJECT,
+        ApproveError::Exists { .. } => USAGE,
+        _ => INTERNAL,
+    }
+}
+
+macro_rules! from_error {
+    ($($t:ty => $f:ident),* $(,)?) => {$(
+        impl From<$t> for CliError {
+            fn from(e: $t) -> CliError {
+                CliError::new($f(&e), e)
+            }
+        }
+    )*};
+}
+
+from_error!(
+    SandboxError => sandbox,
+    EvaluateError => evaluate,
+    ReverifyError => reverify,
+    MeshError => mesh,
+    RunError => run,
+    PolicyError => policy,
+    LedgerError => ledger,
+    ApproveError => approve,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_codes() {
+        assert_eq!(verdict(VerdictKind::Approve), 0);
+        assert_eq!(verdict(VerdictKind::Reject), 1);
+        assert_eq!(verdict(VerdictKind::NeedsRevision), 2);
+    }
+
+    #[test]
+    fn verify_errors() {
+        assert_eq!(verify(&VerifyError::NoTrustedKeys), 64);
+        let e = VerifyError::VerdictSignature { key: "k".into() };
+        assert_eq!(verify(&e), 1);
+        // In reverify, an invalid verdict is bad input, not an answer.
+        assert_eq!(reverify(&ReverifyError::Invalid(e)), BAD_INPUT);
+    }
+
+    #[test]
+    fn mesh_generation_is_bad_input() {
+        let e = MeshError::UnknownGeneration {
+            message_type: "Proposal".into(),
+            generation: 2,
+        };
+        assert_eq!(mesh(&e), BAD_INPUT);
+        let e = MeshError::Evaluate(Box::new(EvaluateError::Internal("x".into())));
+        assert_eq!(mesh(&e), INTERNAL);
+        assert!(e.is_transient());
+        let e = MeshError::Evaluate(Box::new(EvaluateError::Input("x".into())));
+        assert_eq!(mesh(&e), BAD_INPUT);
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn layers_missing_are_69() {
+        let e = SandboxError::LayerUnavailable {
+            layer: "cgroup",
+            reason: "r".into(),
+            fix: "f".into(),
+        };
+        assert_eq!(sandbox(&e), UNAVAILABLE);
+        assert_eq!(evaluate(&EvaluateError::Sandbox(e)), UNAVAILABLE);
+        assert_eq!(evaluate(&EvaluateError::Interrupted), 130);
+    }
+}

@@ -1,0 +1,99 @@
+//! The command line: the only home of clap, printing and exit codes. One file per
+//! subcommand under [`commands`]; [`exit`] maps every library error to its exit code.
+//! Results go to stdout (text, or JSON with --json); logs go to stderr.
+
+pub mod args;
+pub mod commands;
+pub mod exit;
+
+pub use exit::CliError;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fork",
+    version,
+    about = "Evaluate a self-modification patch in a hard sandbox and emit a signed verdict"
+)]
+pub struct Cli {
+    /// More logging on stderr (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one command in the sandbox, with every isolation layer and budget in force.
+    Run(commands::run::RunArgs),
+    /// Show what isolation this host offers, layer by layer, and how to fix what is missing.
+    Check(commands::check::CheckArgs),
+    /// Evaluate a patch: fork the runtime, patch the copy, run the task sandboxed, sign a verdict.
+    Evaluate(commands::evaluate::EvaluateArgs),
+    /// Verify a verdict bundle: signatures, endorsement chain, schema, artifact hashes.
+    Verify(commands::verify::VerifyArgs),
+    /// Create the node's long-term identity key.
+    Keygen(commands::keygen::KeygenArgs),
+    /// Reclaim what crashed runs left behind (processes, mounts, cgroups, workspaces).
+    Gc(commands::gc::GcArgs),
+    /// Re-run the evaluation a verdict describes on this node and report agreement.
+    Reverify(commands::reverify::ReverifyArgs),
+    /// Count the votes of several nodes' verdicts on one patch (k-of-n, with a floor).
+    Consensus(commands::consensus::ConsensusArgs),
+    /// A human steward's countersignature on an APPROVE verdict (the human gate).
+    Approve(commands::approve::ApproveArgs),
+    /// Mesh re-verification over NATS: `serve` evaluates proposals, `propose` collects votes.
+    Mesh {
+        #[command(subcommand)]
+        command: commands::mesh::MeshCommand,
+    },
+    /// List the verdicts recorded in the ledger, newest first.
+    History(commands::history::HistoryArgs),
+    /// Ledger maintenance: `fork ledger verify` checks the hash chain.
+    Ledger(commands::history::LedgerArgs),
+}
+
+pub use crate::sandbox::signals::default_sigpipe;
+
+/// Runs a parsed command line; returns the process exit code.
+pub fn dispatch(cli: Cli) -> i32 {
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FORK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .without_time()
+        .try_init();
+    let r = match cli.command {
+        Command::Run(a) => commands::run::run_cmd(a),
+        Command::Check(a) => commands::check::check(a),
+        Command::Evaluate(a) => commands::evaluate::evaluate_cmd(a),
+        Command::Verify(a) => commands::verify::verify_cmd(a),
+        Command::Keygen(a) => commands::keygen::keygen(a),
+        Command::Gc(a) => commands::gc::gc(a),
+        Command::Reverify(a) => commands::reverify::reverify_cmd(a),
+        Command::Consensus(a) => commands::consensus::consensus(a),
+        Command::Approve(a) => commands::approve::approve(a),
+        Command::Mesh { command } => commands::mesh::mesh_cmd(command),
+        Command::History(a) => commands::history::history(a),
+        Command::Ledger(commands::history::LedgerArgs {
+            action: commands::history::LedgerAction::Verify { ledger, json },
+        }) => commands::history::ledger_verify(ledger, json),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fork: {}", e.message);
+            e.code
+        }
+    }
+}
+

@@ -1,0 +1,356 @@
+//! Phase 5, VERDICT: evidence from the runs, the decision per replica and their
+//! agreement, the verdict signed into a bundle, recorded in the ledger, CI outputs; and
+//! the cache, which answers from an earlier bundle when it still verifies.
+
+use super::plan::Plan;
+use super::side::RunResult;
+use super::{internal, sha256_hex, EvaluateError, Evaluation};
+use crate::fork::workspace::copy_tree;
+use crate::identity::{EphemeralKey, NodeKey};
+use crate::sandbox::Outcome;
+use crate::task::results;
+use crate::verdict::decide::{Decision, Evidence};
+use crate::verdict::{
+    ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, TestCounts, Verdict,
+};
+use std::path::PathBuf;
+
+/// Metric samples across runs: name -> values.
+pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
+    let mut out: std::collections::BTreeMap<String, Vec<f64>> = std::collections::BTreeMap::new();
+    for r in runs {
+        if let Some(m) = &r.metrics {
+            for (k, v) in m {
+                out.entry(k.clone()).or_default().push(*v);
+            }
+        }
+    }
+    out
+}
+
+/// The evidence of one replica's runs: the run that speaks (a blown budget, a failed
+/// start, failing tests, else the first), metric medians and their statistics.
+pub fn evidence_for(
+    p: &Plan,
+    runs: &[RunResult],
+    baseline: &[RunResult],
+    baseline_samples: &std::collections::BTreeMap<String, Vec<f64>>,
+    rules: &crate::verdict::decide::DecisionRules,
+    seed: u64,
+) -> (Evidence, usize) {
+    let chosen = runs
+        .iter()
+        .position(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
+        .or_else(|| {
+            runs.iter()
+                .position(|r| r.tests.as_ref().is_some_and(|t| t.failed() > 0))
+        })
+        .or_else(|| runs.iter().position(|r| r.outcome.exit_code != 0))
+        .unwrap_or(0);
+    let r = &runs[chosen];
+    let o = &r.outcome;
+    let mut e = Evidence {
+        exit_code: if o.signal.is_none() {
+            Some(o.exit_code)
+        } else {
+            None
+        },
+        signal: o.signal,
+        budget_exceeded: o.budget_exceeded.map(|b| {
+            if r.over_evaluation_wall {
+                crate::budget::BudgetField::EvaluationWall.name().to_string()
+            } else {
+                b.as_str().to_string()
+            }
+        }),
+        usage_summary: o.budget_exceeded.map(|b| {
+            if r.over_evaluation_wall {
+                format!(
+                    "evaluation_wall: the evaluation's runs together reached its {:.1} s wall budget",
+                    p.policy.budgets.evaluation_wall.as_secs_f64()
+                )
+            } else {
+                crate::budget::describe(b, &p.policy.budgets, &o.usage)
+            }
+        }),
+        run_error: o.exec_error.clone(),
+        tests: r.tests.clone(),
+        results_error: r.results_error.clone(),
+        metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
+        ..Default::default()
+    };
+    let patched_samples = samples(runs);
+    if !patched_samples.is_empty() {
+        let med = |m: &std::collections::BTreeMap<String, Vec<f64>>| {
+            m.iter()
+                .filter_map(|(k, v)| crate::verdict::stats::median(v).map(|x| (k.clone(), x)))
+                .collect::<std::collections::BTreeMap<String, f64>>()
+        };
+        e.metrics = Some(med(&patched_samples));
+        if !baseline.is_empty() {
+            e.baseline_metrics = Some(med(baseline_samples));
+        }
+        // Statistics need repeated samples; single runs are judged on the noise band.
+        if !baseline.is_empty() && runs.len() > 1 && baseline.len() > 1 {
+            let cfg = crate::verdict::stats::CompareConfig {
+                method: rules.method,
+                alpha: rules.alpha,
+                noise_band: rules.noise_band,
+                seed: 0x666f_726b ^ seed,
+                ..Default::default()
+            };
+            for (name, ps) in &patched_samples {
+                if let Some(bs) = baseline_samples.get(name) {
+                    e.metric_stats.insert(
+                        name.clone(),
+                        crate::verdict::stats::compare(name, bs, ps, &cfg),
+                    );
+                }
+            }
+        }
+    }
+    (e, chosen)
+}
+
+/// A verdict the ledger already holds for exactly these inputs, if its bundle still verifies.
+pub fn cached(
+    p: &Plan,
+    key: &crate::ledger::CacheKey,
+    node: &NodeKey,
+) -> Result<Option<Evaluation>, EvaluateError> {
+    let Some(path) = &p.ledger else {
+        return Ok(None);
+    };
+    let ledger = match crate::ledger::Ledger::open(path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("verdict cache unavailable: {e}");
+            return Ok(None);
+        }
+    };
+    let entry = match ledger.lookup(key) {
+        Ok(Some(e)) => e,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!("verdict cache: {e}");
+            return Ok(None);
+        }
+    };
+    let dir = PathBuf::from(&entry.bundle_dir);
+    let verified = match crate::verdict::verify_bundle(&dir, &[node.public()]) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(
+                "cached verdict {} no longer verifies ({e}): evaluating again",
+                dir.display()
+            );
+            return Ok(None);
+        }
+    };
+    // Hand the cached bundle over at --out too, so pipelines find it where they asked.
+    copy_tree(&dir, &p.out_dir, &[])
+        .map_err(|e| internal("copying the cached bundle")(e.to_string()))?;
+    eprintln!(
+        "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",
+        entry.run_id
+    );
+    let ev = Evaluation {
+        out_dir: p.out_dir.clone(),
+        verdict: verified.verdict,
+    };
+    // The CI outputs, as for a fresh verdict (the tests from the bundle's own report).
+    let tests = ev
+        .verdict
+        .artifacts
+        .iter()
+        .find(|art| art.kind == ArtifactType::TestReport)
+        .and_then(|art| std::fs::read(ev.out_dir.join(&art.path)).ok())
+        .and_then(|b| results::parse_junit(&b).ok());
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(p.task.lower_is_better.iter().cloned());
+    crate::verdict::report::write_ci_outputs(
+        &ev.verdict,
+        tests.as_ref(),
+        &rules,
+        &ev.out_dir,
+        p.ci.junit.as_deref(),
+        p.ci.summary.as_deref(),
+    )
+    .map_err(|e| EvaluateError::Internal(format!("writing the CI outputs: {e}")))?;
+    Ok(Some(ev))
+}
+
+/// Appends the verdict to the ledger and writes the CI outputs.
+fn record(
+    p: &Plan,
+    ev: &Evaluation,
+    key: &crate::ledger::CacheKey,
+    rules: &crate::verdict::decide::DecisionRules,
+    tests: Option<&results::TestReport>,
+) -> Result<(), EvaluateError> {
+    if let Some(path) = &p.ledger {
+        let verdict_bytes = std::fs::read(ev.out_dir.join("verdict.json")).unwrap_or_default();
+        let bundle_dir = std::fs::canonicalize(&ev.out_dir).unwrap_or_else(|_| ev.out_dir.clone());
+        let entry = crate::ledger::NewEntry {
+            run_id: ev.verdict.run_id.clone(),
+            timestamp: ev.verdict.header.timestamp.clone(),
+            verdict: ev.verdict.verdict.as_str().to_string(),
+            confidence: ev.verdict.confidence,
+            task: ev.verdict.task.clone(),
+            patch_hash: key.patch_hash.clone(),
+            state_hash: key.state_hash.clone(),
+            source_hash: key.source_hash.clone(),
+            task_hash: key.task_hash.clone(),
+            policy_hash: key.policy_hash.clone(),
+            bundle_dir: bundle_dir.display().to_string(),
+            verdict_sha256: sha256_hex(&verdict_bytes),
+        };
+        match crate::ledger::Ledger::open(path).and_then(|mut l| l.append(&entry)) {
+            Ok(e) => tracing::info!("ledger: appended row {} to {}", e.seq, path.display()),
+            Err(e) => eprintln!("fork: warning: the verdict was not recorded in the ledger: {e}"),
+        }
+    }
+    if let Err(e) = crate::verdict::report::write_ci_outputs(
+        &ev.verdict,
+        tests,
+        rules,
+        &ev.out_dir,
+        p.ci.junit.as_deref(),
+        p.ci.summary.as_deref(),
+    ) {
+        return Err(EvaluateError::Internal(format!(
+            "writing the CI outputs: {e}"
+        )));
+    }
+    Ok(())
+}
+
+/// What a verdict is made of, besides the plan: the decision and the evidence behind it.
+pub struct Conclusion<'a> {
+    pub decision: Decision,
+    pub state_hash: String,
+    pub source_hash: String,
+    /// The run that speaks for the verdict (none when no sandbox started).
+    pub outcome: Option<&'a Outcome>,
+    pub gate: GateReport,
+    pub artifacts: Vec<(ArtifactType, PathBuf)>,
+    pub tests: Option<&'a results::TestReport>,
+    /// The decision rules the metrics were judged by (the CI outputs word them).
+    pub rules: &'a crate::verdict::decide::DecisionRules,
+}
+
+/// The one way an evaluation ends with a verdict: sign it into the bundle with the
+/// ephemeral key, destroy that key at once, then record it in the ledger and write the CI
+/// outputs.
+pub fn seal(
+    p: &Plan,
+    c: Conclusion<'_>,
+    cache_key: &crate::ledger::CacheKey,
+    ephemeral: EphemeralKey,
+    node: &NodeKey,
+) -> Result<Evaluation, EvaluateError> {
+    let (rules, tests) = (c.rules, c.tests);
+    let signed = sign(p, c, &ephemeral, node);
+    ephemeral.destroy();
+    let ev = signed?;
+    record(p, &ev, cache_key, rules, tests)?;
+    Ok(ev)
+}
+
+fn sign(
+    p: &Plan,
+    c: Conclusion<'_>,
+    ephemeral: &EphemeralKey,
+    node: &NodeKey,
+) -> Result<Evaluation, EvaluateError> {
+    let Conclusion {
+        decision: d,
+        state_hash,
+        source_hash,
+        outcome,
+        gate,
+        artifacts,
+        tests,
+        ..
+    } = c;
+    let b = &p.policy.budgets;
+    let limits = BudgetLimits {
+        wall_s: Some(b.wall.as_secs_f64()),
+        cpu_percent: Some(b.cpu_percent),
+        memory_bytes: Some(b.memory_bytes),
+        disk_bytes: Some(b.disk_bytes),
+        pids: Some(b.pids),
+        api_cost_usd: Some(b.api_cost_usd),
+        cpu_time_s: b.cpu_time.map(|d| d.as_secs_f64()),
+        evaluation_wall_s: Some(b.evaluation_wall.as_secs_f64()),
+    };
+    let used = outcome
+        .map(|o| BudgetUsed {
+            wall_s: o.usage.wall_s,
+            cpu_s: o.usage.cpu_s,
+            memory_peak_bytes: o.usage.memory_peak_bytes,
+            disk_bytes: o.usage.disk_bytes,
+            pids_peak: o.usage.pids_peak,
+            api_cost_usd: o.usage.api_cost_usd,
+        })
+        .unwrap_or_default();
+    // API cost: what the whole evaluation spent (every run shares the meter).
+    let mut used = used;
+    let mut exceeded = outcome.and_then(|o| o.budget_exceeded.map(|b| b.as_str().to_string()));
+    if let Some(g) = &p.gateway {
+        used.api_cost_usd = g.meter.spent_usd();
+        if g.meter.exceeded() && exceeded.is_none() {
+            exceeded = Some(crate::sandbox::BudgetKind::ApiCost.as_str().to_string());
+        }
+    }
+    let counts = tests
+        .map(|t| TestCounts {
+            passed: t.passed() as u64,
+            failed: t.failed() as u64,
+            flaky: t.flaky() as u64,
+            skipped: t.skipped() as u64,
+        })
+        .unwrap_or_default();
+    let verdict = Verdict {
+        header: Header::new(),
+        verdict: d.verdict,
+        confidence: d.confidence,
+        patch_hash: p.patch_hash.clone(),
+        task_hash: p.task_hash.clone(),
+        state_hash,
+        source_hash,
+        evaluation_summary: d.summary,
+        caveats: d.caveats,
+        tests: counts,
+        metrics: d.metrics,
+        budget: BudgetReport {
+            limits,
+            used,
+            exceeded,
+        },
+        isolation: outcome
+            .and_then(|o| serde_json::to_value(&o.isolation).ok())
+            .unwrap_or_else(|| serde_json::json!({ "sandbox_started": false })),
+        artifacts: vec![],
+        successor_key: ephemeral.public().to_string(),
+        run_id: p.run_id.clone(),
+        task: p.task_name.clone(),
+        patch_gate: Some(gate),
+        proposal_id: p.proposal_id.clone(),
+    };
+    if let Some(parent) = p.out_dir.parent() {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| EvaluateError::Usage(format!("--out {}: {e}", p.out_dir.display())))?;
+        }
+    }
+    let written =
+        crate::verdict::write_bundle(&p.out_dir, &verdict, &artifacts, ephemeral, node)
+            .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))?;
+    Ok(Evaluation {
+        out_dir: written.dir,
+        verdict: written.verdict,
+    })
+}

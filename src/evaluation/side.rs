@@ -1,0 +1,414 @@
+//! Phases 2-4 for one side: FORK (a sandbox whose workspace holds the source, tools and
+//! state snapshot), PATCH (the patched side only), EVALUATE (the task, with reruns of
+//! failing tests), and what the successor left read back with care. Each side's sandbox
+//! is destroyed before the next starts.
+
+use super::plan::Plan;
+use super::{check_interrupt, internal, EvaluateError};
+use crate::fork::workspace::{copy_tree, tree_hash, Workspace};
+use crate::manifest::ResultsFormat;
+use crate::patch::{self, Patch};
+use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
+use crate::task::results;
+use crate::verdict::ArtifactType;
+use std::path::{Path, PathBuf};
+
+/// Undeclared files in the reports directory kept as artifacts, at most.
+const MAX_EXTRA_REPORTS: usize = 32;
+/// Bytes of undeclared report files kept per run, in all (what does not fit is left out).
+const MAX_EXTRA_REPORT_BYTES: u64 = 16 << 20;
+
+/// What one run of the task (after its reruns) produced.
+pub struct RunResult {
+    pub outcome: Outcome,
+    /// The run was ended by the evaluation's own wall budget (its per-run wall had been
+    /// lowered to what the evaluation had left).
+    pub over_evaluation_wall: bool,
+    pub tests: Option<results::TestReport>,
+    pub results_error: Option<String>,
+    pub metrics: Option<std::collections::BTreeMap<String, f64>>,
+    pub metrics_error: Option<String>,
+    /// Copies of the report files and the output log, in the staging directory.
+    pub artifacts: Vec<(ArtifactType, PathBuf)>,
+}
+
+/// `patched`, `patched.r2`, `replica2`, `replica2.r3`, `baseline`, `baseline.r2`.
+pub fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> String {
+    let base = if side == "patched" && replicas > 1 && replica > 0 {
+        format!("replica{}", replica + 1)
+    } else {
+        side.to_string()
+    };
+    if round == 0 {
+        base
+    } else {
+        format!("{base}.r{}", round + 1)
+    }
+}
+
+/// A sandbox with its workspace populated (and patched, on the patched side).
+pub struct PreparedSide {
+    sb: Sandbox,
+    ws: Workspace,
+    pub source_hash: String,
+}
+
+pub enum Prepared {
+    Ready(Box<PreparedSide>),
+    /// The patch did not apply (message), with the unpatched tree hash.
+    DidNotApply(String, String),
+}
+
+/// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
+/// `patch` is given), the tools and the state snapshot.
+pub fn prepare_side(
+    p: &Plan,
+    source_dir: &Path,
+    snap_dir: &Path,
+    patch: Option<&Patch>,
+) -> Result<Prepared, EvaluateError> {
+    let sb = Sandbox::prepare(&p.spec)?;
+    let ws = Workspace::create(&sb.workspace())
+        .map_err(|e| internal("creating the workspace")(e.to_string()))?;
+    copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
+        .map_err(|e| internal("copying the source tree")(e.to_string()))?;
+    if let Some(t) = &p.manifest.runtime.tools {
+        copy_tree(&p.runtime.join(t), &ws.tools(), &[])
+            .map_err(|e| internal("copying the tools")(e.to_string()))?;
+    }
+    copy_tree(snap_dir, &ws.state(), &[])
+        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    check_interrupt()?;
+    // 3 PATCH (the patched side only).
+    if let Some(patch) = patch {
+        if let Err(e) = patch::apply(&ws.src(), patch) {
+            let h =
+                tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+            sb.destroy()?;
+            return Ok(Prepared::DidNotApply(e.to_string(), h));
+        }
+    }
+    let source_hash =
+        tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    Ok(Prepared::Ready(Box::new(PreparedSide {
+        sb,
+        ws,
+        source_hash,
+    })))
+}
+
+/// EVALUATE one prepared side (with reruns of failing tests), read its results, destroy it.
+pub fn run_side(
+    p: &Plan,
+    prepared: PreparedSide,
+    staging: &Path,
+    side: &str,
+) -> Result<RunResult, EvaluateError> {
+    let PreparedSide { mut sb, ws, .. } = prepared;
+    // 4 EVALUATE
+    let mut extra = vec![
+        ("FORK_REPORTS".to_string(), format!("{WORKSPACE}/reports")),
+        ("FORK_STATE".to_string(), format!("{WORKSPACE}/state")),
+        ("FORK_TOOLS".to_string(), format!("{WORKSPACE}/tools")),
+        ("FORK_RUN_ID".to_string(), p.run_id.clone()),
+        ("FORK_TASK".to_string(), p.task_name.clone()),
+        ("FORK_SIDE".to_string(), side.to_string()),
+    ];
+    if let Some(g) = &p.gateway {
+        extra.push(("FORK_MODEL_URL".to_string(), g.cfg.task_url()));
+    }
+    for (k, v) in &p.task.env {
+        extra.push((k.clone(), v.clone()));
+    }
+    let env = p.policy.successor_env(&extra);
+    let side_dir = staging.join(side);
+    std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
+    // Artifact names: tests.xml, metrics.json, ... for the first patched run; `<side>-*` for
+    // the others; `-retryN` for reruns of a run whose tests failed.
+    let base_prefix = if side == "patched" {
+        String::new()
+    } else {
+        format!("{side}-")
+    };
+    let mut attempts: Vec<RunResult> = Vec::new();
+    let max_attempts = 1 + p.policy.decision.reruns;
+    for attempt in 0..max_attempts {
+        let prefix = if attempt == 0 {
+            base_prefix.clone()
+        } else {
+            format!("{base_prefix}retry{attempt}-")
+        };
+        if attempt > 0 {
+            // A fresh reports directory; the rest of the workspace is kept, as a flaky test's
+            // own state would be.
+            let reports = ws.reports();
+            let intact = std::fs::symlink_metadata(&reports)
+                .map(|m| m.is_dir())
+                .unwrap_or(false);
+            if intact {
+                crate::fork::workspace::remove_tree(&reports)
+                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
+            } else if std::fs::symlink_metadata(&reports).is_ok() {
+                std::fs::remove_file(&reports)
+                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
+            }
+            std::fs::create_dir(&reports).map_err(|e| internal("reports")(e.to_string()))?;
+            sb.chown_workspace()?;
+        }
+        let r = run_attempt(p, &mut sb, &env, &side_dir, &prefix, attempt)?;
+        let failed = r.outcome.budget_exceeded.is_none()
+            && r.outcome.exec_error.is_none()
+            && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
+        attempts.push(r);
+        if !failed {
+            break;
+        }
+        check_interrupt()?;
+    }
+    // 6 DESTROY this side's sandbox now.
+    sb.destroy()?;
+    Ok(merge_attempts(attempts))
+}
+
+/// One run of the task in a prepared sandbox, and what it left in its reports directory.
+fn run_attempt(
+    p: &Plan,
+    sb: &mut Sandbox,
+    env: &[(String, String)],
+    side_dir: &Path,
+    prefix: &str,
+    attempt: u32,
+) -> Result<RunResult, EvaluateError> {
+    // The successor's output goes to a log on its own capped disk, read back through our fd.
+    let log_path = sb.disk().join(format!(".fork-output-{attempt}.log"));
+    let log = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| internal("creating the output log")(e.to_string()))?;
+    // The evaluation's own wall budget bounds every run: a run gets at most what is left.
+    sb.clamp_wall(p.deadline.saturating_duration_since(std::time::Instant::now()));
+    let outcome = sb.run(Command {
+        argv: p.task.command.clone(),
+        env: env.to_vec(),
+        cwd: PathBuf::from(WORKSPACE).join("src"),
+        output: Some(&log),
+        doors: doors_for(p)?,
+    })?;
+    if outcome.interrupted {
+        return Err(EvaluateError::Interrupted);
+    }
+    // The successor is dead: read its reports (hostile input, read with care). Read beneath
+    // the capped disk's root (which the successor could not replace), walking
+    // `successor/reports/...` component by component without following any symlink: the
+    // successor may have replaced its workspace or reports directory with a link.
+    let disk = sb.disk();
+    let in_reports = |rel: &str| format!("successor/reports/{rel}");
+    let stage = |name: String, bytes: &[u8]| -> Result<PathBuf, EvaluateError> {
+        let dest = side_dir.join(format!("{prefix}{name}"));
+        std::fs::write(&dest, bytes).map_err(|e| internal("staging")(e.to_string()))?;
+        Ok(dest)
+    };
+    let mut artifacts = Vec::new();
+    let mut tests = None;
+    let mut results_error = None;
+    if let Some(r) = &p.task.results {
+        match results::read_report_file(
+            &disk,
+            &in_reports(&r.path),
+            results::DEFAULT_MAX_REPORT_BYTES,
+        ) {
+            Ok(bytes) => {
+                let parsed = match r.format {
+                    ResultsFormat::Junit => results::parse_junit(&bytes),
+                    ResultsFormat::Tap => results::parse_tap(&bytes),
+                    ResultsFormat::GoTestJson => results::parse_go_test_json(&bytes),
+                    ResultsFormat::LibtestJson => results::parse_libtest_json(&bytes),
+                    ResultsFormat::ExitStatus => Ok(results::TestReport::default()),
+                };
+                match parsed {
+                    Ok(t) => tests = Some(t),
+                    Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+                }
+                let name = Path::new(&r.path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "results".into());
+                artifacts.push((ArtifactType::TestReport, stage(name, &bytes)?));
+            }
+            Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+        }
+    }
+    let mut metrics = None;
+    let mut metrics_error = None;
+    if let Some(m) = &p.task.metrics {
+        match results::read_report_file(&disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
+            Ok(bytes) => {
+                match results::parse_metrics(&bytes) {
+                    Ok(v) => metrics = Some(v),
+                    Err(e) => metrics_error = Some(format!("{m}: {e}")),
+                }
+                artifacts.push((ArtifactType::Metrics, stage("metrics.json".into(), &bytes)?));
+            }
+            Err(e) => metrics_error = Some(format!("{m}: {e}")),
+        }
+    }
+    // Any other report files (top level, regular, bounded in count and size) travel too.
+    let declared: Vec<&str> = p
+        .task
+        .results
+        .iter()
+        .map(|r| r.path.as_str())
+        .chain(p.task.metrics.as_deref())
+        .collect();
+    let reports_dir = disk.join("successor/reports");
+    let reports_intact = ["successor", "successor/reports"].iter().all(|c| {
+        std::fs::symlink_metadata(disk.join(c))
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+    });
+    if reports_intact {
+        if let Ok(rd) = std::fs::read_dir(&reports_dir) {
+            let mut names: Vec<String> = rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !declared.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            let mut room = MAX_EXTRA_REPORT_BYTES;
+            for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
+                // read_report_file refuses symlinks, non-regular and oversized files; what
+                // the successor left is bounded in count and in total size on the host.
+                if room == 0 {
+                    break;
+                }
+                if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
+                    room = room.saturating_sub(bytes.len() as u64);
+                    let safe: String = name
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                                c
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect();
+                    let dest = stage(format!("report-{}", safe.trim_start_matches('.')), &bytes)?;
+                    artifacts.push((ArtifactType::Other, dest));
+                }
+            }
+        }
+    }
+    // The output log, through the fd we opened (the successor may have replaced the path).
+    {
+        use std::io::{Read, Seek};
+        let mut f = log;
+        let mut buf = Vec::new();
+        if f.rewind().is_ok() {
+            let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
+        }
+        artifacts.push((ArtifactType::Log, stage("output.log".into(), &buf)?));
+    }
+    let json =
+        serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?;
+    artifacts.push((ArtifactType::Other, stage("sandbox.json".into(), &json)?));
+    let over_evaluation_wall = outcome.budget_exceeded == Some(crate::sandbox::BudgetKind::Wall)
+        && sb.limits().wall < p.policy.budgets.wall;
+    Ok(RunResult {
+        over_evaluation_wall,
+        outcome,
+        tests,
+        results_error,
+        metrics,
+        metrics_error,
+        artifacts,
+    })
+}
+
+/// The doors of one run: the forwards and, with a gateway, the metered model door (a
+/// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
+fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
+    let mut doors = crate::sandbox::Doors {
+        doors: p
+            .forwards
+            .iter()
+            .map(|a| crate::sandbox::Door::forward(*a))
+            .collect(),
+        cost: None,
+    };
+    if let Some(g) = &p.gateway {
+        let gw =
+            crate::gateway::Gateway::new(g.cfg.clone(), g.credentials.clone(), g.meter.clone())
+                .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.cfg.port()));
+        if p.forwards.contains(&addr) {
+            return Err(EvaluateError::Input(format!(
+                "the model gateway's port {} is also forwarded: choose another gateway.port",
+                g.cfg.port()
+            )));
+        }
+        doors.doors.push(crate::sandbox::Door {
+            addr,
+            serve: Box::new(move |l| Box::pin(gw.serve(l))),
+        });
+        doors.cost = Some(g.meter.clone());
+    }
+    Ok(doors)
+}
+
+/// Folds the attempts of one run (the first, then reruns after failing tests) into one
+/// result: the last attempt's outcome, with every test that failed before but passed in
+/// the end marked flaky (naming the retries it needed); all attempts' artifacts.
+fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
+    let n = attempts.len();
+    let mut artifacts: Vec<(ArtifactType, PathBuf)> = Vec::new();
+    for a in &attempts {
+        artifacts.extend(a.artifacts.iter().cloned());
+    }
+    let earlier_failures: Vec<std::collections::HashSet<String>> = attempts
+        .iter()
+        .map(|a| {
+            a.tests
+                .as_ref()
+                .map(|t| {
+                    t.cases
+                        .iter()
+                        .filter(|c| {
+                            matches!(
+                                c.outcome,
+                                results::TestOutcome::Failed | results::TestOutcome::Error
+                            )
+                        })
+                        .map(|c| c.name.clone())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    // Invariant: run_side always makes at least one attempt.
+    let mut last = attempts.pop().expect("at least one attempt");
+    if n > 1 {
+        if let Some(t) = last.tests.as_mut() {
+            for case in t.cases.iter_mut() {
+                if case.outcome != results::TestOutcome::Passed {
+                    continue;
+                }
+                let failed_in: usize = earlier_failures[..n - 1]
+                    .iter()
+                    .filter(|s| s.contains(&case.name))
+                    .count();
+                if failed_in > 0 {
+                    case.outcome = results::TestOutcome::Flaky;
+                    case.message = Some(format!(
+                        "failed in {failed_in} of {n} runs, passed on retry {}",
+                        n - 1
+                    ));
+                }
+            }
+        }
+    }
+    last.artifacts = artifacts;
+    last
+}
