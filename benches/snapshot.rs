@@ -1,4 +1,4 @@
-//! Benchmark for the DESIGN.md target "state snapshot: within 1.5x of a plain file copy of
+//! Benchmark for the target "state snapshot: within 1.5x of a plain file copy of
 //! the same database, while a writer keeps writing, and the writer is never blocked for
 //! long".
 //!

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sandbox launch: `fork run -- /bin/true` (release binary, default policy, every layer on)
 # against `bwrap --unshare-all ... /bin/true`, interleaved in the same run (fork, bwrap,
-# fork, bwrap, ... N times each; default N=200). Target (DESIGN.md, "Targets"): the median
+# fork, bwrap, ... N times each; default N=200). Target: the median
 # per-round ratio fork/bwrap <= 1.0. Run it as root (fork run needs the sandbox's
 # privileges); set FORK_BIN to time another fork binary.
 #

@@ -3,7 +3,7 @@
 # runtime with a no-op task: `fork evaluate` of a patch against a temporary copy of
 # fixtures/hermes-demo whose fork.toml gains `[tasks.noop] command = ["true"]`, N times
 # (default 30), interleaved with two peers: the same no-op command run bare (`true`), and
-# a plain `cp -r` of the runtime tree. Target (DESIGN.md, "Targets"): median < 150 ms
+# a plain `cp -r` of the runtime tree. Target: median < 150 ms
 # (the seed's bound was 30 s). Run it as root; set FORK_BIN to time another fork binary
 # and BENCH_PATCH to evaluate another patch (default fixtures/patches/noop-comment.diff).
 #

@@ -254,25 +254,57 @@ impl BudgetOverrides {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetText {
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub wall: Option<String>,
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub memory: Option<String>,
     /// Percent of one CPU ("200" = two CPUs; "200%" also accepted).
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cpu: Option<String>,
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub disk: Option<String>,
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub pids: Option<String>,
     /// US dollars ("5.00" or "$5").
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub api_cost: Option<String>,
     /// Total CPU time of a run, e.g. "10m" (the run is killed when it passes).
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cpu_time: Option<String>,
     /// The whole evaluation's wall-clock time, e.g. "2h".
-    #[serde(default, deserialize_with = "human", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "human",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub evaluation_wall: Option<String>,
 }
 
@@ -458,11 +490,17 @@ mod tests {
         // The text route and the typed route (a verdict replayed) refuse alike.
         for (t, field) in [
             (text(|t| t.pids = Some("1".into())), BudgetField::Pids),
-            (text(|t| t.memory = Some("4MiB".into())), BudgetField::Memory),
+            (
+                text(|t| t.memory = Some("4MiB".into())),
+                BudgetField::Memory,
+            ),
             (text(|t| t.disk = Some("1KiB".into())), BudgetField::Disk),
             (text(|t| t.wall = Some("0s".into())), BudgetField::Wall),
             (text(|t| t.cpu = Some("200000".into())), BudgetField::Cpu),
-            (text(|t| t.api_cost = Some("-1".into())), BudgetField::ApiCost),
+            (
+                text(|t| t.api_cost = Some("-1".into())),
+                BudgetField::ApiCost,
+            ),
         ] {
             assert_eq!(t.parse().unwrap_err().field, field, "{t:?}");
         }
@@ -491,7 +529,10 @@ mod tests {
         assert_eq!(o.cpu_percent, Some(150));
         assert_eq!(o.api_cost_usd, Some(2.5));
         assert_eq!(
-            text(|t| t.cpu = Some("50%".into())).parse().unwrap().cpu_percent,
+            text(|t| t.cpu = Some("50%".into()))
+                .parse()
+                .unwrap()
+                .cpu_percent,
             Some(50)
         );
         let e = toml::from_str::<BudgetText>("wal = \"1h\"\n").unwrap_err();

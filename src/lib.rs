@@ -1,5 +1,5 @@
 //! `fork`: evaluate a self-modification patch for a running agent runtime in a hard
-//! sandbox and emit a signed verdict. See DESIGN.md (in shared/) and README.md.
+//! sandbox and emit a signed verdict. See README.md, "Architecture".
 //!
 //! One module per lifecycle phase and per isolation layer:
 //! plan ([`manifest`], [`policy`], [`patch`]), fork ([`fork`]), patch ([`patch`]),

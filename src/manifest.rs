@@ -1,5 +1,4 @@
-//! The runtime manifest, `fork.toml` at the runtime's root (DESIGN.md, "The runtime
-//! manifest"): what to clone (`[runtime]`) and how to evaluate it (`[tasks.NAME]`, in
+//! The runtime manifest, `fork.toml` at the runtime's root (README, "fork.toml"): what to clone (`[runtime]`) and how to evaluate it (`[tasks.NAME]`, in
 //! file order; the first task is the default).
 //!
 //! Unknown fields are errors. Every error names the file and the field and says what
@@ -17,7 +16,6 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-
 /// The manifest's file name, at the runtime's root.
 pub const MANIFEST_FILE: &str = "fork.toml";
 
@@ -32,7 +30,7 @@ pub const MAX_REPEAT: u32 = 1000;
 pub enum ManifestError {
     #[error(
         "{}: not found; create fork.toml at the runtime's root with a [runtime] table and at \
-         least one [tasks.NAME] table (see DESIGN.md, \"The runtime manifest\")",
+         least one [tasks.NAME] table (see the README, \"fork.toml\")",
         path.display()
     )]
     Missing { path: PathBuf },
@@ -522,8 +520,8 @@ impl Manifest {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
     use super::*;
+    use std::time::Duration;
 
     fn demo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-demo")

@@ -107,9 +107,8 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
     let env = policy.successor_env(&extra);
     let mut doors = Doors::default();
     for f in &policy.network.forward {
-        let addr = crate::policy::parse_forward(f).map_err(|m| {
-            RunError::Input(format!("{}: network.forward: {m}", policy.origin))
-        })?;
+        let addr = crate::policy::parse_forward(f)
+            .map_err(|m| RunError::Input(format!("{}: network.forward: {m}", policy.origin)))?;
         doors.doors.push(Door::forward(addr));
     }
     if let Some((gw, meter, _, port)) = gateway {

@@ -1,4 +1,4 @@
-//! The mesh end to end (issue 6, ADR-001): real `fork mesh serve` nodes and a real
+//! The mesh end to end (issue 6): real `fork mesh serve` nodes and a real
 //! `fork mesh propose` over a real nats-server (JetStream on, file storage, loopback, a
 //! free port, killed at the end).
 //!

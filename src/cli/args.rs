@@ -62,7 +62,6 @@ pub fn load_policy(path: Option<&Path>, b: &BudgetArgs) -> Result<Policy, CliErr
     Ok(p)
 }
 
-
 /// Public keys from `--trust`-style arguments: the key itself, or a file holding one.
 pub fn parse_keys(
     args: &[String],
@@ -91,4 +90,3 @@ pub fn bundle_dir(p: &Path) -> PathBuf {
         p.to_path_buf()
     }
 }
-

@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn layers_missing_are_69() {
         let e = SandboxError::LayerUnavailable {
-            layer: "cgroup",
+            layer: crate::sandbox::Layer::Cgroup,
             reason: "r".into(),
             fix: "f".into(),
         };

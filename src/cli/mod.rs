@@ -96,4 +96,3 @@ pub fn dispatch(cli: Cli) -> i32 {
         }
     }
 }
-

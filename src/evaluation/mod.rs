@@ -25,7 +25,7 @@ pub use request::{CiOutputs, LedgerChoice, Request};
 use crate::fork::snapshot::file_sha256;
 use crate::fork::workspace::tree_hash_excluding;
 use crate::identity::EphemeralKey;
-use crate::patch::{self, GateOutcome};
+use crate::patch::{self, Gate, GateStop};
 use crate::sandbox::SandboxError;
 use crate::verdict::decide::{decide, Decision, Evidence};
 use crate::verdict::{ArtifactType, GateReport, Verdict, VerdictKind};
@@ -92,7 +92,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let node = plan::load_node_key(a.key.as_deref())?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
     let exclude = &p.manifest.runtime.exclude;
-    let (gate, parsed) = patch::check_patch(
+    let checked = patch::check_patch(
         &p.raw_patch,
         &p.manifest.runtime.protected,
         &source_dir,
@@ -106,20 +106,17 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         .map_err(|e| internal("staging")(e.to_string()))?;
     let patch_artifact = (ArtifactType::Patch, staging.path().join("patch.diff"));
 
-    let parsed = match (gate, parsed) {
-        (
-            GateOutcome::Stopped {
-                gate: "parse",
-                reason,
-            },
-            _,
-        ) => {
+    let parsed = match checked {
+        Err(GateStop {
+            gate: Gate::Parse,
+            reason,
+        }) => {
             return Err(EvaluateError::Input(format!(
                 "patch {} is malformed: {reason}",
                 a.patch.display()
             )));
         }
-        (GateOutcome::Stopped { gate, reason }, _) => {
+        Err(GateStop { gate, reason }) => {
             // Rejected before anything is cloned: hashes of the parent as it stands.
             let state: Vec<(String, String)> = p
                 .manifest
@@ -162,12 +159,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             let ev = conclude::seal(&p, c, &key, ephemeral, &node)?;
             return Ok(ev);
         }
-        (GateOutcome::Passed, Some(patch)) => patch,
-        (GateOutcome::Passed, None) => {
-            return Err(EvaluateError::Internal(
-                "the gates passed but returned no patch".into(),
-            ));
-        }
+        Ok(patch) => patch,
     };
     check_interrupt()?;
 
@@ -253,7 +245,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             .flatten()
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some());
         if p.task.baseline && !decided {
-            if let side::Prepared::Ready(side) = side::prepare_side(&p, &source_dir, &snap_dir, None)? {
+            if let side::Prepared::Ready(side) =
+                side::prepare_side(&p, &source_dir, &snap_dir, None)?
+            {
                 baseline.push(side::run_side(
                     &p,
                     *side,

@@ -5,8 +5,8 @@
 use super::{evaluate, EvaluateError, Evaluation, LedgerChoice, Request};
 use crate::budget::BudgetOverrides;
 use crate::identity::PublicKey;
-use crate::verdict::verify::VerifyError;
 use crate::verdict::sign::Endorsement;
+use crate::verdict::verify::VerifyError;
 use crate::verdict::{Verdict, VerdictKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -94,7 +94,10 @@ fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
 /// The budget that reproduces a verdict's limits, typed: no round trip through text.
 fn budgets_of(v: &Verdict) -> BudgetOverrides {
     let l = &v.budget.limits;
-    let secs = |s: Option<f64>| s.filter(|s| s.is_finite() && *s > 0.0).map(Duration::from_secs_f64);
+    let secs = |s: Option<f64>| {
+        s.filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+    };
     BudgetOverrides {
         wall: secs(l.wall_s),
         cpu_percent: l.cpu_percent,

@@ -188,7 +188,10 @@ fn run_attempt(
         .open(&log_path)
         .map_err(|e| internal("creating the output log")(e.to_string()))?;
     // The evaluation's own wall budget bounds every run: a run gets at most what is left.
-    sb.clamp_wall(p.deadline.saturating_duration_since(std::time::Instant::now()));
+    sb.clamp_wall(
+        p.deadline
+            .saturating_duration_since(std::time::Instant::now()),
+    );
     let outcome = sb.run(Command {
         argv: p.task.command.clone(),
         env: env.to_vec(),

@@ -1,7 +1,7 @@
 //! The run's workspace: its layout, the copy of the source tree and the tool registry,
 //! the tree hash, and its removal.
 //!
-//! Layout (DESIGN.md, lifecycle step 2): `<tmp>/fork-<run-id>/{src,state,tools,reports,home}`.
+//! Layout (lifecycle step 2, FORK): `<tmp>/fork-<run-id>/{src,state,tools,reports,home}`.
 //!
 //! Copies ([`copy_tree`]) never follow symbolic links: a link is recreated as a link with
 //! the same target (an absolute target then resolves inside the sandbox's own root).

@@ -1,4 +1,4 @@
-//! The human gate: a positive verdict never deploys by itself (DESIGN.md, the mesh). A
+//! The human gate: a positive verdict never deploys by itself (a human steward countersigns it). A
 //! steward, a person holding their own long-term key, approves one verified APPROVE bundle
 //! with [`approve`], which writes `<bundle>/steward-<keyid>.dsse.json`: a DSSE envelope
 //! (payloadType [`APPROVAL_PAYLOAD_TYPE`]) over an [`Approval`], signed by the steward key.

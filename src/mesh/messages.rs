@@ -1,4 +1,4 @@
-//! The mesh's wire format (ADR-001): one NATS bus, namespaced subjects, and a schema header
+//! The mesh's wire format (README, "The mesh: re-verification over NATS"): one NATS bus, namespaced subjects, and a schema header
 //! on every message.
 //!
 //! ```text

@@ -56,7 +56,6 @@ pub struct ProposeOptions {
     pub staging: bool,
 }
 
-
 /// A verdict message that was not written as a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefusedMessage {

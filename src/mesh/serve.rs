@@ -49,7 +49,6 @@ pub struct ServeOptions {
     pub once: bool,
 }
 
-
 /// Builds a runtime and runs [`serve`] on it.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), MeshError> {
     tokio::runtime::Builder::new_current_thread()

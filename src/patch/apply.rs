@@ -1,4 +1,4 @@
-//! Exact patch application (DESIGN.md, lifecycle step 3).
+//! Exact patch application (lifecycle step 3).
 //!
 //! - Context and removed lines must match byte for byte, including the final newline.
 //!   A hunk may be found at an offset from where its header says (as `git apply`

@@ -1,4 +1,4 @@
-//! Policy gates run at PLAN time, before anything is cloned (DESIGN.md, lifecycle step 1).
+//! Policy gates run at PLAN time, before anything is cloned (lifecycle step 1).
 //!
 //! In priority order: `size`, `parse`, `path_escape`, `protected_path`, `binary`,
 //! `forbidden_content`. The first gate that stops the patch decides the outcome; a
@@ -15,15 +15,46 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::parse::{parse, LineKind, Patch};
 
-/// The gate names, in the order they run.
-pub const GATES: [&str; 6] = [
-    "size",
-    "parse",
-    "path_escape",
-    "protected_path",
-    "binary",
-    "forbidden_content",
-];
+/// The gates, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    Size,
+    Parse,
+    PathEscape,
+    ProtectedPath,
+    Binary,
+    ForbiddenContent,
+}
+
+impl Gate {
+    pub const ALL: [Gate; 6] = [
+        Gate::Size,
+        Gate::Parse,
+        Gate::PathEscape,
+        Gate::ProtectedPath,
+        Gate::Binary,
+        Gate::ForbiddenContent,
+    ];
+
+    /// The gate's name, as verdicts and the README spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Gate::Size => "size",
+            Gate::Parse => "parse",
+            Gate::PathEscape => "path_escape",
+            Gate::ProtectedPath => "protected_path",
+            Gate::Binary => "binary",
+            Gate::ForbiddenContent => "forbidden_content",
+        }
+    }
+}
+
+impl std::fmt::Display for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The default `max_patch_bytes`: 1 MiB.
 pub const DEFAULT_MAX_PATCH_BYTES: u64 = 1 << 20;
@@ -96,9 +127,9 @@ fn bytes_or_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GateOutcome {
     Passed,
-    /// `gate` is one of [`GATES`]; `reason` says what was found and what to do.
+    /// `reason` says what was found and what to do.
     Stopped {
-        gate: &'static str,
+        gate: Gate,
         reason: String,
     },
 }
@@ -109,43 +140,52 @@ impl GateOutcome {
     }
 
     /// The gate that stopped the patch, if any.
-    pub fn gate(&self) -> Option<&'static str> {
+    pub fn gate(&self) -> Option<Gate> {
         match self {
             GateOutcome::Passed => None,
-            GateOutcome::Stopped { gate, .. } => Some(gate),
+            GateOutcome::Stopped { gate, .. } => Some(*gate),
         }
     }
 }
 
-fn stop(gate: &'static str, reason: String) -> GateOutcome {
+fn stop(gate: Gate, reason: String) -> GateOutcome {
     GateOutcome::Stopped { gate, reason }
 }
 
+/// A patch the gates stopped: which gate and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateStop {
+    pub gate: Gate,
+    pub reason: String,
+}
+
 /// Runs every gate on raw patch bytes: size first (before parsing), then parse, then
-/// [`run_gates`]. Returns the parsed patch whenever it parsed.
+/// [`run_gates`]. The parsed patch when every gate passes; otherwise the gate that
+/// stopped it and why.
 pub fn check_patch(
     raw: &[u8],
     protected: &[String],
     tree: &Path,
     policy: &GatePolicy,
-) -> (GateOutcome, Option<Patch>) {
+) -> Result<Patch, GateStop> {
+    let stopped = |out: GateOutcome| match out {
+        GateOutcome::Stopped { gate, reason } => Err(GateStop { gate, reason }),
+        GateOutcome::Passed => Ok(()),
+    };
     if let Some(out) = size_gate(raw, policy) {
-        return (out, None);
+        stopped(out)?;
     }
     let patch = match parse(raw) {
         Ok(p) => p,
         Err(e) => {
-            return (
-                stop(
-                    "parse",
-                    format!("the patch is not a valid unified diff: {e}"),
-                ),
-                None,
-            )
+            return Err(GateStop {
+                gate: Gate::Parse,
+                reason: format!("the patch is not a valid unified diff: {e}"),
+            })
         }
     };
-    let out = run_gates(raw, &patch, protected, tree, policy);
-    (out, Some(patch))
+    stopped(run_gates(raw, &patch, protected, tree, policy))?;
+    Ok(patch)
 }
 
 /// Runs the gates on an already parsed patch (`raw` is the text it was parsed from).
@@ -162,7 +202,7 @@ pub fn run_gates(
         return out;
     }
     if patch.files.is_empty() {
-        return stop("parse", "the patch contains no file changes".into());
+        return stop(Gate::Parse, "the patch contains no file changes".into());
     }
     if let Some(out) = path_escape_gate(patch, tree) {
         return out;
@@ -173,7 +213,7 @@ pub fn run_gates(
     if !policy.allow_binary {
         if let Some(f) = patch.files.iter().find(|f| f.binary) {
             return stop(
-                "binary",
+                Gate::Binary,
                 format!(
                     "`{}` (patch line {}) is a binary change; binary patches are refused \
                      unless the policy sets gates.allow_binary = true",
@@ -193,7 +233,7 @@ fn size_gate(raw: &[u8], policy: &GatePolicy) -> Option<GateOutcome> {
     let len = raw.len() as u64;
     (len > policy.max_patch_bytes).then(|| {
         stop(
-            "size",
+            Gate::Size,
             format!(
                 "the patch is {len} bytes ({}), over the policy's gates.max_patch_bytes of {} \
                  ({}); split the patch or raise the limit",
@@ -213,7 +253,7 @@ fn path_escape_gate(patch: &Patch, tree: &Path) -> Option<GateOutcome> {
         for p in f.paths() {
             if let Err(why) = check_path(tree, p) {
                 return Some(stop(
-                    "path_escape",
+                    Gate::PathEscape,
                     format!("`{p}` (patch line {}): {why}", f.line),
                 ));
             }
@@ -225,7 +265,7 @@ fn path_escape_gate(patch: &Patch, tree: &Path) -> Option<GateOutcome> {
                 _ => continue,
             };
             return Some(stop(
-                "path_escape",
+                Gate::PathEscape,
                 format!(
                     "`{}` (patch line {}) is {what}; a patch may only change regular files",
                     f.path(),
@@ -323,7 +363,7 @@ fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
         // Fail closed: a broken protection list protects nothing otherwise.
         Err(e) => {
             return Some(stop(
-                "protected_path",
+                Gate::ProtectedPath,
                 format!("{e}; fix fork.toml [runtime] protected"),
             ))
         }
@@ -333,7 +373,7 @@ fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
             let norm = normalize(p);
             if let Some(&i) = set.matches(&norm).first() {
                 return Some(stop(
-                    "protected_path",
+                    Gate::ProtectedPath,
                     format!(
                         "`{p}` (patch line {}) matches the protected pattern `{}`: the \
                          evaluation's own files (tests, benchmarks, the manifest) may not be \
@@ -365,7 +405,7 @@ fn forbidden_gate(patch: &Patch, policy: &GatePolicy) -> Option<GateOutcome> {
                 if l.kind == LineKind::Add {
                     if let Some(p) = patterns.iter().find(|p| contains(&l.text, p.as_bytes())) {
                         return Some(stop(
-                            "forbidden_content",
+                            Gate::ForbiddenContent,
                             format!(
                                 "a line added to `{}` (hunk {}, patch line {patch_line}) contains \
                                  the forbidden pattern `{p}`",
@@ -413,13 +453,28 @@ mod tests {
             .collect()
     }
 
+    /// The gates' decision as an outcome (the tests compare outcomes).
+    fn outcome(r: &Result<Patch, GateStop>) -> GateOutcome {
+        match r {
+            Ok(_) => GateOutcome::Passed,
+            Err(GateStop { gate, reason }) => GateOutcome::Stopped {
+                gate: *gate,
+                reason: reason.clone(),
+            },
+        }
+    }
+
+    fn check(raw: &[u8], prot: &[String], policy: &GatePolicy) -> GateOutcome {
+        outcome(&check_patch(raw, prot, &demo(), policy))
+    }
+
     fn gate(name: &str, policy: &GatePolicy) -> GateOutcome {
-        check_patch(&fixture(name), &protected(), &demo(), policy).0
+        check(&fixture(name), &protected(), policy)
     }
 
     fn stopped_by(out: &GateOutcome) -> (&'static str, String) {
         match out {
-            GateOutcome::Stopped { gate, reason } => (gate, reason.clone()),
+            GateOutcome::Stopped { gate, reason } => (gate.name(), reason.clone()),
             GateOutcome::Passed => ("passed", String::new()),
         }
     }
@@ -454,9 +509,9 @@ mod tests {
         );
         // size wins even over a patch that would also fail later gates
         let raw = [fixture("path-traversal.diff"), vec![b'\n'; 1000]].concat();
-        let (out, parsed) = check_patch(&raw, &protected(), &demo(), &policy);
-        assert_eq!(out.gate(), Some("size"));
-        assert!(parsed.is_none());
+        let r = check_patch(&raw, &protected(), &demo(), &policy);
+        assert_eq!(outcome(&r).gate(), Some(Gate::Size));
+        assert!(r.is_err(), "a stopped patch carries no parsed patch");
         assert_eq!(gate("noop-comment.diff", &policy), GateOutcome::Passed);
     }
 
@@ -464,14 +519,15 @@ mod tests {
     fn parse_gate_reports_the_parser_error() {
         let raw = fixture("swap-compressor.diff");
         let cut = &raw[..raw.len() / 2];
-        let (out, parsed) = check_patch(cut, &protected(), &demo(), &GatePolicy::default());
+        let r = check_patch(cut, &protected(), &demo(), &GatePolicy::default());
+        let (out, parsed) = (outcome(&r), r.ok());
         let (g, reason) = stopped_by(&out);
         assert_eq!(g, "parse");
         assert!(reason.contains("patch line"), "{reason}");
         assert!(parsed.is_none());
         let empty = Patch { files: Vec::new() };
         let out = run_gates(b"", &empty, &protected(), &demo(), &GatePolicy::default());
-        assert_eq!(out.gate(), Some("parse"));
+        assert_eq!(out.gate(), Some(Gate::Parse));
     }
 
     #[test]
@@ -484,7 +540,7 @@ mod tests {
         );
 
         let abs = b"--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n";
-        let (out, _) = check_patch(abs, &[], &demo(), &GatePolicy::default());
+        let out = check(abs, &[], &GatePolicy::default());
         assert!(stopped_by(&out).1.contains("absolute path"), "{out:?}");
 
         // A tree where `hermes` is a symlink: swap-compressor would write through it.
@@ -494,18 +550,18 @@ mod tests {
         let tree = tmp.path().join("tree");
         std::fs::create_dir(&tree).unwrap();
         std::os::unix::fs::symlink(&real, tree.join("hermes")).unwrap();
-        let (out, _) = check_patch(
+        let out = outcome(&check_patch(
             &fixture("swap-compressor.diff"),
             &protected(),
             &tree,
             &GatePolicy::default(),
-        );
+        ));
         let (g, reason) = stopped_by(&out);
         assert_eq!(g, "path_escape");
         assert!(reason.contains("`hermes` is a symbolic link"), "{reason}");
 
         let link = b"diff --git a/l b/l\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc/shadow\n\\ No newline at end of file\n";
-        let (out, _) = check_patch(link, &[], &demo(), &GatePolicy::default());
+        let out = check(link, &[], &GatePolicy::default());
         assert!(
             stopped_by(&out).1.contains("symbolic link (mode 120000)"),
             "{out:?}"
@@ -534,21 +590,17 @@ mod tests {
 
         // renaming a protected file away is caught through its old path
         let rename = b"diff --git a/fork.toml b/not-the-manifest.toml\nsimilarity index 100%\nrename from fork.toml\nrename to not-the-manifest.toml\n";
-        let (out, _) = check_patch(rename, &protected(), &demo(), &GatePolicy::default());
+        let out = check(rename, &protected(), &GatePolicy::default());
         assert!(stopped_by(&out).1.contains("`fork.toml`"), "{out:?}");
 
         // `*` does not cross directories; `./` is normalized away
         let prot = vec!["bench/*.py".to_string()];
         let deep = b"--- a/bench/sub/x.py\n+++ b/bench/sub/x.py\n@@ -1 +1 @@\n-a\n+b\n";
-        assert!(check_patch(deep, &prot, &demo(), &GatePolicy::default())
-            .0
-            .is_passed());
+        assert!(check(deep, &prot, &GatePolicy::default()).is_passed());
         let dotted = b"--- a/./bench/x.py\n+++ b/./bench/x.py\n@@ -1 +1 @@\n-a\n+b\n";
         assert_eq!(
-            check_patch(dotted, &prot, &demo(), &GatePolicy::default())
-                .0
-                .gate(),
-            Some("protected_path")
+            check(dotted, &prot, &GatePolicy::default()).gate(),
+            Some(Gate::ProtectedPath)
         );
 
         let bad = vec!["tests/[".to_string()];
@@ -557,7 +609,7 @@ mod tests {
     }
 
     fn gate_with(raw: &[u8], prot: &[String]) -> GateOutcome {
-        check_patch(raw, prot, &demo(), &GatePolicy::default()).0
+        check(raw, prot, &GatePolicy::default())
     }
 
     #[test]
@@ -598,7 +650,7 @@ mod tests {
         };
         assert_eq!(
             gate("noop-comment.diff", &policy).gate(),
-            Some("forbidden_content")
+            Some(Gate::ForbiddenContent)
         );
         let policy = GatePolicy {
             forbidden_patterns: vec!["class RegistryError".into()],
@@ -607,9 +659,7 @@ mod tests {
         assert!(gate("noop-comment.diff", &policy).is_passed());
         let removal =
             b"--- a/x\n+++ b/x\n@@ -1,2 +1 @@\n keep\n-path = '~/.config/fork/node.key'\n";
-        assert!(check_patch(removal, &[], &demo(), &GatePolicy::default())
-            .0
-            .is_passed());
+        assert!(check(removal, &[], &GatePolicy::default()).is_passed());
     }
 
     #[test]
@@ -617,17 +667,13 @@ mod tests {
         // touches a protected path and adds a forbidden string: protected wins
         let raw = b"--- a/tests/x.py\n+++ b/tests/x.py\n@@ -1 +1 @@\n-a\n+open('node.key')\n";
         assert_eq!(
-            check_patch(raw, &protected(), &demo(), &GatePolicy::default())
-                .0
-                .gate(),
-            Some("protected_path")
+            check(raw, &protected(), &GatePolicy::default()).gate(),
+            Some(Gate::ProtectedPath)
         );
         let both = [fixture("adds-binary.diff"), fixture("reads-node-key.diff")].concat();
         assert_eq!(
-            check_patch(&both, &protected(), &demo(), &GatePolicy::default())
-                .0
-                .gate(),
-            Some("binary")
+            check(&both, &protected(), &GatePolicy::default()).gate(),
+            Some(Gate::Binary)
         );
     }
 

@@ -1,10 +1,10 @@
 //! PLAN and PATCH phases: parse a unified diff, run the policy gates on it, and apply
-//! it exactly to the clone's source tree (DESIGN.md, lifecycle steps 1 and 3).
+//! it exactly to the clone's source tree (lifecycle steps 1 and 3).
 
 pub mod apply;
 pub mod gates;
 pub mod parse;
 
 pub use apply::{apply, ApplyError, ApplySummary};
-pub use gates::{check_patch, run_gates, GateOutcome, GatePolicy};
+pub use gates::{check_patch, run_gates, Gate, GateOutcome, GatePolicy, GateStop};
 pub use parse::{parse, ChangeKind, FilePatch, Hunk, HunkLine, LineKind, Patch, PatchError};

@@ -10,7 +10,7 @@
 //! group, and when the command ends reports its status on the status pipe and exits:
 //! the kernel then kills everything left in the namespace.
 
-use super::{InitConfig, InitMsg};
+use super::{InitConfig, InitMsg, Layer};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
@@ -51,6 +51,22 @@ fn parse_fd(s: Option<&String>) -> Option<RawFd> {
     s.and_then(|s| s.parse::<RawFd>().ok()).filter(|fd| *fd > 2)
 }
 
+/// The init's own exit codes, as a shell reports them (the command's own status passes
+/// through unchanged; killed by signal N it is 128+N).
+pub mod code {
+    /// The init role was started by hand, not by fork.
+    pub const NOT_BY_FORK: i32 = 64;
+    /// The sandbox could not be built (config, mounts, namespaces, signals).
+    pub const SETUP_FAILED: i32 = 125;
+    /// The command was found but could not be started (cwd, privileges, Landlock,
+    /// seccomp, exec).
+    pub const CANNOT_EXECUTE: i32 = 126;
+    /// The command was not found in the sandbox.
+    pub const NOT_FOUND: i32 = 127;
+    /// Killed by a signal: 128 + its number.
+    pub const SIGNALED_BASE: i32 = 128;
+}
+
 /// Entry point of the init role. Returns the process exit code.
 pub fn main(args: &[String]) -> i32 {
     let (Some(cfg_fd), Some(status_fd)) = (parse_fd(args.first()), parse_fd(args.get(1))) else {
@@ -58,7 +74,7 @@ pub fn main(args: &[String]) -> i32 {
             "fork: {} is internal: fork runs it itself",
             super::INIT_ROLE
         );
-        return 64;
+        return code::NOT_BY_FORK;
     };
     // SAFETY: the supervisor passed these two descriptors, open and ours alone.
     let (cfg_owned, status_owned) = unsafe {
@@ -75,20 +91,20 @@ pub fn main(args: &[String]) -> i32 {
     let mut raw = Vec::new();
     if let Err(e) = std::fs::File::from(cfg_owned).read_to_end(&mut raw) {
         status.error("config", format!("reading the init config: {e}"));
-        return 125;
+        return code::SETUP_FAILED;
     }
     let cfg: InitConfig = match serde_json::from_slice(&raw) {
         Ok(c) => c,
         Err(e) => {
             status.error("config", format!("parsing the init config: {e}"));
-            return 125;
+            return code::SETUP_FAILED;
         }
     };
     match setup(&cfg) {
         Ok(()) => {}
         Err((stage, msg)) => {
             status.error(stage, msg);
-            return 125;
+            return code::SETUP_FAILED;
         }
     }
     run_command(&cfg, &mut status)
@@ -130,7 +146,7 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
     }
     if let Err(e) = mask.thread_block() {
         status.error("signals", format!("sigprocmask: {e}"));
-        return 125;
+        return code::SETUP_FAILED;
     }
     let mut sfd = match nix::sys::signalfd::SignalFd::with_flags(
         &mask,
@@ -139,7 +155,7 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
         Ok(s) => s,
         Err(e) => {
             status.error("signals", format!("signalfd: {e}"));
-            return 125;
+            return code::SETUP_FAILED;
         }
     };
     // Everything the command needs is prepared before the fork.
@@ -150,7 +166,7 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
                 "exec",
                 format!("{}: command not found in the sandbox", cfg.argv[0]),
             );
-            return 127;
+            return code::NOT_FOUND;
         }
     };
     let argv: Vec<CString> = cfg
@@ -170,14 +186,14 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
                 status.send(&InitMsg::Error {
                     stage: "landlock".into(),
                     message: e.to_string(),
-                    layer: cfg.landlock_required.then(|| "landlock".to_string()),
+                    layer: cfg.landlock_required.then_some(Layer::Landlock),
                     fix: cfg.landlock_required.then(|| {
                         "a kernel with Landlock enabled, or [layers] landlock = \"optional\""
                             .to_string()
                     }),
                 });
                 if cfg.landlock_required {
-                    return 125;
+                    return code::SETUP_FAILED;
                 }
                 None
             }
@@ -195,7 +211,7 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
         Ok(ForkResult::Parent { child }) => child,
         Err(e) => {
             status.error("fork", format!("fork: {e}"));
-            return 125;
+            return code::SETUP_FAILED;
         }
     };
     supervise_command(child, &mut sfd, status)
@@ -224,11 +240,11 @@ fn command_child(
     let _ = nix::unistd::setsid();
     if let Err(e) = std::env::set_current_dir(&cfg.cwd) {
         status.error("exec", format!("chdir {}: {e}", cfg.cwd.display()));
-        return 126;
+        return code::CANNOT_EXECUTE;
     }
     if let Err(e) = drop_privileges() {
         status.error("capabilities", e);
-        return 126;
+        return code::CANNOT_EXECUTE;
     }
     if let Some(l) = landlock {
         match l.restrict_self() {
@@ -240,25 +256,25 @@ fn command_child(
                     status.send(&InitMsg::Error {
                         stage: "landlock".into(),
                         message: "the kernel did not enforce the Landlock ruleset".into(),
-                        layer: Some("landlock".into()),
+                        layer: Some(Layer::Landlock),
                         fix: Some(
                             "a kernel with Landlock in its LSM list (lsm=...,landlock)".into(),
                         ),
                     });
-                    return 126;
+                    return code::CANNOT_EXECUTE;
                 }
             }
             Err(e) => {
                 status.send(&InitMsg::Error {
                     stage: "landlock".into(),
                     message: e.to_string(),
-                    layer: cfg.landlock_required.then(|| "landlock".to_string()),
+                    layer: cfg.landlock_required.then_some(Layer::Landlock),
                     fix: cfg
                         .landlock_required
                         .then(|| "a kernel with Landlock enabled".to_string()),
                 });
                 if cfg.landlock_required {
-                    return 126;
+                    return code::CANNOT_EXECUTE;
                 }
             }
         }
@@ -277,10 +293,10 @@ fn command_child(
             status.send(&InitMsg::Error {
                 stage: "seccomp".into(),
                 message: e.to_string(),
-                layer: Some("seccomp".into()),
+                layer: Some(Layer::Seccomp),
                 fix: Some("a kernel with CONFIG_SECCOMP_FILTER".into()),
             });
-            return 126;
+            return code::CANNOT_EXECUTE;
         }
     }
     let e = nix::unistd::execve(program, argv, envp).err();
@@ -370,7 +386,7 @@ fn supervise_command(
             Err(nix::Error::EINTR) => continue,
             Err(e) => {
                 status.error("init", format!("reading signals: {e}"));
-                return 125;
+                return code::SETUP_FAILED;
             }
         };
         let signo = info.ssi_signo as i32;
@@ -390,7 +406,7 @@ fn supervise_command(
                             code: None,
                             signal: Some(sig as i32),
                         });
-                        return 128 + sig as i32;
+                        return code::SIGNALED_BASE + sig as i32;
                     }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => continue,

@@ -25,16 +25,16 @@ pub mod signals;
 pub mod spec;
 pub mod watchdog;
 
-pub use spec::{Layer, Layers, Requirement, RootMode, SeccompSource, Spec};
-pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 use crate::rundir::RunDir;
 use serde::{Deserialize, Serialize};
+pub use spec::{Layer, Layers, Requirement, RootMode, SeccompSource, Spec};
 use std::ffi::CString;
 use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use thiserror::Error;
+pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 
 /// The successor's workspace, inside the sandbox.
 pub const WORKSPACE: &str = "/tmp/successor";
@@ -47,7 +47,7 @@ pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub enum SandboxError {
     #[error("isolation layer `{layer}` is unavailable on this host: {reason}. Fix: {fix}")]
     LayerUnavailable {
-        layer: &'static str,
+        layer: Layer,
         reason: String,
         fix: String,
     },
@@ -69,7 +69,6 @@ pub enum SandboxError {
         source: std::io::Error,
     },
 }
-
 
 fn sys(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
     move |source| SandboxError::Sys { op, source }
@@ -101,7 +100,7 @@ pub enum InitMsg {
     Error {
         stage: String,
         message: String,
-        layer: Option<String>,
+        layer: Option<Layer>,
         fix: Option<String>,
     },
     Exited {
@@ -239,10 +238,9 @@ impl Sandbox {
         let seccomp = if layers.get(Layer::Seccomp).wanted() {
             match seccomp::probe() {
                 Ok(()) => Some(match &spec.seccomp.source {
-                    SeccompSource::Builtin => seccomp::compile_json(
-                        &spec.seccomp.name,
-                        spec::DEFAULT_SECCOMP.as_bytes(),
-                    )?,
+                    SeccompSource::Builtin => {
+                        seccomp::compile_json(&spec.seccomp.name, spec::DEFAULT_SECCOMP.as_bytes())?
+                    }
                     SeccompSource::File(p) => seccomp::compile_file(p)?,
                 }),
                 Err(fix) => {
@@ -560,7 +558,7 @@ impl Sandbox {
                     let req = layers.get(p.layer);
                     if req == Requirement::Required {
                         return Err(SandboxError::LayerUnavailable {
-                            layer: p.layer.name(),
+                            layer: p.layer,
                             reason: p.detail.clone(),
                             fix: p.fix.clone(),
                         });
@@ -629,13 +627,8 @@ impl Sandbox {
             }) = msgs.iter().find(|m| matches!(m, InitMsg::Error { .. }))
             {
                 if let (Some(layer), Some(fix)) = (layer, fix) {
-                    let l = Layer::ALL
-                        .iter()
-                        .find(|l| l.name() == layer)
-                        .map(|l| l.name())
-                        .unwrap_or("sandbox");
                     return Err(SandboxError::LayerUnavailable {
-                        layer: l,
+                        layer: *layer,
                         reason: message.clone(),
                         fix: fix.clone(),
                     });
@@ -772,7 +765,7 @@ fn require_missing(
 ) -> Result<(), SandboxError> {
     match layers.get(layer) {
         Requirement::Required => Err(SandboxError::LayerUnavailable {
-            layer: layer.name(),
+            layer,
             reason: reason.to_string(),
             fix: fix.to_string(),
         }),

@@ -143,3 +143,9 @@ pub struct Spec {
     pub tcp_bind: Option<Vec<u16>>,
     pub tcp_connect: Option<Vec<u16>>,
 }
+
+impl std::fmt::Display for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -156,7 +156,7 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     fn seed_budgets() -> Limits {
         Limits {
             wall: Duration::from_secs(3600),

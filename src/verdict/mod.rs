@@ -1,7 +1,7 @@
 //! The verdict: its schema (this file), the decision (`decide`), the signature (`sign`),
 //! the bundle on disk (`bundle`) and its verification (`verify`).
 //!
-//! The document is the seed format of DESIGN.md ("The verdict"), kept field for field,
+//! The document is the seed's verdict format (README, "The verdict bundle"), kept field for field,
 //! plus what a verifier needs (`run_id`, `task`, and, for gate rejections, `patch_gate`).
 //! Loading is strict (`deny_unknown_fields`), and [`Verdict::validate`] checks what the
 //! types cannot (ranges, hash spellings, the schema generation, ...).
@@ -527,7 +527,7 @@ pub(crate) mod tests {
         let json = v.to_json_pretty().unwrap();
         let back = Verdict::from_json(&json).unwrap();
         assert_eq!(back, v);
-        // The seed's fields are all there, spelled as in DESIGN.md.
+        // The seed's fields are all there, spelled as in the README.
         let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
         for f in [
             "header",

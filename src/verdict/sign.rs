@@ -8,7 +8,7 @@
 //!   `{"payload": base64, "payloadType": ..., "signatures": [{"keyid": ..., "sig": base64}]}`;
 //!   we write the standard base64 alphabet with padding and accept either alphabet, as the
 //!   spec requires. `keyid` is our key id (`PublicKey::key_id`), a hint only.
-//! * The verdict envelope (payloadType `application/vnd.fork.verdict+json`, DESIGN.md)
+//! * The verdict envelope (payloadType `application/vnd.fork.verdict+json`)
 //!   carries an in-toto Statement v1 (`_type` `https://in-toto.io/Statement/v1`) whose
 //!   predicate (`predicateType` `https://fork.dev/verdict/v1`) is the verdict document and
 //!   whose subjects are what the verdict is about, each with a `sha256` digest in bare hex:
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use thiserror::Error;
 
-/// payloadType of the verdict envelope (DESIGN.md).
+/// payloadType of the verdict envelope.
 pub const VERDICT_PAYLOAD_TYPE: &str = "application/vnd.fork.verdict+json";
 /// payloadType of the endorsement envelope.
 pub const ENDORSEMENT_PAYLOAD_TYPE: &str = "application/vnd.fork.endorsement+json";

@@ -130,7 +130,6 @@ pub enum VerifyError {
     UnexpectedFile { path: PathBuf },
 }
 
-
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VerifyError + 'a {
     move |source| {
         if source.kind() == io::ErrorKind::NotFound {

@@ -16,8 +16,7 @@ pub struct CheckArgs {
 }
 
 pub fn check(a: CheckArgs) -> Result<i32, CliError> {
-    let policy =
-        Policy::load(a.policy.as_deref())?;
+    let policy = Policy::load(a.policy.as_deref())?;
     let report = crate::check::check(&policy);
     if a.json {
         println!(
@@ -30,4 +29,3 @@ pub fn check(a: CheckArgs) -> Result<i32, CliError> {
     }
     Ok(if report.ok() { 0 } else { exit::UNAVAILABLE })
 }
-

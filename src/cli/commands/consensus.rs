@@ -85,4 +85,3 @@ pub fn consensus(a: ConsensusArgs) -> Result<i32, CliError> {
     }
     Ok(if rep.approved { 0 } else { 1 })
 }
-

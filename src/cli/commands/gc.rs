@@ -27,4 +27,3 @@ pub fn gc(a: GcArgs) -> Result<i32, CliError> {
         exit::INTERNAL
     })
 }
-

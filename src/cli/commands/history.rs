@@ -88,4 +88,3 @@ pub fn ledger_verify(path: Option<PathBuf>, json: bool) -> Result<i32, CliError>
     }
     Ok(if rep.ok { 0 } else { 1 })
 }
-

@@ -25,4 +25,3 @@ pub fn keygen(a: KeygenArgs) -> Result<i32, CliError> {
     );
     Ok(0)
 }
-

@@ -86,7 +86,6 @@ pub struct ProposeArgs {
     pub staging: bool,
 }
 
-
 pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
     match cmd {
         MeshCommand::Serve(a) => {
@@ -118,8 +117,9 @@ pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
                 staging: a.staging,
             })?;
             if json {
-                let doc = serde_json::to_string_pretty(&report)
-                    .map_err(|e| CliError::new(exit::INTERNAL, format!("encoding the report: {e}")))?;
+                let doc = serde_json::to_string_pretty(&report).map_err(|e| {
+                    CliError::new(exit::INTERNAL, format!("encoding the report: {e}"))
+                })?;
                 println!("{doc}");
             } else {
                 print!("{}", report.render());

@@ -52,8 +52,7 @@ pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
     if a.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report)
-                .map_err(|e| CliError::new(exit::INTERNAL, e))?
+            serde_json::to_string_pretty(&report).map_err(|e| CliError::new(exit::INTERNAL, e))?
         );
     } else {
         println!(
