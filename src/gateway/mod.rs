@@ -1,0 +1,173 @@
+//! The model gateway: the successor's one metered door to a model.
+//!
+//! The successor's network namespace has loopback only. The supervisor creates a TCP
+//! listener inside it (`127.0.0.1:PORT`) and hands it to [`Gateway::serve`]; the task
+//! reaches it through `FORK_MODEL_URL=http://127.0.0.1:PORT/v1`. The gateway speaks the
+//! OpenAI-compatible API, forwards each call to the configured upstream with the
+//! credentials only the supervisor holds, and meters every call's token usage against
+//! the API-cost budget ([`Meter`]).
+//!
+//! Endpoints (the `/v1` prefix is optional: `/chat/completions` is `/v1/chat/completions`;
+//! the upstream URL is always `upstream` + the path after `/v1`, so `upstream` is the
+//! base that already ends in `/v1` for OpenAI):
+//! - `POST /v1/chat/completions`, `POST /v1/embeddings`: forwarded and metered;
+//! - `GET /v1/models`, `GET /v1/models/{id}`: answered locally with the priced models;
+//! - anything else: a 404 (or 405) JSON error, never forwarded.
+//!
+//! Before a call is forwarded: the body (at most [`MAX_REQUEST_BYTES`], else 413) must be a
+//! JSON object whose `model` is priced in the policy (else 403: a call that cannot be metered
+//! is never passed), and the budget must not be exhausted (else 402). A streamed chat
+//! completion gets `stream_options.include_usage = true` so its last chunk carries usage.
+//!
+//! Request headers forwarded: only `accept`, `user-agent` and `openai-beta` from the task,
+//! `content-type: application/json`, and `Authorization: Bearer <key>` when credentials are
+//! configured. Never the task's `Authorization`, `Proxy-Authorization` or `Cookie`.
+//! Response headers passed back: only [`RESPONSE_HEADERS`] (never `set-cookie`, never a
+//! header whose value contains the key). Bodies are passed through chunk by chunk as they
+//! arrive (SSE streams included).
+//!
+//! Metering: the response's `usage` (`prompt_tokens`/`completion_tokens`, or
+//! `input_tokens`/`output_tokens`, or `total_tokens`), read from the JSON body or, for SSE,
+//! from the `data:` line that carries it. A 2xx answer without a usable `usage` is charged
+//! an estimate, `ceil(request bytes / 3)` prompt tokens and `ceil(response bytes / 3)`
+//! completion tokens, marked `"estimated"`. A non-2xx answer costs nothing but is logged.
+//! The charge is recorded before the response body ends, so a task that saw the end of a
+//! response and calls again sees the new spend. If the task hangs up mid-stream, the
+//! gateway keeps reading the upstream (within the call timeout) to meter what was really
+//! generated.
+//!
+//! Credentials: never in a response header, a log record or an error message. Response
+//! BODIES are scrubbed too: any occurrence of the key (when it is at least
+//! [`MIN_SCRUB_KEY_LEN`] bytes long) is replaced by [`REDACTED`], also across chunk
+//! boundaries. The gateway cannot know what a body means, so this is defence in depth
+//! against an upstream that echoes its request (error pages, debugging proxies); it is
+//! not a promise about what an upstream may disclose in other forms.
+//!
+//! Bounds (the gateway runs in the supervisor, outside the sandbox's cgroup): at most
+//! [`MAX_CONNECTIONS`] task connections at once, header and body read timeouts, the
+//! upstream call timeout, at most [`MAX_METER_BUFFER`] of a JSON response kept for
+//! metering (beyond it the call is estimated), at most [`MAX_LOG_RECORDS`] call records.
+
+mod config;
+mod meter;
+mod proxy;
+mod scrub;
+mod usage;
+
+#[cfg(test)]
+mod tests;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use zeroize::Zeroizing;
+
+pub use config::{GatewayConfig, Price, DEFAULT_PORT, DEFAULT_TIMEOUT};
+pub use meter::{CallRecord, Meter, MAX_LOG_RECORDS};
+pub use proxy::{MAX_CONNECTIONS, MAX_REQUEST_BYTES, RESPONSE_HEADERS};
+pub use scrub::{MIN_SCRUB_KEY_LEN, REDACTED};
+pub use usage::MAX_METER_BUFFER;
+
+use scrub::ApiKey;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Errors of the gateway's configuration and set-up. Messages never carry the key.
+#[derive(Debug, Error)]
+pub enum GatewayError {
+    #[error("{origin}: gateway.{field}: {problem}")]
+    Config {
+        origin: String,
+        field: String,
+        problem: String,
+    },
+    #[error("gateway credentials ({source_name}): {problem}")]
+    Credentials {
+        source_name: String,
+        problem: String,
+    },
+    #[error("gateway: cannot build the upstream HTTP client: {0}")]
+    Client(String),
+}
+
+/// The gateway: an OpenAI-compatible front for one upstream, metered.
+pub struct Gateway {
+    cfg: GatewayConfig,
+    upstream_base: String,
+    credentials: ApiKey,
+    meter: Arc<Meter>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("upstream", &self.upstream_base)
+            .field(
+                "credentials",
+                &self.credentials.is_set().then_some(REDACTED),
+            )
+            .field("models", &self.cfg.prices.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// Validates `cfg` and builds the upstream HTTP client.
+    pub fn new(
+        cfg: GatewayConfig,
+        credentials: Option<Zeroizing<String>>,
+        meter: Arc<Meter>,
+    ) -> Result<Arc<Gateway>, GatewayError> {
+        cfg.validate("gateway config")?;
+        let upstream_base = cfg.upstream.trim().trim_end_matches('/').to_string();
+        let loopback = reqwest::Url::parse(&upstream_base)
+            .ok()
+            .and_then(|u| u.host_str().map(config::is_loopback_host))
+            .unwrap_or(false);
+        let mut b = reqwest::Client::builder()
+            .timeout(cfg.timeout())
+            .connect_timeout(CONNECT_TIMEOUT.min(cfg.timeout()))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("fork-gateway/", env!("CARGO_PKG_VERSION")));
+        if loopback {
+            b = b.no_proxy();
+        }
+        let client = b.build().map_err(|e| GatewayError::Client(e.to_string()))?;
+        let credentials = ApiKey::new(credentials);
+        if let Some(Err(_)) = credentials.authorization() {
+            return Err(GatewayError::Credentials {
+                source_name: "the key given to Gateway::new".into(),
+                problem: "it cannot go in an HTTP header".into(),
+            });
+        }
+        Ok(Arc::new(Gateway {
+            cfg,
+            upstream_base,
+            credentials,
+            meter,
+            client,
+        }))
+    }
+
+    pub fn meter(&self) -> &Arc<Meter> {
+        &self.meter
+    }
+
+    pub fn config(&self) -> &GatewayConfig {
+        &self.cfg
+    }
+
+    /// Writes the call log as JSON lines, one per call, the key redacted.
+    pub fn write_log(&self, path: &Path) -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        for r in self.meter.log() {
+            let line = serde_json::to_string(&r).map_err(std::io::Error::other)?;
+            writeln!(f, "{}", self.credentials.redact(&line))?;
+        }
+        f.flush()
+    }
+}

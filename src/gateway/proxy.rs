@@ -1,0 +1,655 @@
+//! The door's HTTP work: the hyper server the task calls (accepting connections, routing,
+//! admitting or refusing each request, answering `/v1/models` locally) and the forwarding
+//! of admitted calls to the upstream with reqwest, each response streamed back chunk by
+//! chunk while it is metered.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinSet;
+
+use super::config::clip;
+use super::usage::{estimate_tokens, settle, UsageReader};
+use super::{CallRecord, Gateway, Price};
+
+/// The largest request body the task may send (413 beyond).
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+/// The most task connections served at once (further ones wait in the listen backlog).
+pub const MAX_CONNECTIONS: usize = 32;
+/// The upstream response headers passed back to the task; every other one is dropped.
+pub const RESPONSE_HEADERS: &[&str] = &[
+    "content-type",
+    "x-request-id",
+    "openai-processing-ms",
+    "openai-version",
+    "openai-model",
+    "retry-after",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+];
+/// The task's request headers forwarded upstream (besides the ones the gateway sets).
+const REQUEST_HEADERS: &[&str] = &["accept", "user-agent", "openai-beta"];
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+type GwBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A response body fed by the pump task, chunk by chunk.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Endpoint {
+    Chat,
+    Embeddings,
+}
+
+impl Endpoint {
+    fn upstream_path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/chat/completions",
+            Endpoint::Embeddings => "/embeddings",
+        }
+    }
+}
+
+/// When and where a call arrived.
+struct Arrival {
+    ts: String,
+    path: String,
+    started: Instant,
+}
+
+impl Arrival {
+    /// The call, once its model and mode are known (task-controlled text clipped).
+    fn into_call(self, model: &str, stream: bool) -> Call {
+        Call {
+            ts: self.ts,
+            endpoint: clip(&self.path),
+            model: clip(model),
+            stream,
+            started: self.started,
+        }
+    }
+}
+
+/// What every call record says about the call itself.
+struct Call {
+    ts: String,
+    endpoint: String,
+    model: String,
+    stream: bool,
+    started: Instant,
+}
+
+impl Call {
+    /// The call's record: `(prompt, completion)` tokens charged at `price` (free without).
+    fn record(
+        self,
+        status: StatusCode,
+        (prompt_tokens, completion_tokens): (u64, u64),
+        price: Option<Price>,
+        metered: &'static str,
+        note: Option<String>,
+    ) -> CallRecord {
+        CallRecord {
+            ts: self.ts,
+            endpoint: self.endpoint,
+            model: self.model,
+            stream: self.stream,
+            status: status.as_u16(),
+            prompt_tokens,
+            completion_tokens,
+            cost_usd: price.map_or(0.0, |p| p.cost(prompt_tokens, completion_tokens)),
+            latency_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            metered,
+            note,
+        }
+    }
+}
+
+/// What the pump needs to meter and log a forwarded call.
+struct CallCtx {
+    call: Call,
+    price: Price,
+    request_bytes: u64,
+}
+
+/// Why a request is not forwarded: the gateway answers it itself and logs it as refused.
+struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    model: String,
+    stream: bool,
+}
+
+impl Refusal {
+    /// A refusal before the request's model is known.
+    fn new(status: StatusCode, code: &'static str, message: String) -> Refusal {
+        Refusal {
+            status,
+            code,
+            message,
+            model: String::new(),
+            stream: false,
+        }
+    }
+
+    /// A refusal of a call for `model`.
+    fn of(mut self, model: &str, stream: bool) -> Refusal {
+        self.model = model.to_string();
+        self.stream = stream;
+        self
+    }
+}
+
+/// A request that passed every check, ready to forward.
+struct Admitted {
+    endpoint: Endpoint,
+    task_headers: HeaderMap,
+    /// The body as forwarded.
+    body: Bytes,
+    model: String,
+    stream: bool,
+    price: Price,
+}
+
+impl Gateway {
+    /// Serves the task on `listener` until this future is dropped (abort its task):
+    /// one hyper HTTP/1 connection per accept, spawned on the current runtime, and all
+    /// of them (and their in-flight streams) stopped when this future is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        // Dropping this future drops `_shutdown`: every pump sees it and stops.
+        let (_shutdown, shutdown_rx) = watch::channel(());
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let mut conns = JoinSet::new();
+        loop {
+            while conns.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return, // the semaphore is never closed
+                },
+                Some(_) = conns.join_next() => continue,
+            };
+            let stream = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!("gateway: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                Some(_) = conns.join_next() => continue,
+            };
+            let gw = self.clone();
+            let sd = shutdown_rx.clone();
+            conns.spawn(async move {
+                let _permit = permit;
+                gw.serve_connection(stream, sd).await;
+            });
+        }
+    }
+
+    async fn serve_connection(self: Arc<Self>, stream: TcpStream, shutdown: watch::Receiver<()>) {
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let gw = self.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let gw = gw.clone();
+            let sd = shutdown.clone();
+            async move { Ok::<_, Infallible>(gw.handle(req, sd).await) }
+        });
+        let mut b = hyper::server::conn::http1::Builder::new();
+        b.timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        if let Err(e) = b.serve_connection(io, svc).await {
+            tracing::debug!("gateway: connection ended: {e}");
+        }
+    }
+
+    /// Logs a refused call (free) and answers it with a JSON error.
+    fn refuse(&self, arrival: Arrival, r: Refusal) -> Response<GwBody> {
+        let message = self.credentials.redact(&r.message);
+        let record = arrival.into_call(&r.model, r.stream).record(
+            r.status,
+            (0, 0),
+            None,
+            "refused",
+            Some(message.clone()),
+        );
+        self.meter.charge(record, None);
+        error_response(r.status, r.code, &message)
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        shutdown: watch::Receiver<()>,
+    ) -> Response<GwBody> {
+        let arrival = Arrival {
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            path: req.uri().path().to_string(),
+            started: Instant::now(),
+        };
+        let route = match arrival.path.strip_prefix("/v1") {
+            Some("") => "/",
+            Some(r) if r.starts_with('/') => r,
+            _ => arrival.path.as_str(),
+        }
+        .to_string();
+        if req.method() == Method::GET {
+            if route == "/models" {
+                return self.models_response(None);
+            }
+            if let Some(id) = route.strip_prefix("/models/") {
+                return self.models_response(Some(id));
+            }
+        }
+        let a = match self.admit(&arrival.path, &route, req).await {
+            Ok(a) => a,
+            Err(r) => return self.refuse(arrival, r),
+        };
+        let ctx = CallCtx {
+            call: arrival.into_call(&a.model, a.stream),
+            price: a.price,
+            request_bytes: a.body.len() as u64,
+        };
+        self.forward(a.endpoint, &a.task_headers, a.body, ctx, shutdown)
+            .await
+    }
+
+    /// Checks a request to `route` (the path called, less its optional `/v1`): a known
+    /// endpoint, POST, a body within the limits that is a JSON object naming a priced
+    /// model, and a budget not yet exhausted. A stream is made to ask for its usage.
+    async fn admit(
+        &self,
+        path: &str,
+        route: &str,
+        req: Request<Incoming>,
+    ) -> Result<Admitted, Refusal> {
+        let endpoint = match route {
+            "/chat/completions" => Endpoint::Chat,
+            "/embeddings" => Endpoint::Embeddings,
+            _ => return Err(Refusal::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "the fork gateway has no endpoint {} {}: it serves POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models",
+                    req.method(),
+                    clip(path)
+                ),
+            )),
+        };
+        if req.method() != Method::POST {
+            return Err(Refusal::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} takes POST, not {}", clip(path), req.method()),
+            ));
+        }
+
+        // The body: bounded in size and in time.
+        let too_large = || {
+            Refusal::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!(
+                    "the request body is over the gateway's limit of {} bytes",
+                    MAX_REQUEST_BYTES
+                ),
+            )
+        };
+        let bad_request =
+            |message: String| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", message);
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_REQUEST_BYTES as u64) {
+            return Err(too_large());
+        }
+        let task_headers = req.headers().clone();
+        let collected = tokio::time::timeout(
+            BODY_READ_TIMEOUT,
+            Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect(),
+        )
+        .await;
+        let body = match collected {
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
+            Ok(Err(e)) => {
+                return Err(bad_request(format!(
+                    "the request body could not be read: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(Refusal::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "the request body did not arrive within {}s",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
+        };
+        let mut obj = match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(o)) => o,
+            Ok(_) => return Err(bad_request("the request body is not a JSON object".into())),
+            Err(e) => return Err(bad_request(format!("the request body is not JSON: {e}"))),
+        };
+        let Some(model) = obj.get("model").and_then(Value::as_str).map(str::to_string) else {
+            return Err(bad_request(
+                "the request has no string `model`: name one of the priced models (GET /v1/models)"
+                    .into(),
+            ));
+        };
+        let stream = endpoint == Endpoint::Chat && obj.get("stream") == Some(&Value::Bool(true));
+        let Some(price) = self.cfg.prices.get(&model).copied() else {
+            return Err(Refusal::new(
+                StatusCode::FORBIDDEN,
+                "model_not_priced",
+                format!(
+                    "model {} is not priced in the policy: refused (calls that cannot be metered are never passed); priced models: {}",
+                    clip(&model),
+                    self.cfg.prices.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )
+            .of(&model, stream));
+        };
+        if self.meter.exceeded() {
+            return Err(Refusal::new(
+                StatusCode::PAYMENT_REQUIRED,
+                "api_cost_budget_exceeded",
+                format!(
+                    "the API-cost budget ({:.6} USD) is exhausted: {:.6} USD spent; no further model calls are passed",
+                    self.meter.budget_usd(),
+                    self.meter.spent_usd()
+                ),
+            )
+            .of(&model, stream));
+        }
+
+        // The forwarded body: as sent, except a stream asks for its usage.
+        let body = if stream {
+            let opts = obj
+                .entry("stream_options")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if !opts.is_object() {
+                *opts = Value::Object(Default::default());
+            }
+            if let Some(o) = opts.as_object_mut() {
+                o.insert("include_usage".into(), Value::Bool(true));
+            }
+            match serde_json::to_vec(&obj) {
+                Ok(v) => Bytes::from(v),
+                Err(e) => {
+                    return Err(
+                        bad_request(format!("the request could not be re-encoded: {e}"))
+                            .of(&model, stream),
+                    )
+                }
+            }
+        } else {
+            body
+        };
+        Ok(Admitted {
+            endpoint,
+            task_headers,
+            body,
+            model,
+            stream,
+            price,
+        })
+    }
+
+    async fn forward(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        task_headers: &HeaderMap,
+        body: Bytes,
+        ctx: CallCtx,
+        shutdown: watch::Receiver<()>,
+    ) -> Response<GwBody> {
+        let url = format!("{}{}", self.upstream_base, endpoint.upstream_path());
+        let mut headers = HeaderMap::new();
+        for name in REQUEST_HEADERS {
+            for v in task_headers.get_all(*name) {
+                headers.append(HeaderName::from_static(name), v.clone());
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        match self.credentials.authorization() {
+            None => {}
+            Some(Ok(v)) => {
+                headers.insert(hyper::header::AUTHORIZATION, v);
+            }
+            // Checked in Gateway::new; never forward a call without its credentials.
+            Some(Err(_)) => {
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "gateway_error",
+                    "the gateway's credentials cannot go in a header",
+                );
+            }
+        }
+        let sent = self
+            .client
+            .post(&url)
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let (status, prompt, note) = if e.is_connect() {
+                    (
+                        StatusCode::BAD_GATEWAY,
+                        0,
+                        format!("the upstream could not be reached: {e}"),
+                    )
+                } else if e.is_timeout() {
+                    (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        estimate_tokens(ctx.request_bytes),
+                        format!("the upstream did not answer within {}: the request may have been billed, its bytes / 3 are charged as prompt tokens", humantime::format_duration(self.cfg.timeout())),
+                    )
+                } else {
+                    (
+                        StatusCode::BAD_GATEWAY,
+                        estimate_tokens(ctx.request_bytes),
+                        format!("the upstream call failed: {e}; the request may have been billed, its bytes / 3 are charged as prompt tokens"),
+                    )
+                };
+                let note = self.credentials.redact(&note);
+                let metered = if prompt > 0 { "estimated" } else { "usage" };
+                let record = ctx.call.record(
+                    status,
+                    (prompt, 0),
+                    Some(ctx.price),
+                    metered,
+                    Some(note.clone()),
+                );
+                self.meter.charge(record, Some(ctx.price));
+                return error_response(status, "upstream_error", &note);
+            }
+        };
+
+        let status = resp.status();
+        let mut out_headers = HeaderMap::new();
+        for name in RESPONSE_HEADERS {
+            for v in resp.headers().get_all(*name) {
+                if !self.credentials.appears_in(v.as_bytes()) {
+                    out_headers.append(HeaderName::from_static(name), v.clone());
+                }
+            }
+        }
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let sse = content_type.starts_with("text/event-stream")
+            || (ctx.call.stream && !content_type.starts_with("application/json"));
+        let (tx, rx) = mpsc::channel::<Bytes>(16);
+        tokio::spawn(self.clone().pump(resp, tx, ctx, status, sse, shutdown));
+        let mut response = Response::new(ChannelBody(rx).boxed_unsync());
+        *response.status_mut() = status;
+        *response.headers_mut() = out_headers;
+        response
+    }
+
+    /// Passes the upstream body to the task chunk by chunk, meters it, and records the
+    /// charge before the task's body ends.
+    async fn pump(
+        self: Arc<Self>,
+        mut resp: reqwest::Response,
+        tx: mpsc::Sender<Bytes>,
+        ctx: CallCtx,
+        status: StatusCode,
+        sse: bool,
+        mut shutdown: watch::Receiver<()>,
+    ) {
+        let mut usage = UsageReader::new(sse);
+        let mut scrub = self.credentials.scrubber();
+        let mut response_bytes: u64 = 0;
+        let mut client_gone = false;
+        let mut trouble: Option<String> = None;
+        {
+            let relay = async {
+                loop {
+                    match resp.chunk().await {
+                        Ok(Some(chunk)) => {
+                            response_bytes += chunk.len() as u64;
+                            usage.feed(&chunk);
+                            if !client_gone {
+                                let out = scrub.feed(chunk);
+                                if !out.is_empty() && tx.send(out).await.is_err() {
+                                    // The task hung up: keep reading to meter what was generated.
+                                    client_gone = true;
+                                }
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            trouble = Some(format!("the upstream body failed midway: {e}"));
+                            break;
+                        }
+                    }
+                }
+            };
+            let stopped = tokio::select! {
+                _ = relay => false,
+                _ = shutdown.changed() => true,
+            };
+            if stopped {
+                trouble = Some("the gateway was stopped mid-response".into());
+            }
+        }
+        if !client_gone {
+            let tail = scrub.finish();
+            if !tail.is_empty() {
+                let _ = tx.send(tail).await;
+            }
+        }
+        let mut charge = settle(
+            status,
+            usage.finish(),
+            trouble.is_some(),
+            ctx.request_bytes,
+            response_bytes,
+        );
+        if let Some(t) = trouble {
+            append_note(&mut charge.note, &t);
+        }
+        if client_gone {
+            append_note(
+                &mut charge.note,
+                "the task hung up before the end of the response",
+            );
+        }
+        let note = charge.note.map(|n| self.credentials.redact(&n));
+        let record = ctx.call.record(
+            status,
+            (charge.prompt, charge.completion),
+            Some(ctx.price),
+            charge.metered,
+            note,
+        );
+        self.meter.charge(record, Some(ctx.price));
+        // `tx` drops here: the task sees the end of the body only after the charge.
+        drop(tx);
+    }
+
+    fn models_response(&self, id: Option<&str>) -> Response<GwBody> {
+        let entry =
+            |m: &str| json!({"id": m, "object": "model", "created": 0, "owned_by": "fork-gateway"});
+        match id {
+            None => {
+                let data: Vec<Value> = self.cfg.prices.keys().map(|m| entry(m)).collect();
+                json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+            }
+            Some(m) if self.cfg.prices.contains_key(m) => json_response(StatusCode::OK, &entry(m)),
+            Some(m) => error_response(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                &format!("model {} is not priced in the policy", clip(m)),
+            ),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<GwBody> {
+    let body = Bytes::from(v.to_string());
+    let mut r = Response::new(Full::new(body).boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error_response(status: StatusCode, code: &str, message: &str) -> Response<GwBody> {
+    json_response(
+        status,
+        &json!({"error": {"type": "fork_gateway", "code": code, "message": message}}),
+    )
+}
+
+/// Adds `more` to a call's note.
+fn append_note(note: &mut Option<String>, more: &str) {
+    *note = Some(match note.take() {
+        Some(n) => format!("{n}; {more}"),
+        None => more.to_string(),
+    });
+}
