@@ -1,0 +1,159 @@
+//! cgroup v2 delegation: making sure the controllers fork needs are enabled for the children
+//! of our own cgroup, and honouring the "no internal processes" rule by moving only ourselves
+//! into a leaf of our own.
+//!
+//! Hand-written: cgroups-rs's v2 `Cgroup::create` enables every controller the hierarchy root
+//! lists, writing `cgroup.subtree_control` at the root and at every ancestor on the way, and
+//! ignores the errors; fork only ever writes to its own cgroup and must tell the operator why a
+//! write was refused.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use super::{io_err, CgroupError};
+
+/// The v2 leaf fork moves itself into when its own cgroup must stay process-free.
+pub(super) const SUPERVISOR_LEAF: &str = "fork-supervisor";
+/// v2 controllers we need.
+pub(super) const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+/// The fix for missing v2 delegation.
+pub(super) const DELEGATE_FIX: &str = "run fork as the only process of a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes fork ...` (as root: `systemd-run --scope -p Delegate=yes fork ...`), or enable the controllers in the parent's cgroup.subtree_control";
+
+/// The whitespace-separated words of a file (`cgroup.controllers`, `cgroup.subtree_control`).
+pub(super) fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {
+    let text = fs::read_to_string(path).map_err(io_err("reading", path))?;
+    Ok(text.split_whitespace().map(str::to_string).collect())
+}
+
+/// The pids listed in a `cgroup.procs` text.
+fn parse_pids(text: &str) -> Vec<i32> {
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Makes sure memory, cpu and pids are enabled for children of `own_dir` (v2).
+pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
+    let available = read_words(&own_dir.join("cgroup.controllers"))?;
+    let missing: Vec<String> = V2_CONTROLLERS
+        .iter()
+        .filter(|c| !available.iter().any(|a| a == *c))
+        .map(|c| c.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(CgroupError::NotDelegated {
+            path: own_dir.to_path_buf(),
+            missing,
+            fix: DELEGATE_FIX.into(),
+        });
+    }
+    let subtree = own_dir.join("cgroup.subtree_control");
+    let enabled = read_words(&subtree)?;
+    let to_enable: Vec<&str> = V2_CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| !enabled.iter().any(|e| e == c))
+        .collect();
+    if to_enable.is_empty() {
+        return Ok(());
+    }
+    let line = to_enable
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    match fs::write(&subtree, &line) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            let procs_path = own_dir.join("cgroup.procs");
+            let procs = parse_pids(
+                &fs::read_to_string(&procs_path).map_err(io_err("reading", &procs_path))?,
+            );
+            let me = std::process::id() as i32;
+            let others = procs.iter().filter(|&&p| p != me).count();
+            if others > 0 {
+                return Err(CgroupError::InternalProcesses {
+                    path: own_dir.to_path_buf(),
+                    others,
+                    fix: format!("{DELEGATE_FIX}; fork then moves itself into {SUPERVISOR_LEAF}"),
+                });
+            }
+            // We are the only process: move into a leaf so the parent may enable controllers.
+            let leaf = own_dir.join(SUPERVISOR_LEAF);
+            match fs::create_dir(&leaf) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("creating", &leaf)(e)),
+            }
+            let leaf_procs = leaf.join("cgroup.procs");
+            fs::write(&leaf_procs, me.to_string()).map_err(io_err("writing", &leaf_procs))?;
+            fs::write(&subtree, &line).map_err(|source| CgroupError::Write {
+                file: subtree.clone(),
+                value: line.clone(),
+                source: Box::new(source),
+            })
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES | libc::EPERM | libc::EROFS)
+            ) =>
+        {
+            Err(CgroupError::NotDelegated {
+                path: own_dir.to_path_buf(),
+                missing: to_enable.iter().map(|c| c.to_string()).collect(),
+                fix: DELEGATE_FIX.into(),
+            })
+        }
+        Err(source) => Err(CgroupError::Write {
+            file: subtree,
+            value: line,
+            source: Box::new(source),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cgroup_procs() {
+        assert_eq!(parse_pids("12\n34\n\n"), vec![12, 34]);
+    }
+
+    /// The pure decisions, on plain files standing in for a v2 cgroup directory.
+    #[test]
+    fn enables_only_the_missing_controllers_and_names_the_undelegated_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path();
+        let subtree = own.join("cgroup.subtree_control");
+
+        fs::write(own.join("cgroup.controllers"), "cpuset cpu io pids\n").unwrap();
+        fs::write(&subtree, "").unwrap();
+        match ensure_v2_controllers(own) {
+            Err(CgroupError::NotDelegated { path, missing, fix }) => {
+                assert_eq!(path, own);
+                assert_eq!(missing, vec!["memory".to_string()]);
+                assert_eq!(fix, DELEGATE_FIX);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(fs::read_to_string(&subtree).unwrap(), "");
+
+        fs::write(own.join("cgroup.controllers"), "cpu memory io pids\n").unwrap();
+        fs::write(&subtree, "cpu\n").unwrap();
+        ensure_v2_controllers(own).unwrap();
+        assert_eq!(fs::read_to_string(&subtree).unwrap(), "+memory +pids");
+
+        fs::write(&subtree, "memory cpu pids\n").unwrap();
+        ensure_v2_controllers(own).unwrap();
+        assert_eq!(
+            fs::read_to_string(&subtree).unwrap(),
+            "memory cpu pids\n",
+            "nothing rewritten when every controller is enabled"
+        );
+        assert!(!own.join(SUPERVISOR_LEAF).exists());
+    }
+}

@@ -1,0 +1,221 @@
+//! Reading the sandbox's usage for the watchdog: CPU time, memory (current and peak), tasks
+//! (current and peak), OOM kills and forks refused by the pids limit.
+//!
+//! Hand-written rather than cgroups-rs's stat readers: those open the file and allocate on
+//! every read, while [`SandboxCgroup::sample`] is called every ~50 ms and so reads, with `pread`
+//! into a stack buffer, a handful of files opened once at creation.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use super::{CgroupVersion, SandboxCgroup};
+
+/// One reading of the sandbox's usage.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CgroupSample {
+    /// CPU time consumed, in nanoseconds (v1 `cpuacct.usage`, v2 `cpu.stat usage_usec`).
+    pub cpu_ns: u64,
+    /// Memory in use, in bytes.
+    pub memory_current: u64,
+    /// Peak memory, in bytes (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`).
+    pub memory_peak: u64,
+    /// Tasks in the cgroup.
+    pub pids_current: u64,
+    /// Peak tasks, where the kernel has `pids.peak`.
+    pub pids_peak: Option<u64>,
+    /// Processes killed by the OOM killer (v1 `memory.oom_control`, v2 `memory.events`).
+    pub oom_kills: u64,
+    /// Forks refused by the pids limit (`pids.events` `max`).
+    pub pids_limit_hits: u64,
+}
+
+/// Stat files opened once, read with `pread` by [`SandboxCgroup::sample`].
+#[derive(Debug, Default)]
+pub(super) struct StatFiles {
+    cpu: Option<File>,
+    mem_current: Option<File>,
+    mem_peak: Option<File>,
+    mem_events: Option<File>,
+    pids_current: Option<File>,
+    pids_peak: Option<File>,
+    pids_events: Option<File>,
+}
+
+impl StatFiles {
+    /// Opens the files of `version` in the sandbox directory of each controller (`dir_of`); a
+    /// file the kernel does not offer stays `None`.
+    pub(super) fn open(version: CgroupVersion, dir_of: impl Fn(&str) -> Option<PathBuf>) -> Self {
+        let open = |ctl: &str, name: &str| dir_of(ctl).and_then(|d| File::open(d.join(name)).ok());
+        match version {
+            CgroupVersion::V1 => StatFiles {
+                cpu: open("cpuacct", "cpuacct.usage"),
+                mem_current: open("memory", "memory.usage_in_bytes"),
+                mem_peak: open("memory", "memory.max_usage_in_bytes"),
+                mem_events: open("memory", "memory.oom_control"),
+                pids_current: open("pids", "pids.current"),
+                pids_peak: open("pids", "pids.peak"),
+                pids_events: open("pids", "pids.events"),
+            },
+            CgroupVersion::V2 => StatFiles {
+                cpu: open("cpu", "cpu.stat"),
+                mem_current: open("memory", "memory.current"),
+                mem_peak: open("memory", "memory.peak"),
+                mem_events: open("memory", "memory.events"),
+                pids_current: open("pids", "pids.current"),
+                pids_peak: open("pids", "pids.peak"),
+                pids_events: open("pids", "pids.events"),
+            },
+        }
+    }
+}
+
+/// The value of `key` in a flat-keyed file (`key value` per line).
+fn keyed_value(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let mut it = line.split_whitespace();
+        if it.next()? == key {
+            it.next()?.parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// The value of a single-value file; `max` and garbage read as `None`.
+fn single_value(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// Reads a small control file from offset 0 into `buf` (no allocation).
+fn pread_small<'a>(file: Option<&File>, buf: &'a mut [u8]) -> Option<&'a str> {
+    let file = file?;
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    std::str::from_utf8(&buf[..n]).ok()
+}
+
+impl SandboxCgroup {
+    /// Reads the usage counters: a few `pread`s on files opened at creation. Counters the
+    /// kernel does not offer read as 0 (`pids_peak` as `None`).
+    pub fn sample(&self) -> CgroupSample {
+        let mut buf = [0u8; 1024];
+        let s = &self.stats;
+        let cpu_ns = match self.version {
+            CgroupVersion::V1 => pread_small(s.cpu.as_ref(), &mut buf).and_then(single_value),
+            CgroupVersion::V2 => pread_small(s.cpu.as_ref(), &mut buf)
+                .and_then(|t| keyed_value(t, "usage_usec"))
+                .map(|us| us.saturating_mul(1000)),
+        }
+        .unwrap_or(0);
+        let memory_current = pread_small(s.mem_current.as_ref(), &mut buf)
+            .and_then(single_value)
+            .unwrap_or(0);
+        let memory_peak = pread_small(s.mem_peak.as_ref(), &mut buf)
+            .and_then(single_value)
+            .unwrap_or(0);
+        let oom_kills = pread_small(s.mem_events.as_ref(), &mut buf)
+            .and_then(|t| keyed_value(t, "oom_kill"))
+            .unwrap_or(0);
+        let pids_current = pread_small(s.pids_current.as_ref(), &mut buf)
+            .and_then(single_value)
+            .unwrap_or(0);
+        let pids_peak = pread_small(s.pids_peak.as_ref(), &mut buf).and_then(single_value);
+        let pids_limit_hits = pread_small(s.pids_events.as_ref(), &mut buf)
+            .and_then(|t| keyed_value(t, "max"))
+            .unwrap_or(0);
+        CgroupSample {
+            cpu_ns,
+            memory_current,
+            memory_peak,
+            pids_current,
+            pids_peak,
+            oom_kills,
+            pids_limit_hits,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{release, spawn_gated, unique, wait_bounded};
+    use super::super::CgroupLimits;
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn parses_stat_files() {
+        let events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(keyed_value(events, "oom_kill"), Some(2));
+        assert_eq!(keyed_value(events, "max"), Some(12));
+        let cpu_stat = "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\nnr_periods 0\n";
+        assert_eq!(keyed_value(cpu_stat, "usage_usec"), Some(123456));
+        let oom_control = "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n";
+        assert_eq!(keyed_value(oom_control, "oom_kill"), Some(1));
+        assert_eq!(keyed_value("max 0\n", "max"), Some(0));
+        assert_eq!(keyed_value(events, "absent"), None);
+        assert_eq!(single_value("4096\n"), Some(4096));
+        assert_eq!(single_value("max\n"), None);
+    }
+
+    #[test]
+    fn memory_hog_is_oom_killed_and_counted() {
+        let cg = SandboxCgroup::create(
+            &unique("oom"),
+            &CgroupLimits {
+                memory_bytes: Some(128 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut child = spawn_gated("exec python3 -c 'b = b\"x\" * (1 << 30); print(len(b))'");
+        cg.add_pid(child.id() as i32).unwrap();
+        assert_eq!(cg.sample().oom_kills, 0);
+        release(&mut child);
+        let st = wait_bounded(&mut child, Duration::from_secs(60));
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+        let s = cg.sample();
+        assert!(s.oom_kills > 0, "{s:?}");
+        assert!(s.memory_peak <= (128 << 20) + (1 << 20), "{s:?}");
+        assert!(s.memory_peak > 64 << 20, "{s:?}");
+        cg.destroy().unwrap();
+    }
+
+    #[test]
+    fn cpu_time_grows_and_the_quota_caps_it() {
+        let cg = SandboxCgroup::create(
+            &unique("cpu"),
+            &CgroupLimits {
+                cpu_percent: Some(20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut child = spawn_gated(
+            "exec python3 -c 'import time\nt = time.time()\nwhile time.time() - t < 1.0: pass'",
+        );
+        cg.add_pid(child.id() as i32).unwrap();
+        let before = cg.sample().cpu_ns;
+        let t = Instant::now();
+        release(&mut child);
+        let st = wait_bounded(&mut child, Duration::from_secs(30));
+        let wall = t.elapsed();
+        assert!(st.success(), "{st:?}");
+        let used = cg.sample().cpu_ns;
+        assert!(used > before, "cpu_ns did not grow: {before} -> {used}");
+        assert!(used - before > 20_000_000, "busy loop used only {used} ns");
+        // 20% of one core: at most 0.2 x wall, plus one period of slack.
+        let cap = wall.as_nanos() as u64 / 5 + 200_000_000;
+        assert!(used <= cap, "used {used} ns > cap {cap} ns over {wall:?}");
+        cg.destroy().unwrap();
+    }
+}
