@@ -541,9 +541,11 @@ mod tests {
 
     #[test]
     fn a_budget_round_trips_through_overrides() {
-        let mut b = Budgets::default();
-        b.cpu_time = Some(Duration::from_secs(30));
-        b.pids = 77;
+        let b = Budgets {
+            cpu_time: Some(Duration::from_secs(30)),
+            pids: 77,
+            ..Default::default()
+        };
         let mut c = Budgets::default();
         c.apply(&b.as_overrides()).unwrap();
         assert_eq!(b, c);

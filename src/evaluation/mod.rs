@@ -358,7 +358,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             let t = match t {
                 ArtifactType::TestReport => ArtifactType::BaselineTestReport,
                 ArtifactType::Metrics => ArtifactType::BaselineMetrics,
-                other => other.clone(),
+                other => *other,
             };
             artifacts.push((t, path.clone()));
         }

@@ -35,8 +35,6 @@ pub struct ReverifyArgs {
     pub json: bool,
 }
 
-/// One metric compared between the two verdicts.
-
 pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
     let req = ReverifyRequest {
         verdict: a.verdict.clone(),
