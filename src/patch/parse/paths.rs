@@ -1,0 +1,177 @@
+//! File names in a patch: C-style quoted names, the `a/`/`b/` prefixes, `/dev/null`, the
+//! two names of `diff --git A B`, and UTF-8 checking.
+
+use super::{err, find, Parser, PatchError};
+
+impl Parser<'_> {
+    /// Reads a `--- ` or `+++ ` line's path (`None` for /dev/null).
+    pub(super) fn marker_path(&self, prefix: &[u8]) -> Result<Option<String>, PatchError> {
+        let l = self.lines[self.i];
+        let rest = &l[prefix.len()..];
+        marker_name(rest, self.lineno())
+    }
+}
+
+fn utf8(bytes: &[u8], line: usize) -> Result<String, PatchError> {
+    String::from_utf8(bytes.to_vec()).or_else(|_| err(line, "a path is not valid UTF-8"))
+}
+
+/// Decodes a C-style quoted name (`"a/tab\there"`), returning it and the rest after
+/// the closing quote.
+fn unquote(s: &[u8], line: usize) -> Result<(Vec<u8>, &[u8]), PatchError> {
+    debug_assert!(s.first() == Some(&b'"'));
+    let mut out = Vec::new();
+    let mut i = 1;
+    while i < s.len() {
+        match s[i] {
+            b'"' => return Ok((out, &s[i + 1..])),
+            b'\\' => {
+                let Some(&c) = s.get(i + 1) else { break };
+                let simple = match c {
+                    b'a' => Some(7),
+                    b'b' => Some(8),
+                    b't' => Some(b'\t'),
+                    b'n' => Some(b'\n'),
+                    b'v' => Some(11),
+                    b'f' => Some(12),
+                    b'r' => Some(b'\r'),
+                    b'"' => Some(b'"'),
+                    b'\\' => Some(b'\\'),
+                    _ => None,
+                };
+                if let Some(b) = simple {
+                    out.push(b);
+                    i += 2;
+                } else if s.len() >= i + 4
+                    && s[i + 1..i + 4].iter().all(|d| (b'0'..=b'7').contains(d))
+                {
+                    let v = s[i + 1..i + 4]
+                        .iter()
+                        .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                    let Ok(b) = u8::try_from(v) else {
+                        return err(line, "octal escape out of range in a quoted path");
+                    };
+                    out.push(b);
+                    i += 4;
+                } else {
+                    return err(line, "unknown escape in a quoted path");
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    err(line, "unterminated quoted path (missing closing `\"`)")
+}
+
+/// A path as written in `rename from`/`copy to` lines (no prefix to strip).
+pub(super) fn path_text(rest: &[u8], line: usize) -> Result<String, PatchError> {
+    let bytes = if rest.first() == Some(&b'"') {
+        let (name, tail) = unquote(rest, line)?;
+        if !tail.is_empty() {
+            return err(line, "unexpected text after a quoted path");
+        }
+        name
+    } else {
+        rest.to_vec()
+    };
+    if bytes.is_empty() {
+        return err(line, "empty path");
+    }
+    utf8(&bytes, line)
+}
+
+/// A `--- `/`+++ `/`Binary files` name: quoted or cut at a tab; `/dev/null` is `None`;
+/// otherwise the first path component (the `a/` prefix) is stripped.
+pub(super) fn marker_name(rest: &[u8], line: usize) -> Result<Option<String>, PatchError> {
+    let bytes = if rest.first() == Some(&b'"') {
+        unquote(rest, line)?.0
+    } else {
+        let end = rest.iter().position(|&b| b == b'\t').unwrap_or(rest.len());
+        rest[..end].to_vec()
+    };
+    if bytes.is_empty() {
+        return err(line, "empty path after `---`/`+++`");
+    }
+    if bytes == b"/dev/null" {
+        return Ok(None);
+    }
+    Ok(Some(strip_prefix(&utf8(&bytes, line)?)))
+}
+
+/// Strips the first component (`a/`, `b/`, `old/`) as `git apply -p1` does. Absolute
+/// paths and paths starting with `..` are kept whole so the gates can see them.
+pub fn strip_prefix(path: &str) -> String {
+    if path.starts_with('/') {
+        return path.to_string();
+    }
+    match path.split_once('/') {
+        Some(("..", _)) | None => path.to_string(),
+        Some((_, rest)) => rest.to_string(),
+    }
+}
+
+/// The two names of `diff --git A B` when they can be told apart, prefixes stripped.
+pub(super) fn git_header_names(
+    rest: &[u8],
+    line: usize,
+) -> Result<Option<(String, String)>, PatchError> {
+    if rest.first() == Some(&b'"') {
+        let (a, tail) = unquote(rest, line)?;
+        let Some(tail) = tail.strip_prefix(b" ") else {
+            return err(
+                line,
+                "expected a space between the two names of `diff --git`",
+            );
+        };
+        let b = if tail.first() == Some(&b'"') {
+            unquote(tail, line)?.0
+        } else {
+            tail.to_vec()
+        };
+        return Ok(Some((
+            strip_prefix(&utf8(&a, line)?),
+            strip_prefix(&utf8(&b, line)?),
+        )));
+    }
+    if let Some(q) = find(rest, b" \"") {
+        let (b, _) = unquote(&rest[q + 1..], line)?;
+        return Ok(Some((
+            strip_prefix(&utf8(&rest[..q], line)?),
+            strip_prefix(&utf8(&b, line)?),
+        )));
+    }
+    let text = utf8(rest, line)?;
+    // Unquoted names may contain spaces: pick the split where both names agree.
+    let spaces: Vec<usize> = text.match_indices(' ').map(|(i, _)| i).collect();
+    for &sp in &spaces {
+        let (a, b) = (strip_prefix(&text[..sp]), strip_prefix(&text[sp + 1..]));
+        if a == b {
+            return Ok(Some((a, b)));
+        }
+    }
+    if spaces.len() == 1 {
+        let sp = spaces[0];
+        return Ok(Some((
+            strip_prefix(&text[..sp]),
+            strip_prefix(&text[sp + 1..]),
+        )));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strip_prefix_keeps_what_the_gates_must_see() {
+        assert_eq!(strip_prefix("a/src/x"), "src/x");
+        assert_eq!(strip_prefix("/etc/passwd"), "/etc/passwd");
+        assert_eq!(strip_prefix("../x"), "../x");
+        assert_eq!(strip_prefix("a/../x"), "../x");
+        assert_eq!(strip_prefix("file"), "file");
+    }
+}

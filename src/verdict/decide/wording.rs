@@ -1,0 +1,414 @@
+//! The words of a decision: every sentence of the summary and every caveat, and the plain
+//! number and list formats they use. What is said, and when, is decided in the parent module;
+//! this module only says it.
+
+use crate::task::results::{TestOutcome, TestReport};
+use crate::verdict::Metric;
+
+// ---------------------------------------------------------------------------------------
+// Formats.
+// ---------------------------------------------------------------------------------------
+
+/// A number as people write it: integers without decimals, others with up to 4 decimals.
+pub(in crate::verdict) fn num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        return format!("{x:.0}");
+    }
+    let s = format!("{x:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "0" || s == "-0" {
+        format!("{x:e}")
+    } else {
+        s.to_string()
+    }
+}
+
+pub(super) fn pct(change: f64) -> String {
+    format!("{:.1}%", change.abs() * 100.0)
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Drop a trailing period so quoted messages end sentences cleanly.
+fn quote(s: &str) -> &str {
+    s.trim().trim_end_matches('.')
+}
+
+/// At most `max` characters of `s`, with `…` when cut.
+pub(in crate::verdict) fn short(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).collect();
+    if s.chars().count() > max {
+        out.push('…');
+    }
+    out
+}
+
+/// "a, b and c", listing at most `max` items and then "and N more".
+fn list(items: &[String], max: usize) -> String {
+    let shown: Vec<&str> = items.iter().take(max).map(String::as_str).collect();
+    let rest = items.len().saturating_sub(max);
+    match (shown.len(), rest) {
+        (0, _) => String::new(),
+        (1, 0) => shown[0].to_string(),
+        (_, 0) => format!(
+            "{} and {}",
+            shown[..shown.len() - 1].join(", "),
+            shown[shown.len() - 1]
+        ),
+        _ => format!("{} and {rest} more", shown.join(", ")),
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => format!("signal {sig} ({})", s.as_str()),
+        Err(_) => format!("signal {sig}"),
+    }
+}
+
+/// What a budget name (`Evidence::budget_exceeded`, spelled as `BudgetKind::as_str`)
+/// limits, in words.
+fn budget_label(name: &str) -> &'static str {
+    match name {
+        "wall" => "wall-clock time",
+        "cpu" => "CPU time",
+        "memory" => "memory",
+        "pids" => "process count",
+        "disk" => "disk",
+        "api_cost" => "API cost",
+        _ => "resource",
+    }
+}
+
+/// `the 1.0% noise band`.
+pub(super) fn noise_band(band: f64) -> String {
+    format!("the {} noise band", pct(band))
+}
+
+// ---------------------------------------------------------------------------------------
+// Deterministic rejections.
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn gate_rejected(gate: &str, reason: &str) -> String {
+    format!("Rejected by the `{gate}` policy gate: {}.", quote(reason))
+}
+
+pub(super) fn not_applied(err: &str) -> String {
+    format!("The patch did not apply: {}.", quote(err))
+}
+
+pub(super) fn could_not_run(err: &str) -> String {
+    format!("The task could not run: {}.", quote(err))
+}
+
+/// The blown budget by name, quoting the usage summary when there is one.
+pub(super) fn budget_exceeded(budget: &str, usage: Option<&str>) -> String {
+    let mut s = format!(
+        "The {} budget (`{budget}`) was exceeded",
+        budget_label(budget)
+    );
+    match usage {
+        Some(u) if !u.trim().is_empty() => {
+            s.push_str(": ");
+            s.push_str(quote(u));
+            s.push('.');
+        }
+        _ => s.push('.'),
+    }
+    s
+}
+
+/// A problem that did not fit in the summary, as a caveat.
+pub(super) fn also(sentence: &str) -> String {
+    format!("Also: {sentence}")
+}
+
+pub(super) fn tests_before_stop(t: &TestReport) -> String {
+    format!(
+        "Test results written before the stop: {} passed, {} failed, {} skipped.",
+        t.passed() + t.flaky(),
+        t.failed(),
+        t.skipped()
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests.
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn results_unusable(err: &str) -> String {
+    format!(
+        "The declared test results could not be used: {}.",
+        quote(err)
+    )
+}
+
+pub(super) const RESULTS_MISSING: &str =
+    "The task declares a test results file but it was missing or unreadable; the \
+     successor may have skipped writing it, so the test outcome is unknown.";
+
+fn skipped_note(skipped: usize) -> String {
+    if skipped > 0 {
+        format!("; {skipped} skipped")
+    } else {
+        String::new()
+    }
+}
+
+/// Names the first three failing (`Failed` or `Error`) cases of `t`.
+pub(super) fn tests_failed(
+    t: &TestReport,
+    failed: usize,
+    executed: usize,
+    skipped: usize,
+) -> String {
+    let names: Vec<String> = t
+        .cases
+        .iter()
+        .filter(|c| matches!(c.outcome, TestOutcome::Failed | TestOutcome::Error))
+        .map(|c| c.name.clone())
+        .collect();
+    format!(
+        "Test suite failed ({failed} of {executed} failed: {}{}).",
+        list(&names, 3),
+        skipped_note(skipped)
+    )
+}
+
+pub(super) fn no_tests_ran(t: &TestReport) -> String {
+    if t.cases.is_empty() {
+        "No tests ran: the test report contains no test cases.".into()
+    } else {
+        format!("No tests ran: all {} skipped.", t.cases.len())
+    }
+}
+
+pub(super) fn tests_passed(passed: usize, executed: usize, skipped: usize) -> String {
+    format!(
+        "Test suite passed ({passed}/{executed}{}).",
+        skipped_note(skipped)
+    )
+}
+
+/// Names the first five flaky cases of `t`, with their messages.
+pub(super) fn flaky(t: &TestReport, flaky: usize) -> String {
+    let items: Vec<String> = t
+        .with_outcome(TestOutcome::Flaky)
+        .map(|c| match &c.message {
+            Some(m) => format!("{} ({})", c.name, short(m, 160)),
+            None => c.name.clone(),
+        })
+        .collect();
+    format!(
+        "{} passed only after retrying: {}.",
+        plural(flaky, "flaky test", "flaky tests"),
+        list(&items, 5)
+    )
+}
+
+/// Names the first five skipped cases of `t`.
+pub(super) fn skipped(t: &TestReport, skipped: usize) -> String {
+    let names: Vec<String> = t
+        .with_outcome(TestOutcome::Skipped)
+        .map(|c| c.name.clone())
+        .collect();
+    format!(
+        "{} skipped: {}.",
+        plural(skipped, "test", "tests"),
+        list(&names, 5)
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// The task's end.
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn killed_by(sig: i32) -> String {
+    format!("The task was killed by {}.", signal_name(sig))
+}
+
+pub(super) fn exited(code: i32, although_tests_passed: bool) -> String {
+    if although_tests_passed {
+        format!("The task exited with status {code} although every test that ran passed.")
+    } else {
+        format!("The task exited with status {code}.")
+    }
+}
+
+/// What exit statuses 126 and 127 usually mean.
+pub(super) fn exit_status_hint(code: i32) -> Option<String> {
+    let meaning = match code {
+        127 => "was not found",
+        126 => "was not executable",
+        _ => return None,
+    };
+    Some(format!(
+        "Exit status {code} usually means a command {meaning} inside the successor."
+    ))
+}
+
+pub(super) const EXIT_NOT_RECORDED: &str = "The task's exit status was not recorded.";
+
+pub(super) const EXITED_ZERO: &str = "The task exited with status 0.";
+
+pub(super) const EXIT_STATUS_ONLY: &str =
+    "Only the exit status was checked: the task declares no test results or metrics.";
+
+// ---------------------------------------------------------------------------------------
+// Metrics.
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn metrics_unusable(err: &str) -> String {
+    format!("The declared metrics could not be used: {}.", quote(err))
+}
+
+pub(super) const METRICS_MISSING: &str =
+    "The task declares a metrics file but it was missing or unreadable; the successor \
+     may have skipped writing it, so metric changes are unknown.";
+
+/// `p99_ms regressed 12.0% (41 → 45.92)`, or `from 0 to 3` without a relative change.
+fn regressed(m: &Metric) -> String {
+    let base = m.baseline.unwrap_or(0.0);
+    match m.change {
+        Some(c) => format!(
+            "{} regressed {} ({} → {})",
+            m.name,
+            pct(c),
+            num(base),
+            num(m.patched)
+        ),
+        None => format!(
+            "{} regressed from {} to {}",
+            m.name,
+            num(base),
+            num(m.patched)
+        ),
+    }
+}
+
+/// `compressed_bytes improved 41.2%`, or `from 0 to 5` without a relative change.
+fn improved(m: &Metric) -> String {
+    match m.change {
+        Some(c) => format!("{} improved {}", m.name, pct(c)),
+        None => format!(
+            "{} improved from {} to {}",
+            m.name,
+            num(m.baseline.unwrap_or(0.0)),
+            num(m.patched)
+        ),
+    }
+}
+
+/// The regressions (at least one), naming the first three.
+pub(super) fn regressions(regressed_metrics: &[&Metric], band: f64) -> String {
+    let items: Vec<String> = regressed_metrics.iter().map(|m| regressed(m)).collect();
+    format!("{}, beyond {}.", list(&items, 3), noise_band(band))
+}
+
+/// A regression sentence as a caveat, when the rules approve regressions.
+pub(super) fn accepted_regressions(sentence: &str) -> String {
+    format!(
+        "{} (accepted: the decision rules approve regressions)",
+        sentence.trim_end_matches('.')
+    )
+}
+
+/// The improvements (at least one), naming the first three, and how many others stayed
+/// within the band.
+pub(super) fn improvements(improved_metrics: &[&Metric], noise: usize, band: f64) -> String {
+    let items: Vec<String> = improved_metrics.iter().map(|m| improved(m)).collect();
+    let mut s = list(&items, 3);
+    if noise > 0 {
+        s.push_str(&format!(
+            "; {} within {}",
+            plural(noise, "other metric", "other metrics"),
+            noise_band(band)
+        ));
+    }
+    s.push('.');
+    s
+}
+
+/// Every compared metric stayed within the band (at least one did).
+pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
+    match noise {
+        [m] => format!("{} unchanged within {}.", m.name, noise_band(band)),
+        _ => format!(
+            "All {} metrics unchanged within {}.",
+            noise.len(),
+            noise_band(band)
+        ),
+    }
+}
+
+pub(super) fn missing_from_patched(missing: &[String]) -> String {
+    format!(
+        "The patched run did not report {} that the baseline reported: {}.",
+        if missing.len() == 1 {
+            "a metric"
+        } else {
+            "metrics"
+        },
+        list(missing, 5)
+    )
+}
+
+/// Why compared metric changes were judged against the band alone.
+pub(super) fn significance_untested(untested: usize, repeated: bool, band: f64) -> String {
+    if repeated {
+        format!(
+            "{untested} metric change(s) could not be tested for significance (too few samples); \
+             they are judged against {} alone.",
+            noise_band(band)
+        )
+    } else {
+        format!(
+            "Metric changes come from a single run of the patched and the baseline task \
+             (repeat = 1); they were not tested for significance, so changes within run-to-run \
+             noise larger than {} cannot be told apart.",
+            noise_band(band)
+        )
+    }
+}
+
+/// The metrics measured without a baseline value, naming the first five.
+pub(super) fn without_baseline(metrics: &[&Metric], baseline_ran: bool) -> String {
+    let items: Vec<String> = metrics
+        .iter()
+        .map(|m| format!("{} = {}", m.name, num(m.patched)))
+        .collect();
+    if baseline_ran {
+        format!(
+            "The baseline did not report {}; no change computed.",
+            list(&items, 5)
+        )
+    } else {
+        format!(
+            "No baseline was run, so metric changes are unknown; measured: {}.",
+            list(&items, 5)
+        )
+    }
+}
+
+pub(super) fn reported_without_baseline(n: usize) -> String {
+    format!(
+        "{} reported without a baseline.",
+        plural(n, "metric", "metrics")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_plainly() {
+        assert_eq!(num(41.0), "41");
+        assert_eq!(num(45.92), "45.92");
+        assert_eq!(num(0.1 + 0.2), "0.3");
+        assert_eq!(num(1.5e-7), "1.5e-7");
+        assert_eq!(pct(-0.412), "41.2%");
+    }
+}
