@@ -1,5 +1,5 @@
 //! `fork`: evaluate a self-modification patch for a running agent runtime in a hard
-//! sandbox and emit a signed verdict. See DESIGN.md (in shared/) and README.md.
+//! sandbox and emit a signed verdict. See README.md.
 //!
 //! One module per lifecycle phase and per isolation layer:
 //! plan ([`manifest`], [`policy`], [`patch`]), fork ([`fork`]), patch ([`patch`]),
@@ -11,6 +11,7 @@ pub mod check;
 pub mod cli;
 pub mod evaluate;
 pub mod fork;
+pub mod fsx;
 pub mod gateway;
 pub mod gc;
 pub mod identity;
