@@ -850,16 +850,19 @@ mod tests {
     fn artifacts_are_never_reached_through_a_link_or_a_fifo() {
         let f = fixture();
         let trusted = [f.node.public()];
+        let not_regular = || {
+            let err = verify_bundle(&f.out, &trusted).unwrap_err();
+            assert!(
+                matches!(err, VerifyError::ArtifactNotRegular { .. }),
+                "{err}"
+            );
+        };
         // artifacts/ replaced by a link to an identical copy: the listed file is not reached.
         let art_dir = f.out.join(ARTIFACTS_DIR);
         let copy = f.out.parent().unwrap().join("artifacts-copy");
         fs::rename(&art_dir, &copy).unwrap();
         std::os::unix::fs::symlink(&copy, &art_dir).unwrap();
-        let err = verify_bundle(&f.out, &trusted).unwrap_err();
-        assert!(
-            matches!(err, VerifyError::ArtifactNotRegular { .. }),
-            "{err}"
-        );
+        not_regular();
         fs::remove_file(&art_dir).unwrap();
         fs::rename(&copy, &art_dir).unwrap();
         verify_bundle(&f.out, &trusted).unwrap();
@@ -868,11 +871,7 @@ mod tests {
         let saved = fs::read(&art).unwrap();
         fs::remove_file(&art).unwrap();
         nix::unistd::mkfifo(&art, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let err = verify_bundle(&f.out, &trusted).unwrap_err();
-        assert!(
-            matches!(err, VerifyError::ArtifactNotRegular { .. }),
-            "{err}"
-        );
+        not_regular();
         // The bundle directory itself may be named through a link (the caller chose it).
         fs::remove_file(&art).unwrap();
         fs::write(&art, &saved).unwrap();
