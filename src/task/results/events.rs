@@ -180,12 +180,3 @@ pub(super) fn json_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
         (!l.is_empty()).then_some((i + 1, l))
     })
 }
-
-/// The cases of a report as `(name, outcome)`, for the event-stream tests.
-#[cfg(test)]
-pub(super) fn outcomes(r: &super::TestReport) -> Vec<(&str, TestOutcome)> {
-    r.cases
-        .iter()
-        .map(|c| (c.name.as_str(), c.outcome))
-        .collect()
-}

@@ -216,7 +216,7 @@ pub fn parse_go_test_json(text: &[u8]) -> Result<TestReport, ResultsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::results::events::outcomes;
+    use crate::task::results::outcomes;
 
     /// There is no Go toolchain on this host, so these streams are written by hand, modelled
     /// exactly on the documented test2json format (`go doc cmd/test2json`: one `TestEvent`

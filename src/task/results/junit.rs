@@ -353,6 +353,7 @@ fn close(frame: Frame, case: &mut Option<CaseBuilder>, report: &mut TestReport) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::results::outcomes;
     use crate::task::results::MAX_NAME_CHARS;
     use std::process::Command;
 
@@ -443,13 +444,8 @@ E       assert 1 == 2</failure></testcase>
     #[test]
     fn parses_pytest_shape_with_flaky_reruns() {
         let r = parse_junit(PYTEST_LIKE.as_bytes()).unwrap();
-        let o: Vec<_> = r
-            .cases
-            .iter()
-            .map(|c| (c.name.as_str(), c.outcome))
-            .collect();
         assert_eq!(
-            o,
+            outcomes(&r),
             vec![
                 ("tests.test_gateway.test_ok", TestOutcome::Passed),
                 ("tests.test_gateway.test_bad", TestOutcome::Failed),

@@ -214,7 +214,7 @@ pub fn parse_libtest_json(text: &[u8]) -> Result<TestReport, ResultsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::results::events::outcomes;
+    use crate::task::results::outcomes;
 
     /// REAL output, captured on this host (rustc 1.95.0) from a throwaway crate with a lib
     /// test module, a `tests/crash.rs` whose second test calls `std::process::abort()`, and a

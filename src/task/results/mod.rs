@@ -238,6 +238,15 @@ pub(super) fn push_bounded(buf: &mut String, s: &str) {
     }
 }
 
+/// The cases of a report as `(name, outcome)`, in order, for the parsers' tests.
+#[cfg(test)]
+pub(super) fn outcomes(r: &TestReport) -> Vec<(&str, TestOutcome)> {
+    r.cases
+        .iter()
+        .map(|c| (c.name.as_str(), c.outcome))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

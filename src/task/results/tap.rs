@@ -238,6 +238,7 @@ fn tap_case(ok: bool, rest: &str, seq: usize) -> TestCase {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::results::outcomes;
     use std::process::Command;
 
     fn perl_tap(script: &str) -> Vec<u8> {
@@ -263,13 +264,8 @@ mod tests {
                done_testing;"#,
         );
         let r = parse_tap(&tap).unwrap();
-        let o: Vec<_> = r
-            .cases
-            .iter()
-            .map(|c| (c.name.as_str(), c.outcome))
-            .collect();
         assert_eq!(
-            o,
+            outcomes(&r),
             vec![
                 ("adds", TestOutcome::Passed),
                 ("subtracts", TestOutcome::Failed),
@@ -346,13 +342,8 @@ mod tests {
             b"TAP version 13\r\n1..4\r\nok\r\nokay this is not a test\r\nnot ok 2 # skip nope\r\nok 3 - x # TODO later\r\n  ---\r\n  message: yaml\r\n  ...\r\nok 4 - y # SKIPPED: slow\r\n",
         )
         .unwrap();
-        let o: Vec<_> = r
-            .cases
-            .iter()
-            .map(|c| (c.name.as_str(), c.outcome))
-            .collect();
         assert_eq!(
-            o,
+            outcomes(&r),
             vec![
                 ("test 1", TestOutcome::Passed),
                 ("test 2", TestOutcome::Failed),
