@@ -11,6 +11,7 @@ pub mod check;
 pub mod cli;
 pub mod evaluation;
 pub mod fork;
+pub mod fsx;
 pub mod gateway;
 pub mod gc;
 pub mod identity;

@@ -6,7 +6,6 @@
 use super::plan::Plan;
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{copy_tree, tree_hash, Workspace};
-use crate::manifest::ResultsFormat;
 use crate::patch::{self, Patch};
 use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
 use crate::task::results;
@@ -223,14 +222,7 @@ fn run_attempt(
             results::DEFAULT_MAX_REPORT_BYTES,
         ) {
             Ok(bytes) => {
-                let parsed = match r.format {
-                    ResultsFormat::Junit => results::parse_junit(&bytes),
-                    ResultsFormat::Tap => results::parse_tap(&bytes),
-                    ResultsFormat::GoTestJson => results::parse_go_test_json(&bytes),
-                    ResultsFormat::LibtestJson => results::parse_libtest_json(&bytes),
-                    ResultsFormat::ExitStatus => Ok(results::TestReport::default()),
-                };
-                match parsed {
+                match results::parse_report(r.format, &bytes) {
                     Ok(t) => tests = Some(t),
                     Err(e) => results_error = Some(format!("{}: {e}", r.path)),
                 }

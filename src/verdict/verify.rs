@@ -11,6 +11,7 @@
 //! artifact is a regular file with the listed size and sha256; and nothing unlisted lies
 //! in `artifacts/` or in the bundle. Each failure is its own [`VerifyError`] variant.
 
+use crate::fsx::{self, FsxError};
 use crate::identity::PublicKey;
 use crate::verdict::bundle::{
     ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
@@ -27,7 +28,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -421,30 +422,48 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
     })
 }
 
-fn hash_file_no_follow(path: &Path) -> Result<(String, u64), VerifyError> {
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                VerifyError::ArtifactNotRegular {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                io_err("open", path)(e)
-            }
-        })?;
-    if !f.metadata().map_err(io_err("stat", path))?.is_file() {
-        return Err(VerifyError::ArtifactNotRegular {
-            path: path.to_path_buf(),
+/// Hashes the artifact `rel` (a listed `artifacts/<name>`) beneath the bundle directory
+/// `root`, opened through [`fsx`]: no link followed in any component (so neither the file
+/// nor `artifacts/` can be pointed elsewhere), regular files only (a FIFO is never waited
+/// on), and never more than one byte past the listed size is read. Returns (bare hex
+/// sha256, bytes read).
+fn hash_artifact(
+    root: &OwnedFd,
+    rel: &str,
+    listed: u64,
+    path: &Path,
+) -> Result<(String, u64), VerifyError> {
+    let path = || path.to_path_buf();
+    let opened = fsx::open_beneath(root, rel, listed).map_err(|e| match e {
+        FsxError::Missing { .. } => VerifyError::ArtifactMissing { path: path() },
+        FsxError::Symlink { .. } | FsxError::WrongType { .. } => {
+            VerifyError::ArtifactNotRegular { path: path() }
+        }
+        FsxError::TooLarge { size, .. } => VerifyError::ArtifactSize {
+            path: path(),
+            listed,
+            actual: size,
+        },
+        FsxError::BadPath { reason, .. } => malformed(&path(), reason),
+        FsxError::Io { op, source, .. } => VerifyError::Io {
+            action: op,
+            path: path(),
+            source,
+        },
+    })?;
+    if opened.size != listed {
+        return Err(VerifyError::ArtifactSize {
+            path: path(),
+            listed,
+            actual: opened.size,
         });
     }
+    let mut f = opened.bounded();
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut n_total = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(io_err("read", path))?;
+        let n = f.read(&mut buf).map_err(io_err("read", &path()))?;
         if n == 0 {
             break;
         }
@@ -456,28 +475,26 @@ fn hash_file_no_follow(path: &Path) -> Result<(String, u64), VerifyError> {
 
 fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
     let art_dir = dir.join(ARTIFACTS_DIR);
+    // The bundle directory is the one the caller named (following a link to it is fine);
+    // nothing beneath it is followed.
+    let root = fsx::open_dir(dir, true).map_err(|e| match e {
+        FsxError::Missing { .. } => VerifyError::Missing {
+            path: dir.to_path_buf(),
+        },
+        FsxError::Io { op, source, .. } => VerifyError::Io {
+            action: op,
+            path: dir.to_path_buf(),
+            source,
+        },
+        _ => VerifyError::NotABundle {
+            path: dir.to_path_buf(),
+        },
+    })?;
     let mut listed = HashSet::new();
     for a in &verdict.artifacts {
         let path = dir.join(&a.path);
         listed.insert(path.clone());
-        let meta = match fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(VerifyError::ArtifactMissing { path })
-            }
-            Err(e) => return Err(io_err("stat", &path)(e)),
-        };
-        if !meta.file_type().is_file() {
-            return Err(VerifyError::ArtifactNotRegular { path });
-        }
-        if meta.len() != a.bytes {
-            return Err(VerifyError::ArtifactSize {
-                path,
-                listed: a.bytes,
-                actual: meta.len(),
-            });
-        }
-        let (sha, bytes) = hash_file_no_follow(&path)?;
+        let (sha, bytes) = hash_artifact(&root, &a.path, a.bytes, &path)?;
         if bytes != a.bytes {
             return Err(VerifyError::ArtifactSize {
                 path,
@@ -807,6 +824,40 @@ mod tests {
 
         let err = verify_bundle(&f.reports.join("tests.xml"), &trusted).unwrap_err();
         assert!(matches!(err, VerifyError::NotABundle { .. }), "{err}");
+    }
+
+    #[test]
+    fn artifacts_are_never_reached_through_a_link_or_a_fifo() {
+        let f = fixture();
+        let trusted = [f.node.public()];
+        let not_regular = || {
+            let err = verify_bundle(&f.out, &trusted).unwrap_err();
+            assert!(
+                matches!(err, VerifyError::ArtifactNotRegular { .. }),
+                "{err}"
+            );
+        };
+        // artifacts/ replaced by a link to an identical copy: the listed file is not reached.
+        let art_dir = f.out.join(ARTIFACTS_DIR);
+        let copy = f.out.parent().unwrap().join("artifacts-copy");
+        fs::rename(&art_dir, &copy).unwrap();
+        std::os::unix::fs::symlink(&copy, &art_dir).unwrap();
+        not_regular();
+        fs::remove_file(&art_dir).unwrap();
+        fs::rename(&copy, &art_dir).unwrap();
+        verify_bundle(&f.out, &trusted).unwrap();
+        // A FIFO in place of an artifact is refused without waiting for a writer.
+        let art = art_dir.join("tests.xml");
+        let saved = fs::read(&art).unwrap();
+        fs::remove_file(&art).unwrap();
+        nix::unistd::mkfifo(&art, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        not_regular();
+        // The bundle directory itself may be named through a link (the caller chose it).
+        fs::remove_file(&art).unwrap();
+        fs::write(&art, &saved).unwrap();
+        let linked = f.out.parent().unwrap().join("latest");
+        std::os::unix::fs::symlink(&f.out, &linked).unwrap();
+        verify_bundle(&linked, &trusted).unwrap();
     }
 
     #[test]
