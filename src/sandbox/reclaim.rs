@@ -1,0 +1,86 @@
+//! Tearing down what a sandbox leaves on the host: unmounting and deleting its run
+//! directory (shared with `fork gc`), and handing the workspace to the sandbox's uid.
+
+use super::SandboxError;
+use std::path::{Path, PathBuf};
+
+/// Unmounts anything beneath a run directory and deletes it (shared with `fork gc`).
+pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
+    use nix::mount::{umount2, MntFlags};
+    // Unmount deepest first, as listed in our own mount table.
+    let mut points: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(unescape_mountinfo))
+        .filter(|p| p.starts_with(path))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
+            if e != nix::Error::EINVAL && e != nix::Error::ENOENT {
+                return Err(SandboxError::Io {
+                    op: "unmount",
+                    path: p,
+                    source: std::io::Error::from(e),
+                });
+            }
+        }
+    }
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(SandboxError::Io {
+            op: "remove run directory",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
+    // mountinfo escapes space, tab, newline and backslash as \ooo.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            if let Ok(v) =
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("x"), 8)
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
+pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).map_err(|source| SandboxError::Io {
+            op: "chown",
+            path: p.clone(),
+            source,
+        })?;
+        let md = std::fs::symlink_metadata(&p).map_err(|source| SandboxError::Io {
+            op: "stat",
+            path: p.clone(),
+            source,
+        })?;
+        if md.is_dir() {
+            let rd = std::fs::read_dir(&p).map_err(|source| SandboxError::Io {
+                op: "read dir",
+                path: p.clone(),
+                source,
+            })?;
+            for e in rd.flatten() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(())
+}

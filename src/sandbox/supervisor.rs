@@ -1,0 +1,476 @@
+//! The supervisor's side of a run: cloning the init into its namespaces (clone3, uid/gid
+//! maps, the cgroup), then watching it until it exits, enforcing every budget and serving
+//! the doors.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The init as seen from the supervisor.
+pub(super) struct InitChild {
+    pub(super) pid: i32,
+    pub(super) pidfd: OwnedFd,
+    pub(super) status: OwnedFd,
+    /// Held open while the init lives: the init checks it to know the supervisor is alive.
+    pub(super) _sync: OwnedFd,
+    /// The doors' listeners, inside the sandbox's network namespace, in `Doors` order.
+    pub(super) listeners: Vec<std::net::TcpListener>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum InitExit {
+    Code(i32),
+    Signal(i32),
+}
+
+/// struct clone_args (linux/sched.h), version 2 (with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+pub(super) fn cstr(s: &str) -> Result<CString, SandboxError> {
+    CString::new(s).map_err(|_| SandboxError::Setup {
+        stage: "argv".into(),
+        message: format!("`{s}` contains a NUL byte"),
+    })
+}
+
+pub(super) fn spawn_init(
+    cfg: &InitConfig,
+    ns_flags: u64,
+    uid: u32,
+    gid: u32,
+    cg: Option<&cgroup::SandboxCgroup>,
+    output: Option<&std::fs::File>,
+    door_addrs: &[std::net::SocketAddr],
+) -> Result<InitChild, SandboxError> {
+    use nix::fcntl::OFlag;
+    let devnull = match output {
+        Some(_) => Some(
+            nix::fcntl::open(
+                "/dev/null",
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(sys("open /dev/null"))?,
+        ),
+        None => None,
+    };
+    let stdio: Option<(RawFd, RawFd)> = match (output, &devnull) {
+        (Some(o), Some(n)) => Some((n.as_raw_fd(), o.as_raw_fd())),
+        _ => None,
+    };
+    // Everything the child needs is prepared here, before the clone.
+    let cfg_json = serde_json::to_vec(cfg).map_err(|e| SandboxError::Setup {
+        stage: "config".into(),
+        message: e.to_string(),
+    })?;
+    let memfd =
+        nix::sys::memfd::memfd_create(c"fork-init-config", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .map_err(sys("memfd_create"))?;
+    let mut f = std::fs::File::from(memfd);
+    f.write_all(&cfg_json).map_err(|source| SandboxError::Io {
+        op: "write config",
+        path: PathBuf::from("memfd"),
+        source,
+    })?;
+    f.rewind().map_err(|source| SandboxError::Io {
+        op: "rewind config",
+        path: PathBuf::from("memfd"),
+        source,
+    })?;
+    let cfg_fd: OwnedFd = f.into();
+    let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+    let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+    let exe = nix::fcntl::open(
+        "/proc/self/exe",
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(sys("open /proc/self/exe"))?;
+    let argv_c = [
+        cstr("fork")?,
+        cstr(INIT_ROLE)?,
+        cstr(&cfg_fd.as_raw_fd().to_string())?,
+        cstr(&status_wr.as_raw_fd().to_string())?,
+    ];
+    let argv_p: Vec<*const libc::c_char> = argv_c
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let empty = c"";
+    // Joining the cgroup: on v2 the kernel places the child at clone (CLONE_INTO_CGROUP); on
+    // v1 the child moves itself by writing "0" to each hierarchy's `tasks` (opened here, by
+    // us). Both avoid the RCU grace period a supervisor-side write to cgroup.procs waits for.
+    let mut cg_dir: Option<OwnedFd> = None;
+    let mut cg_tasks: Vec<OwnedFd> = Vec::new();
+    if let Some(cg) = cg {
+        match cg.version() {
+            cgroup::CgroupVersion::V2 => {
+                if let Some(dir) = cg.paths().first() {
+                    cg_dir = Some(
+                        nix::fcntl::open(
+                            dir,
+                            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                            nix::sys::stat::Mode::empty(),
+                        )
+                        .map_err(sys("open the sandbox cgroup"))?,
+                    );
+                }
+            }
+            cgroup::CgroupVersion::V1 => {
+                for dir in cg.paths() {
+                    cg_tasks.push(
+                        nix::fcntl::open(
+                            &dir.join("tasks"),
+                            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                            nix::sys::stat::Mode::empty(),
+                        )
+                        .map_err(sys("open the sandbox cgroup's tasks file"))?,
+                    );
+                }
+            }
+        }
+    }
+    let cg_tasks_raw: Vec<RawFd> = cg_tasks.iter().map(|f| f.as_raw_fd()).collect();
+    let mut pidfd: RawFd = -1;
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    let args = CloneArgs {
+        flags: ns_flags
+            | libc::CLONE_PIDFD as u64
+            | if cg_dir.is_some() {
+                CLONE_INTO_CGROUP
+            } else {
+                0
+            },
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cg_dir.as_ref().map(|f| f.as_raw_fd() as u64).unwrap_or(0),
+        ..Default::default()
+    };
+    let keep = [cfg_fd.as_raw_fd(), status_wr.as_raw_fd()];
+    let sync_rd_raw = sync_rd.as_raw_fd();
+    let sync_wr_raw = sync_wr.as_raw_fd();
+    let exe_raw = exe.as_raw_fd();
+    let become_root = is_root();
+    // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child
+    // gets a copy of the address space. In the child we only call async-signal-safe
+    // syscalls (prctl, close, read, fcntl, execveat, _exit) on data prepared above, so
+    // no lock held by another supervisor thread at clone time can be touched.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // Child.
+        // SAFETY: raw async-signal-safe syscalls on valid fds and pointers prepared before clone.
+        unsafe {
+            libc::close(sync_wr_raw);
+            let mut b = 0u8;
+            // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
+            if libc::read(sync_rd_raw, &mut b as *mut u8 as *mut libc::c_void, 1) != 1 {
+                libc::_exit(125);
+            }
+            for fd in cg_tasks_raw.iter() {
+                if libc::write(*fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                    libc::_exit(122);
+                }
+            }
+            if become_root {
+                // Our host credentials (root) are unmapped in the new namespace: become its
+                // uid 0 (the unprivileged host uid) and shed host root's supplementary
+                // groups. Raw syscalls: glibc's wrappers would signal threads that exist
+                // only in the parent.
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+                {
+                    libc::_exit(124);
+                }
+            }
+            // Die with the supervisor. Set after the credential change, which clears it;
+            // exec keeps it. If the supervisor is already gone, its end of the sync pipe is.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            let mut pfd = libc::pollfd {
+                fd: sync_rd_raw,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut pfd, 1, 0) < 0 || pfd.revents & libc::POLLHUP != 0 {
+                libc::_exit(125);
+            }
+            if let Some((input, out)) = stdio {
+                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+                    libc::_exit(123);
+                }
+            }
+            for fd in keep {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+            }
+            libc::syscall(
+                libc::SYS_execveat,
+                exe_raw,
+                empty.as_ptr(),
+                argv_p.as_ptr(),
+                envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+            libc::_exit(127);
+        }
+    }
+    if ret < 0 {
+        return Err(SandboxError::Sys {
+            op: "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
+            source: nix::Error::last(),
+        });
+    }
+    let pid = ret as i32;
+    // SAFETY: the kernel stored a fresh pidfd at `pidfd` (CLONE_PIDFD); we now own it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop(sync_rd);
+    drop(status_wr);
+    drop(cfg_fd);
+    drop(cg_tasks);
+    drop(cg_dir);
+    let mut child = InitChild {
+        pid,
+        pidfd,
+        status: status_rd,
+        _sync: sync_wr,
+        listeners: Vec::new(),
+    };
+    let release = |child: &mut InitChild| -> Result<(), SandboxError> {
+        // The doors exist before the command does: it may connect at once.
+        child.listeners =
+            net::listeners_in_netns(pid, door_addrs).map_err(|e| SandboxError::Setup {
+                stage: "doors".into(),
+                message: e.to_string(),
+            })?;
+        if !become_root {
+            // An unprivileged writer may only map its gid once setgroups is denied.
+            write_file(&format!("/proc/{pid}/setgroups"), "deny")?;
+        }
+        write_file(&format!("/proc/{pid}/uid_map"), &format!("0 {uid} 1\n"))?;
+        write_file(&format!("/proc/{pid}/gid_map"), &format!("0 {gid} 1\n"))?;
+        nix::unistd::write(&child._sync, &[1u8]).map_err(sys("release init"))?;
+        Ok(())
+    };
+    if let Err(e) = release(&mut child) {
+        kill_pidfd(&child.pidfd);
+        let _ = nix::sys::wait::waitid(
+            nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
+            nix::sys::wait::WaitPidFlag::WEXITED,
+        );
+        return Err(e);
+    }
+    Ok(child)
+}
+
+pub(super) fn write_file(path: &str, content: &str) -> Result<(), SandboxError> {
+    std::fs::write(path, content).map_err(|source| SandboxError::Io {
+        op: "write",
+        path: PathBuf::from(path),
+        source,
+    })
+}
+
+pub(super) fn kill_pidfd(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal on a pidfd we own; null siginfo is allowed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
+pub(super) fn observation(
+    start: Instant,
+    s: &cgroup::CgroupSample,
+    disk: Option<&Path>,
+) -> Observation {
+    let (disk_used, disk_size) = match disk.and_then(|d| nix::sys::statvfs::statvfs(d).ok()) {
+        Some(v) => {
+            let bs = v.fragment_size();
+            let size = v.blocks() * bs;
+            let free = v.blocks_free() * bs;
+            (Some(size.saturating_sub(free)), Some(size))
+        }
+        None => (None, None),
+    };
+    Observation {
+        elapsed: start.elapsed(),
+        cpu_ns: s.cpu_ns,
+        memory_peak: s.memory_peak.max(s.memory_current),
+        pids_current: s.pids_current,
+        pids_peak: s.pids_peak,
+        oom_kills: s.oom_kills,
+        pids_limit_hits: s.pids_limit_hits,
+        disk_used,
+        disk_size,
+    }
+}
+
+/// Watches the init until it exits: wall clock, cgroup events, disk, signals.
+pub(super) fn supervise(
+    child: &InitChild,
+    doors: Doors,
+    listeners: Vec<std::net::TcpListener>,
+    cg: Option<&cgroup::SandboxCgroup>,
+    disk: Option<&Path>,
+    wd: &mut Watchdog,
+    start: Instant,
+) -> Result<(InitExit, Option<BudgetKind>, bool), SandboxError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| SandboxError::Io {
+            op: "start the watchdog runtime",
+            path: PathBuf::new(),
+            source,
+        })?;
+    let pidfd_raw = child.pidfd.as_raw_fd();
+    let cost = doors.cost.clone();
+    // Doors are served on this thread (their futures need not be Send), in a LocalSet that
+    // is dropped, with every door, when the run ends.
+    let local = tokio::task::LocalSet::new();
+    let (budget, interrupted) = local.block_on(&rt, async {
+        for (door, l) in doors.doors.into_iter().zip(listeners) {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::task::spawn_local((door.serve)(l));
+                }
+                Err(e) => tracing::warn!("door {}: {e}", door.addr),
+            }
+        }
+        // SAFETY: the pidfd (owned by `child`) stays open for longer than this registration,
+        // which is dropped at the end of this block.
+        let afd = match unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                pidfd_raw,
+                tokio::io::Interest::READABLE,
+            )
+        } {
+            Ok(a) => a,
+            Err(_) => return (None, false),
+        };
+        let mut sigint =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut sighup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let deadline = tokio::time::Instant::from_std(start + wd.limits().wall);
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_millis(25),
+            Duration::from_millis(50),
+        );
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        loop {
+            tokio::select! {
+                r = afd.readable() => {
+                    if let Ok(mut g) = r { g.retain_ready(); }
+                    return (None, false);
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return (Some(BudgetKind::Wall), false);
+                }
+                _ = tick.tick() => {
+                    if let Some(c) = &cost {
+                        wd.set_api_cost(c.spent_usd());
+                        if c.exceeded() {
+                            return (Some(BudgetKind::ApiCost), false);
+                        }
+                    }
+                    let s = cg.map(|c| c.sample()).unwrap_or_default();
+                    if let Some(b) = wd.observe(&observation(start, &s, disk)) {
+                        return (Some(b), false);
+                    }
+                }
+                _ = recv(&mut sigint) => return (None, true),
+                _ = recv(&mut sigterm) => return (None, true),
+                _ = recv(&mut sighup) => return (None, true),
+            }
+        }
+    });
+    if budget.is_some() || interrupted {
+        if let Some(b) = budget {
+            tracing::info!("budget `{}` exceeded: killing the sandbox", b.as_str());
+        }
+        kill_pidfd(&child.pidfd);
+        if let Some(cg) = cg {
+            let _ = cg.kill_all();
+        }
+    }
+    let st = nix::sys::wait::waitid(
+        nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
+        nix::sys::wait::WaitPidFlag::WEXITED,
+    )
+    .map_err(sys("waitid on the sandbox init"))?;
+    let exit = match st {
+        nix::sys::wait::WaitStatus::Exited(_, c) => InitExit::Code(c),
+        nix::sys::wait::WaitStatus::Signaled(_, s, _) => InitExit::Signal(s as i32),
+        _ => InitExit::Code(70),
+    };
+    // The pid namespace dies with its init; make sure every member is gone before anyone
+    // reads what the successor left behind.
+    if let Some(cg) = cg {
+        if let Err(e) = cg.kill_all() {
+            tracing::warn!("emptying the sandbox cgroup: {e}");
+        }
+    }
+    drop(local);
+    if let Some(c) = &cost {
+        wd.set_api_cost(c.spent_usd());
+    }
+    let mut wd_budget = budget;
+    if wd_budget.is_none() && !interrupted {
+        // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
+        let s = cg.map(|c| c.sample()).unwrap_or_default();
+        wd_budget = wd
+            .observe(&observation(start, &s, disk))
+            .filter(|b| *b != BudgetKind::Wall);
+        if wd_budget.is_none() && cost.as_ref().is_some_and(|c| c.exceeded()) {
+            wd_budget = Some(BudgetKind::ApiCost);
+        }
+    }
+    Ok((exit, wd_budget, interrupted))
+}
+
+pub(super) fn read_msgs(status: OwnedFd) -> Vec<InitMsg> {
+    let mut f = std::fs::File::from(status);
+    let mut buf = Vec::new();
+    // Every writer is gone once the init has exited (the pid namespace is dead).
+    let _ = Read::by_ref(&mut f).take(1 << 20).read_to_end(&mut buf);
+    buf.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect()
+}
