@@ -9,11 +9,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::head::{read_head_file, HeadRecord};
+use super::schema::GENESIS_HASH;
 use super::schema::{read_head_table, row_to_entry, COLUMNS};
 use super::{sql_err, Entry, Ledger, LedgerError};
 
-/// `prev_hash` of row 1, and the head hash of an empty ledger.
-pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Domain separation for row hashes.
 const ROW_DOMAIN: &[u8] = b"fork-ledger-row/v1";
 /// At most this many problems are listed by `verify`; the rest are counted.

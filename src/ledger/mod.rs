@@ -83,8 +83,9 @@ use std::time::Duration;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
-pub use chain::{VerifyReport, GENESIS_HASH};
+pub use chain::VerifyReport;
 pub use entry::{CacheKey, Entry, NewEntry};
+pub use schema::GENESIS_HASH;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 use chain::compute_row_hash;

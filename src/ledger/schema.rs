@@ -6,9 +6,11 @@ use std::path::Path;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::chain::GENESIS_HASH;
 use super::head::{read_head_file, write_head_file, HeadRecord};
 use super::{io_err, sql_err, Entry, LedgerError};
+
+/// `prev_hash` of row 1, and the head hash of an empty ledger.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 1;
