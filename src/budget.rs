@@ -52,6 +52,39 @@ impl fmt::Display for BudgetField {
     }
 }
 
+/// The budget that ended an evaluation: one run's, or the evaluation's own wall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exceeded {
+    /// A per-run budget, as the sandbox's watchdog named it (or the API cost, which the
+    /// whole evaluation's runs share).
+    Run(BudgetKind),
+    /// The evaluation's runs together reached `evaluation_wall`.
+    EvaluationWall,
+}
+
+impl Exceeded {
+    /// As verdicts spell it in `budget.exceeded`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Exceeded::Run(k) => k.as_str(),
+            Exceeded::EvaluationWall => BudgetField::EvaluationWall.name(),
+        }
+    }
+
+    /// As a sentence names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Exceeded::Run(BudgetKind::Wall) => "wall-clock time",
+            Exceeded::Run(BudgetKind::Cpu) => "CPU time",
+            Exceeded::Run(BudgetKind::Memory) => "memory",
+            Exceeded::Run(BudgetKind::Pids) => "process count",
+            Exceeded::Run(BudgetKind::Disk) => "disk",
+            Exceeded::Run(BudgetKind::ApiCost) => "API cost",
+            Exceeded::EvaluationWall => "evaluation's wall-clock time",
+        }
+    }
+}
+
 /// A budget value that is not acceptable: `budget.<field>` and why, with the fix.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 #[error("budget.{field}: {message}")]

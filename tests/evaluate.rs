@@ -1196,3 +1196,81 @@ fn results_behind_a_symlink_are_never_read() {
         "HOST-SECRET"
     );
 }
+
+/// The evaluation as a whole has a wall budget beside the per-run one: repeats that each
+/// fit their own wall are stopped when together they pass the evaluation's, the verdict
+/// names `evaluation_wall`, and every limit (cpu_time included) is recorded for replay.
+#[test]
+fn the_evaluation_wall_bounds_all_runs_together() {
+    need_root!();
+    let env = Env::new("ev-evalwall");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 2\"]\nrepeat = 4\nbudget = { wall = \"30s\", evaluation_wall = \"3s\", cpu_time = \"10m\" }\n",
+    );
+    let started = Instant::now();
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "slow",
+        &["--task", "slow", "--no-ledger"],
+    );
+    let took = started.elapsed();
+    assert_eq!(e.code, 1, "{}", e.ctx());
+    assert_eq!(
+        e.verdict["budget"]["exceeded"],
+        "evaluation_wall",
+        "{}",
+        e.ctx()
+    );
+    assert!(
+        e.summary().contains("evaluation"),
+        "the summary names the evaluation's budget: {}",
+        e.ctx()
+    );
+    let limits = &e.verdict["budget"]["limits"];
+    assert_eq!(limits["evaluation_wall_s"], 3.0, "{}", e.ctx());
+    assert_eq!(limits["wall_s"], 30.0, "{}", e.ctx());
+    assert_eq!(limits["cpu_time_s"], 600.0, "{}", e.ctx());
+    assert_eq!(e.verdict["header"]["schema"]["version"], "1.1");
+    // Four 2 s runs would take 8 s; the evaluation stops at its 3 s budget.
+    assert!(took < Duration::from_secs(7), "took {took:?}: {}", e.ctx());
+
+    // The command line raises it back (the announced way to restore the old behaviour).
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "slow-raised",
+        &["--task", "slow", "--no-ledger", "--evaluation-wall", "1h"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert_eq!(e.verdict["budget"]["limits"]["evaluation_wall_s"], 3600.0);
+}
+
+/// A fork.toml task goes through the same budget checks as a policy: a task asking for a
+/// single process is refused at load, naming the task and the field.
+#[test]
+fn task_budgets_get_the_policy_checks() {
+    need_root!();
+    let env = Env::new("ev-taskbudget");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.tiny]\ncommand = [\"true\"]\nbudget = { pids = 1 }\n",
+    );
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "tiny",
+        &["--task", "tiny"],
+    );
+    assert_eq!(e.code, 65, "{}", e.ctx());
+    assert!(
+        e.stderr.contains("tasks.tiny.budget.pids") && e.stderr.contains("at least 2"),
+        "{}",
+        e.ctx()
+    );
+    assert!(!e.out.exists(), "nothing written: {}", e.ctx());
+}

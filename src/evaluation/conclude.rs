@@ -5,9 +5,10 @@
 use super::plan::Plan;
 use super::side::RunResult;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
+use crate::budget::Exceeded;
 use crate::fork::workspace::copy_tree;
 use crate::identity::{EphemeralKey, NodeKey};
-use crate::sandbox::Outcome;
+use crate::sandbox::{BudgetKind, Outcome};
 use crate::task::results;
 use crate::verdict::decide::{Decision, Evidence};
 use crate::verdict::{
@@ -58,9 +59,9 @@ pub fn evidence_for(
         signal: o.signal,
         budget_exceeded: o.budget_exceeded.map(|b| {
             if r.over_evaluation_wall {
-                crate::budget::BudgetField::EvaluationWall.name().to_string()
+                Exceeded::EvaluationWall
             } else {
-                b.as_str().to_string()
+                Exceeded::Run(b)
             }
         }),
         usage_summary: o.budget_exceeded.map(|b| {
@@ -237,6 +238,8 @@ pub struct Conclusion<'a> {
     pub gate: GateReport,
     pub artifacts: Vec<(ArtifactType, PathBuf)>,
     pub tests: Option<&'a results::TestReport>,
+    /// The budget that ended the evaluation, as the evidence named it.
+    pub exceeded: Option<Exceeded>,
     /// The decision rules the metrics were judged by (the CI outputs word them).
     pub rules: &'a crate::verdict::decide::DecisionRules,
 }
@@ -273,6 +276,7 @@ fn sign(
         gate,
         artifacts,
         tests,
+        exceeded,
         ..
     } = c;
     let b = &p.policy.budgets;
@@ -298,13 +302,15 @@ fn sign(
         .unwrap_or_default();
     // API cost: what the whole evaluation spent (every run shares the meter).
     let mut used = used;
-    let mut exceeded = outcome.and_then(|o| o.budget_exceeded.map(|b| b.as_str().to_string()));
+    let mut exceeded =
+        exceeded.or_else(|| outcome.and_then(|o| o.budget_exceeded.map(Exceeded::Run)));
     if let Some(g) = &p.gateway {
         used.api_cost_usd = g.meter.spent_usd();
         if g.meter.exceeded() && exceeded.is_none() {
-            exceeded = Some(crate::sandbox::BudgetKind::ApiCost.as_str().to_string());
+            exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
         }
     }
+    let exceeded = exceeded.map(|e| e.name().to_string());
     let counts = tests
         .map(|t| TestCounts {
             passed: t.passed() as u64,

@@ -22,11 +22,12 @@ pub mod staging;
 
 pub use request::{CiOutputs, LedgerChoice, Request};
 
+use crate::budget::Exceeded;
 use crate::fork::snapshot::file_sha256;
 use crate::fork::workspace::tree_hash_excluding;
 use crate::identity::EphemeralKey;
 use crate::patch::{self, Gate, GateStop};
-use crate::sandbox::SandboxError;
+use crate::sandbox::{BudgetKind, SandboxError};
 use crate::verdict::decide::{decide, Decision, Evidence};
 use crate::verdict::{ArtifactType, GateReport, Verdict, VerdictKind};
 use conclude::Conclusion;
@@ -154,6 +155,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 gate: gate_report,
                 artifacts: vec![patch_artifact],
                 tests: None,
+                exceeded: None,
                 rules: &p.policy.decision,
             };
             let ev = conclude::seal(&p, c, &key, ephemeral, &node)?;
@@ -205,6 +207,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 },
                 artifacts: vec![patch_artifact],
                 tests: None,
+                exceeded: None,
                 rules: &p.policy.decision,
             };
             let ev = conclude::seal(&p, c, &cache_key, ephemeral, &node)?;
@@ -273,7 +276,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         .lower_is_better
         .extend(p.task.lower_is_better.iter().cloned());
     let baseline_samples = conclude::samples(&baseline);
-    let mut decisions: Vec<(Decision, usize)> = Vec::new();
+    let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
         let (mut evidence, chosen) =
             conclude::evidence_for(&p, runs, &baseline, &baseline_samples, &rules, r as u64);
@@ -281,8 +284,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         // it is blown for the verdict.
         if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
             if evidence.budget_exceeded.is_none() {
-                evidence.budget_exceeded =
-                    Some(crate::sandbox::BudgetKind::ApiCost.as_str().to_string());
+                evidence.budget_exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
                 evidence.usage_summary = Some(format!(
                     "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs",
                     g.meter.spent_usd(),
@@ -290,7 +292,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 ));
             }
         }
-        decisions.push((decide(&evidence, &rules), chosen));
+        decisions.push((decide(&evidence, &rules), chosen, evidence.budget_exceeded));
     }
     let severity = |k: VerdictKind| match k {
         VerdictKind::Reject => 2,
@@ -301,15 +303,15 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let (pick, _) = decisions
         .iter()
         .enumerate()
-        .max_by_key(|(i, (d, _))| (severity(d.verdict), std::cmp::Reverse(*i)))
-        .map(|(i, (d, _))| (i, d.verdict))
+        .max_by_key(|(i, (d, ..))| (severity(d.verdict), std::cmp::Reverse(*i)))
+        .map(|(i, (d, ..))| (i, d.verdict))
         .unwrap_or((0, VerdictKind::Reject));
     let mut decision = decisions[pick].0.clone();
     let chosen_run = decisions[pick].1;
     if replicas > 1 {
         let agree = decisions
             .iter()
-            .filter(|(d, _)| d.verdict == decision.verdict)
+            .filter(|(d, ..)| d.verdict == decision.verdict)
             .count();
         if agree < replicas {
             let counts: Vec<String> = [
@@ -319,7 +321,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             ]
             .iter()
             .filter_map(|k| {
-                let n = decisions.iter().filter(|(d, _)| d.verdict == *k).count();
+                let n = decisions.iter().filter(|(d, ..)| d.verdict == *k).count();
                 (n > 0).then(|| format!("{n} {k}"))
             })
             .collect();
@@ -392,6 +394,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         },
         artifacts,
         tests: primary.tests.as_ref(),
+        exceeded: decisions[pick].2,
         rules: &rules,
     };
     // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,

@@ -13,8 +13,8 @@ pub struct Evidence {
     pub apply_error: Option<String>,
     /// The task could not run at all (sandbox setup failed, command not found: exit 127/126).
     pub run_error: Option<String>,
-    /// The budget that was blown: `"wall" | "cpu" | "memory" | "pids" | "disk" | "api_cost"`.
-    pub budget_exceeded: Option<String>,
+    /// The budget that was blown.
+    pub budget_exceeded: Option<crate::budget::Exceeded>,
     /// The task's exit status, if it exited.
     pub exit_code: Option<i32>,
     /// The signal that killed the task, if one did.

@@ -139,7 +139,7 @@ fn rejections(e: &Evidence) -> Vec<String> {
     if let Some(err) = &e.run_error {
         rejections.push(wording::could_not_run(err));
     }
-    if let Some(budget) = &e.budget_exceeded {
+    if let Some(budget) = e.budget_exceeded {
         rejections.push(wording::budget_exceeded(budget, e.usage_summary.as_deref()));
     }
     rejections
@@ -387,6 +387,8 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::budget::Exceeded;
+    use crate::sandbox::BudgetKind;
     use crate::task::results::{TestCase, TestOutcome, TestReport};
 
     fn case(name: &str, outcome: TestOutcome) -> TestCase {
@@ -476,7 +478,7 @@ pub(super) mod tests {
             .starts_with("The task could not run: command `python3` not found"));
 
         let budget = Evidence {
-            budget_exceeded: Some("wall".into()),
+            budget_exceeded: Some(Exceeded::Run(BudgetKind::Wall)),
             usage_summary: Some("wall 2.0 s of 2 s".into()),
             signal: Some(9),
             tests: Some(report(3, 0, 0, 0)),
@@ -495,7 +497,7 @@ pub(super) mod tests {
         );
 
         let mem = Evidence {
-            budget_exceeded: Some("memory".into()),
+            budget_exceeded: Some(Exceeded::Run(BudgetKind::Memory)),
             ..Evidence::default()
         };
         assert_eq!(

@@ -68,20 +68,6 @@ fn signal_name(sig: i32) -> String {
     }
 }
 
-/// What a budget name (`Evidence::budget_exceeded`, spelled as `BudgetKind::as_str`)
-/// limits, in words.
-fn budget_label(name: &str) -> &'static str {
-    match name {
-        "wall" => "wall-clock time",
-        "cpu" => "CPU time",
-        "memory" => "memory",
-        "pids" => "process count",
-        "disk" => "disk",
-        "api_cost" => "API cost",
-        _ => "resource",
-    }
-}
-
 /// `the 1.0% noise band`.
 pub(super) fn noise_band(band: f64) -> String {
     format!("the {} noise band", pct(band))
@@ -104,10 +90,11 @@ pub(super) fn could_not_run(err: &str) -> String {
 }
 
 /// The blown budget by name, quoting the usage summary when there is one.
-pub(super) fn budget_exceeded(budget: &str, usage: Option<&str>) -> String {
+pub(super) fn budget_exceeded(budget: crate::budget::Exceeded, usage: Option<&str>) -> String {
     let mut s = format!(
-        "The {} budget (`{budget}`) was exceeded",
-        budget_label(budget)
+        "The {} budget (`{}`) was exceeded",
+        budget.label(),
+        budget.name()
     );
     match usage {
         Some(u) if !u.trim().is_empty() => {
