@@ -56,13 +56,9 @@ impl<E: std::fmt::Display> From<(i32, E)> for CliError {
     }
 }
 
-/// The exit code of a verdict.
+/// The exit code of a verdict: its own status code, which CI reports also quote.
 pub fn verdict(k: VerdictKind) -> i32 {
-    match k {
-        VerdictKind::Approve => APPROVE,
-        VerdictKind::Reject => REJECT,
-        VerdictKind::NeedsRevision => NEEDS_REVISION,
-    }
+    k.exit_code()
 }
 
 pub fn sandbox(e: &SandboxError) -> i32 {
@@ -189,9 +185,9 @@ mod tests {
 
     #[test]
     fn verdict_codes() {
-        assert_eq!(verdict(VerdictKind::Approve), 0);
-        assert_eq!(verdict(VerdictKind::Reject), 1);
-        assert_eq!(verdict(VerdictKind::NeedsRevision), 2);
+        assert_eq!(verdict(VerdictKind::Approve), APPROVE);
+        assert_eq!(verdict(VerdictKind::Reject), REJECT);
+        assert_eq!(verdict(VerdictKind::NeedsRevision), NEEDS_REVISION);
     }
 
     #[test]

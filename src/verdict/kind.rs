@@ -16,7 +16,8 @@ pub enum VerdictKind {
 }
 
 impl VerdictKind {
-    /// The process exit code the CLI uses for this verdict (0, 1, 2).
+    /// The verdict's status code (0, 1, 2): part of the verdict's contract, since CI
+    /// reports quote it and `fork evaluate` exits with it (src/cli/exit.rs uses this).
     pub fn exit_code(self) -> i32 {
         match self {
             VerdictKind::Approve => 0,
