@@ -31,6 +31,7 @@
 //! a damaged or hand-edited file). The `node.pub` file holds the single line
 //! `ed25519:<base64>`.
 
+use crate::ioerr::{IoContext, IoError};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
@@ -66,28 +67,12 @@ pub enum IdentityError {
     NotAFile { path: PathBuf },
     #[error("node key {path} is malformed: {reason}; restore it from a backup or create a new one with `fork keygen --force`")]
     Malformed { path: PathBuf, reason: String },
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("`{input}` is not a public key: {reason} (expected ed25519:<base64 of 32 bytes>)")]
     BadPublicKey { input: String, reason: String },
     #[error("the signature does not verify with key {key}")]
     BadSignature { key: String },
-}
-
-fn io_err<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> IdentityError + 'a {
-    move |source| IdentityError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// An ed25519 public key, spelled `ed25519:<base64>`.
@@ -431,9 +416,9 @@ fn decode_key_file(path: &Path, text: &str) -> Result<SigningKey, IdentityError>
 }
 
 fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
-    fs::File::open(dir)
+    Ok(fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err("sync directory", dir))
+        .ctx("sync directory", dir)?)
 }
 
 /// Creates the node key at `path` (mode 0600; parent directories created 0700) and its
@@ -454,7 +439,7 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
         .recursive(true)
         .mode(0o700)
         .create(&parent)
-        .map_err(io_err("create directory", &parent))?;
+        .ctx("create directory", &parent)?;
 
     let signing = SigningKey::generate(&mut rand::rngs::OsRng);
     let public = PublicKey(signing.verifying_key());
@@ -464,13 +449,13 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
         .prefix(".node-key-")
         .permissions(fs::Permissions::from_mode(0o600))
         .tempfile_in(&parent)
-        .map_err(io_err("create a temporary file in", &parent))?;
+        .ctx("create a temporary file in", &parent)?;
     tmp.write_all(text.as_bytes())
         .and_then(|_| tmp.as_file().sync_all())
-        .map_err(io_err("write", tmp.path()))?;
+        .ctx("write", tmp.path())?;
     if force {
         tmp.persist(path)
-            .map_err(|e| io_err("write", path)(e.error))?;
+            .map_err(|e| IoError::new("write", path, e.error))?;
     } else {
         tmp.persist_noclobber(path).map_err(|e| {
             if e.error.kind() == io::ErrorKind::AlreadyExists {
@@ -478,7 +463,7 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
                     path: path.to_path_buf(),
                 }
             } else {
-                io_err("write", path)(e.error)
+                IoError::new("write", path, e.error).into()
             }
         })?;
     }
@@ -488,12 +473,12 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
         .prefix(".node-pub-")
         .permissions(fs::Permissions::from_mode(0o644))
         .tempfile_in(&parent)
-        .map_err(io_err("create a temporary file in", &parent))?;
+        .ctx("create a temporary file in", &parent)?;
     writeln!(tmp, "{public}")
         .and_then(|_| tmp.as_file().sync_all())
-        .map_err(io_err("write", tmp.path()))?;
+        .ctx("write", tmp.path())?;
     tmp.persist(&pub_path)
-        .map_err(|e| io_err("write", &pub_path)(e.error))?;
+        .map_err(|e| IoError::new("write", &pub_path, e.error))?;
     sync_dir(&parent)?;
     Ok(public)
 }
@@ -508,10 +493,10 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
                 path: path.to_path_buf(),
             })
         }
-        Err(e) => return Err(io_err("open", path)(e)),
+        Err(e) => return Err(IoError::new("open", path, e).into()),
     };
     // Check the file we opened, not the path, so a swap between check and read is harmless.
-    let meta = file.metadata().map_err(io_err("stat", path))?;
+    let meta = file.metadata().ctx("stat", path)?;
     if !meta.file_type().is_file() {
         return Err(IdentityError::NotAFile {
             path: path.to_path_buf(),
@@ -535,7 +520,7 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
     let mut raw = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE_BYTES as usize + 64));
     file.take(MAX_KEY_FILE_BYTES)
         .read_to_end(&mut raw)
-        .map_err(io_err("read", path))?;
+        .ctx("read", path)?;
     let text = std::str::from_utf8(&raw).map_err(|_| IdentityError::Malformed {
         path: path.to_path_buf(),
         reason: "it is not text".to_string(),
@@ -546,7 +531,7 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
 
 /// Reads a public key file (`node.pub`: one line `ed25519:<base64>`).
 pub fn read_public_key(path: &Path) -> Result<PublicKey, IdentityError> {
-    let text = fs::read_to_string(path).map_err(io_err("read", path))?;
+    let text = fs::read_to_string(path).ctx("read", path)?;
     PublicKey::parse(text.trim())
 }
 

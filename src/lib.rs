@@ -15,6 +15,7 @@ pub mod fsx;
 pub mod gateway;
 pub mod gc;
 pub mod identity;
+pub mod ioerr;
 pub mod ledger;
 pub mod manifest;
 pub mod mesh;

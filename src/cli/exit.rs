@@ -86,7 +86,7 @@ pub fn verify(e: &VerifyError) -> i32 {
         VerifyError::NotABundle { .. }
         | VerifyError::Missing { .. }
         | VerifyError::Malformed { .. } => BAD_INPUT,
-        VerifyError::Io { .. } => INTERNAL,
+        VerifyError::Io(_) => INTERNAL,
         _ => INVALID,
     }
 }
@@ -107,7 +107,7 @@ pub fn mesh(e: &MeshError) -> i32 {
     match e {
         MeshError::Usage(_) => USAGE,
         MeshError::Connect { .. } => UNAVAILABLE,
-        MeshError::Nats { .. } | MeshError::Io { .. } | MeshError::Internal(_) => INTERNAL,
+        MeshError::Nats { .. } | MeshError::Io(_) | MeshError::Internal(_) => INTERNAL,
         MeshError::Evaluate(e) => evaluate(e),
         MeshError::Interrupted => INTERRUPTED,
         MeshError::Input(_)
@@ -137,7 +137,7 @@ pub fn policy(_: &PolicyError) -> i32 {
 pub fn ledger(e: &LedgerError) -> i32 {
     match e {
         LedgerError::NotFound { .. } => USAGE,
-        LedgerError::Io { .. } | LedgerError::Sql { .. } => INTERNAL,
+        LedgerError::Io(_) | LedgerError::Sql { .. } => INTERNAL,
         _ => BAD_INPUT,
     }
 }
@@ -182,6 +182,7 @@ from_error!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ioerr::IoError;
 
     #[test]
     fn verdict_codes() {
@@ -224,5 +225,25 @@ mod tests {
         assert_eq!(sandbox(&e), UNAVAILABLE);
         assert_eq!(evaluate(&EvaluateError::Sandbox(e)), UNAVAILABLE);
         assert_eq!(evaluate(&EvaluateError::Interrupted), 130);
+    }
+
+    fn io_error(kind: std::io::ErrorKind) -> IoError {
+        IoError::new("read", std::path::Path::new("/x"), kind.into())
+    }
+
+    #[test]
+    fn io_errors_are_internal() {
+        let denied = || io_error(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(verify(&VerifyError::from(denied())), INTERNAL);
+        assert_eq!(mesh(&MeshError::from(denied())), INTERNAL);
+        assert_eq!(ledger(&LedgerError::from(denied())), INTERNAL);
+        assert_eq!(identity(&IdentityError::from(denied())), INTERNAL);
+        assert_eq!(approve(&ApproveError::from(denied())), INTERNAL);
+        let e = SandboxError::from(denied());
+        assert_eq!(sandbox(&e), INTERNAL);
+        // A file of a bundle that is not there is bad input, not an internal error.
+        let missing = VerifyError::from(io_error(std::io::ErrorKind::NotFound));
+        assert!(matches!(missing, VerifyError::Missing { .. }));
+        assert_eq!(verify(&missing), BAD_INPUT);
     }
 }

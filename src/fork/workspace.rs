@@ -12,6 +12,7 @@
 //! except set-user-ID and set-group-ID, which are dropped; ownership is not kept (the copy
 //! belongs to the supervisor). Devices, FIFOs and sockets are skipped and counted.
 
+use crate::ioerr::{IoContext, IoError};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -41,24 +42,8 @@ pub enum WorkspaceError {
     WouldReplaceDirectory { path: PathBuf },
     #[error("refusing to delete across the mount point {path}: unmount it first (`fork gc` does)")]
     MountPoint { path: PathBuf },
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> WorkspaceError + 'a {
-    move |source| WorkspaceError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// A run's workspace directory and its fixed layout.
@@ -72,7 +57,7 @@ impl Workspace {
     /// subdirectories `src/ state/ tools/ reports/ home/` (mode 0755) inside it.
     pub fn create(root: &Path) -> Result<Workspace, WorkspaceError> {
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+            fs::create_dir_all(parent).ctx("create directory", parent)?;
         }
         match fs::DirBuilder::new().mode(0o700).create(root) {
             Ok(()) => {}
@@ -81,14 +66,14 @@ impl Workspace {
                     path: root.to_path_buf(),
                 })
             }
-            Err(e) => return Err(io_err("create directory", root)(e)),
+            Err(e) => return Err(IoError::new("create directory", root, e).into()),
         }
         for sub in SUBDIRS {
             let p = root.join(sub);
             fs::DirBuilder::new()
                 .mode(0o755)
                 .create(&p)
-                .map_err(io_err("create directory", &p))?;
+                .ctx("create directory", &p)?;
         }
         Ok(Workspace {
             root: root.to_path_buf(),
@@ -99,7 +84,7 @@ impl Workspace {
     pub fn open(root: &Path) -> Result<Workspace, WorkspaceError> {
         for sub in SUBDIRS {
             let p = root.join(sub);
-            let meta = fs::symlink_metadata(&p).map_err(io_err("open", &p))?;
+            let meta = fs::symlink_metadata(&p).ctx("open", &p)?;
             if !meta.is_dir() {
                 return Err(WorkspaceError::NotADirectory { path: p });
             }
@@ -187,14 +172,14 @@ fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
 /// written through), and a directory in the way of a file is an error.
 pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
     let excludes = build_excludes(exclude)?;
-    let from_meta = fs::metadata(from).map_err(io_err("read", from))?;
+    let from_meta = fs::metadata(from).ctx("read", from)?;
     if !from_meta.is_dir() {
         return Err(WorkspaceError::NotADirectory {
             path: from.to_path_buf(),
         });
     }
-    fs::create_dir_all(to).map_err(io_err("create directory", to))?;
-    let to_meta = fs::metadata(to).map_err(io_err("read", to))?;
+    fs::create_dir_all(to).ctx("create directory", to)?;
+    let to_meta = fs::metadata(to).ctx("read", to)?;
     let to_id = (to_meta.dev(), to_meta.ino());
 
     let mut stats = CopyStats::default();
@@ -204,9 +189,9 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
     // directory can still be filled.
     let mut dir_modes: Vec<(PathBuf, u32)> = vec![(to.to_path_buf(), from_meta.mode() & 0o1777)];
     while let Some((src_dir, dst_dir, rel_dir)) = stack.pop() {
-        let entries = fs::read_dir(&src_dir).map_err(io_err("read directory", &src_dir))?;
+        let entries = fs::read_dir(&src_dir).ctx("read directory", &src_dir)?;
         for entry in entries {
-            let entry = entry.map_err(io_err("read directory", &src_dir))?;
+            let entry = entry.ctx("read directory", &src_dir)?;
             let name = entry.file_name();
             let rel = rel_dir.join(&name);
             let src = entry.path();
@@ -215,7 +200,7 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
                 stats.excluded += 1;
                 continue;
             }
-            let meta = fs::symlink_metadata(&src).map_err(io_err("stat", &src))?;
+            let meta = fs::symlink_metadata(&src).ctx("stat", &src)?;
             let ft = meta.file_type();
             if ft.is_dir() {
                 if (meta.dev(), meta.ino()) == to_id {
@@ -226,30 +211,29 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
                 if clear_dest(&dst, true)? {
                     // Merge into the existing directory; its mode is set at the end.
                     fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
-                        .map_err(io_err("set permissions on", &dst))?;
+                        .ctx("set permissions on", &dst)?;
                 } else {
                     fs::DirBuilder::new()
                         .mode(0o700)
                         .create(&dst)
-                        .map_err(io_err("create directory", &dst))?;
+                        .ctx("create directory", &dst)?;
                 }
                 stats.dirs += 1;
                 dir_modes.push((dst.clone(), meta.mode() & 0o1777));
                 stack.push((src, dst, rel));
             } else if ft.is_file() {
                 clear_dest(&dst, false)?;
-                let n = fs::copy(&src, &dst).map_err(io_err("copy", &src))?;
+                let n = fs::copy(&src, &dst).ctx("copy", &src)?;
                 if meta.mode() & 0o6000 != 0 {
                     fs::set_permissions(&dst, fs::Permissions::from_mode(meta.mode() & 0o1777))
-                        .map_err(io_err("set permissions on", &dst))?;
+                        .ctx("set permissions on", &dst)?;
                 }
                 stats.files += 1;
                 stats.bytes += n;
             } else if ft.is_symlink() {
-                let target = fs::read_link(&src).map_err(io_err("read link", &src))?;
+                let target = fs::read_link(&src).ctx("read link", &src)?;
                 clear_dest(&dst, false)?;
-                std::os::unix::fs::symlink(&target, &dst)
-                    .map_err(io_err("create symlink", &dst))?;
+                std::os::unix::fs::symlink(&target, &dst).ctx("create symlink", &dst)?;
                 stats.symlinks += 1;
             } else {
                 stats.special_skipped += 1;
@@ -258,7 +242,7 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
     }
     for (dir, mode) in dir_modes.iter().rev() {
         fs::set_permissions(dir, fs::Permissions::from_mode(*mode))
-            .map_err(io_err("set permissions on", dir))?;
+            .ctx("set permissions on", dir)?;
     }
     Ok(stats)
 }
@@ -269,7 +253,7 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
 fn clear_dest(dst: &Path, want_dir: bool) -> Result<bool, WorkspaceError> {
     match fs::symlink_metadata(dst) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err("stat", dst)(e)),
+        Err(e) => Err(IoError::new("stat", dst, e).into()),
         Ok(m) if m.is_dir() => {
             if want_dir {
                 Ok(true)
@@ -280,7 +264,7 @@ fn clear_dest(dst: &Path, want_dir: bool) -> Result<bool, WorkspaceError> {
             }
         }
         Ok(_) => {
-            fs::remove_file(dst).map_err(io_err("replace", dst))?;
+            fs::remove_file(dst).ctx("replace", dst)?;
             Ok(false)
         }
     }
@@ -303,7 +287,7 @@ pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
 /// (special files aside): the hash of the source a successor would get, without copying.
 pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
     let excludes = build_excludes(exclude)?;
-    let meta = fs::metadata(dir).map_err(io_err("read", dir))?;
+    let meta = fs::metadata(dir).ctx("read", dir)?;
     if !meta.is_dir() {
         return Err(WorkspaceError::NotADirectory {
             path: dir.to_path_buf(),
@@ -313,13 +297,13 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
     let mut stack = vec![PathBuf::new()];
     while let Some(rel_dir) = stack.pop() {
         let abs = dir.join(&rel_dir);
-        for entry in fs::read_dir(&abs).map_err(io_err("read directory", &abs))? {
-            let entry = entry.map_err(io_err("read directory", &abs))?;
+        for entry in fs::read_dir(&abs).ctx("read directory", &abs)? {
+            let entry = entry.ctx("read directory", &abs)?;
             let rel = rel_dir.join(entry.file_name());
             if excludes.is_match(&rel) {
                 continue;
             }
-            let m = fs::symlink_metadata(entry.path()).map_err(io_err("stat", &entry.path()))?;
+            let m = fs::symlink_metadata(entry.path()).ctx("stat", &entry.path())?;
             if m.is_dir() {
                 stack.push(rel.clone());
             }
@@ -353,10 +337,10 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
         put_bytes(&mut h, rel.as_os_str().as_bytes());
         if ft.is_file() {
             h.update([u8::from(m.mode() & 0o100 != 0)]);
-            let mut f = fs::File::open(&abs).map_err(io_err("open", &abs))?;
+            let mut f = fs::File::open(&abs).ctx("open", &abs)?;
             let mut fh = Sha256::new();
             loop {
-                let n = f.read(&mut buf).map_err(io_err("read", &abs))?;
+                let n = f.read(&mut buf).ctx("read", &abs)?;
                 if n == 0 {
                     break;
                 }
@@ -364,7 +348,7 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
             }
             h.update(fh.finalize());
         } else if ft.is_symlink() {
-            let target = fs::read_link(&abs).map_err(io_err("read link", &abs))?;
+            let target = fs::read_link(&abs).ctx("read link", &abs)?;
             put_bytes(&mut h, target.as_os_str().as_bytes());
         }
     }
@@ -380,36 +364,35 @@ pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_err("stat", path)(e)),
+        Err(e) => return Err(IoError::new("stat", path, e).into()),
     };
     if !meta.is_dir() {
-        return fs::remove_file(path).map_err(io_err("remove", path));
+        return Ok(fs::remove_file(path).ctx("remove", path)?);
     }
     let dev = meta.dev();
     // Depth-first with an explicit stack: (dir, children already removed?)
     let mut stack = vec![(path.to_path_buf(), false)];
     while let Some((dir, emptied)) = stack.pop() {
         if emptied {
-            fs::remove_dir(&dir).map_err(io_err("remove directory", &dir))?;
+            fs::remove_dir(&dir).ctx("remove directory", &dir)?;
             continue;
         }
-        let dmeta = fs::symlink_metadata(&dir).map_err(io_err("stat", &dir))?;
+        let dmeta = fs::symlink_metadata(&dir).ctx("stat", &dir)?;
         if dmeta.dev() != dev {
             return Err(WorkspaceError::MountPoint { path: dir });
         }
         if dmeta.mode() & 0o700 != 0o700 {
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-                .map_err(io_err("open up", &dir))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).ctx("open up", &dir)?;
         }
         stack.push((dir.clone(), true));
-        for entry in fs::read_dir(&dir).map_err(io_err("read directory", &dir))? {
-            let entry = entry.map_err(io_err("read directory", &dir))?;
+        for entry in fs::read_dir(&dir).ctx("read directory", &dir)? {
+            let entry = entry.ctx("read directory", &dir)?;
             let p = entry.path();
-            let ft = entry.file_type().map_err(io_err("stat", &p))?;
+            let ft = entry.file_type().ctx("stat", &p)?;
             if ft.is_dir() {
                 stack.push((p, false));
             } else {
-                fs::remove_file(&p).map_err(io_err("remove", &p))?;
+                fs::remove_file(&p).ctx("remove", &p)?;
             }
         }
     }

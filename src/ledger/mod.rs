@@ -81,6 +81,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::ioerr::IoError;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 pub use chain::VerifyReport;
@@ -101,13 +102,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Ledger errors; each names the file and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    #[error("ledger {}: {action}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        action: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("ledger {}: cannot {}: {}", .0.path.display(), .0.action, .0.source)]
+    Io(#[from] IoError),
     #[error(
         "ledger {} is not a readable SQLite database ({source}); if it is corrupt, move it \
          aside together with its head record {}.head (keep both for inspection) and fork \
@@ -227,7 +223,7 @@ impl Ledger {
         let exists = match fs::symlink_metadata(&path) {
             Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            Err(e) => return Err(io_err(&path, "cannot inspect the database file", e)),
+            Err(e) => return Err(IoError::new("inspect the database file", &path, e).into()),
         };
         if !exists {
             if let Some(rec) = read_head_file(&head_path).ok().flatten() {
@@ -248,12 +244,12 @@ impl Ledger {
                     .mode(0o700)
                     .create(dir)
                     .map_err(|e| {
-                        io_err(
-                            &path,
-                            &format!(
-                                "cannot create its directory {} (check permissions, or set XDG_DATA_HOME)",
+                        IoError::new(
+                            format!(
+                                "create its directory {} (check permissions, or set XDG_DATA_HOME)",
                                 dir.display()
                             ),
+                            &path,
                             e,
                         )
                     })?;
@@ -268,11 +264,12 @@ impl Ledger {
                 // Another process created it first: fine, it is initialised below.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
-                    return Err(io_err(
+                    return Err(IoError::new(
+                        "create the database file (check the directory's permissions)",
                         &path,
-                        "cannot create the database file (check the directory's permissions)",
                         e,
-                    ))
+                    )
+                    .into())
                 }
             }
         }
@@ -383,7 +380,7 @@ impl Ledger {
         if let Err(err) = write_head_file(&head_path, &new_head) {
             // The rename may have happened before a failing directory fsync: put it back.
             let _ = write_head_file(&head_path, &head);
-            return Err(io_err(&head_path, "cannot write the head record", err));
+            return Err(IoError::new("write the head record", &head_path, err).into());
         }
         if let Err(s) = tx.commit() {
             // Best effort: the sidecar must not run ahead of the database.
@@ -419,14 +416,6 @@ fn default_path_from(xdg_data_home: Option<OsString>, home: Option<PathBuf>) -> 
         None => home.unwrap_or_default().join(".local").join("share"),
     };
     base.join("fork").join("ledger.db")
-}
-
-pub(super) fn io_err(path: &Path, action: &str, source: io::Error) -> LedgerError {
-    LedgerError::Io {
-        path: path.to_path_buf(),
-        action: action.to_string(),
-        source,
-    }
 }
 
 pub(super) fn sql_err(path: &Path, action: &'static str, source: rusqlite::Error) -> LedgerError {

@@ -7,7 +7,8 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::head::{read_head_file, write_head_file, HeadRecord};
-use super::{io_err, sql_err, Entry, LedgerError};
+use super::{sql_err, Entry, LedgerError};
+use crate::ioerr::IoContext;
 
 /// `prev_hash` of row 1, and the head hash of an empty ledger.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -121,8 +122,7 @@ pub(super) fn init_schema(
         count: 0,
         head_hash: GENESIS_HASH.to_string(),
     };
-    write_head_file(head_path, &genesis)
-        .map_err(|e| io_err(head_path, "cannot write the head record", e))?;
+    write_head_file(head_path, &genesis).ctx("write the head record", head_path)?;
     tx.commit()
         .map_err(|s| sql_err(path, "commit the new schema", s))
 }

@@ -12,6 +12,7 @@
 //! not check them; consensus does).
 
 use crate::identity::{NodeKey, PublicKey};
+use crate::ioerr::{IoContext, IoError};
 use crate::verdict::bundle::VERDICT_FILE;
 use crate::verdict::sign::{Envelope, SignError};
 use crate::verdict::{sha256_digest, verify_bundle, Verdict, VerdictKind, VerifyError};
@@ -84,21 +85,8 @@ pub enum ApproveError {
     Exists { path: PathBuf },
     #[error("cannot sign the approval: {0}")]
     Sign(#[from] SignError),
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ApproveError + 'a {
-    move |source| ApproveError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// `steward-<keyid>.dsse.json`, the file name of `steward`'s approval.
@@ -138,17 +126,19 @@ fn read_limited(path: &Path) -> Result<Option<Vec<u8>>, ApproveError> {
     let f = match fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err("open", path)(e)),
+        Err(e) => return Err(IoError::new("open", path, e).into()),
     };
     let mut bytes = Vec::new();
     f.take(MAX_READ_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(io_err("read", path))?;
+        .ctx("read", path)?;
     if bytes.len() as u64 > MAX_READ_BYTES {
-        return Err(io_err("read", path)(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "larger than 64 MiB",
-        )));
+        return Err(IoError::new(
+            "read",
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, "larger than 64 MiB"),
+        )
+        .into());
     }
     Ok(Some(bytes))
 }
@@ -183,7 +173,7 @@ pub fn approve(
     // verify_bundle checked these bytes; it is the file the approval binds.
     let doc_path = dir.join(VERDICT_FILE);
     let document = read_limited(&doc_path)?
-        .ok_or_else(|| io_err("read", &doc_path)(io::Error::from(io::ErrorKind::NotFound)))?;
+        .ok_or_else(|| IoError::new("read", &doc_path, io::Error::from(io::ErrorKind::NotFound)))?;
     if Verdict::from_json(&document).ok().as_ref() != Some(v) {
         // Changed between verification and now: approve nothing.
         return Err(ApproveError::Verify {
@@ -213,24 +203,24 @@ pub fn approve(
         .prefix(".steward-")
         .suffix(".partial")
         .tempfile_in(&dir)
-        .map_err(io_err("create a temporary file in", &dir))?;
+        .ctx("create a temporary file in", &dir)?;
     tmp.write_all(&bytes)
         .and_then(|_| {
             tmp.as_file()
                 .set_permissions(fs::Permissions::from_mode(0o644))
         })
         .and_then(|_| tmp.as_file().sync_all())
-        .map_err(io_err("write", tmp.path()))?;
+        .ctx("write", tmp.path())?;
     match tmp.persist_noclobber(&dest) {
         Ok(_) => {}
         Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
             return Err(ApproveError::Exists { path: dest })
         }
-        Err(e) => return Err(io_err("write", &dest)(e.error)),
+        Err(e) => return Err(IoError::new("write", &dest, e.error).into()),
     }
     fs::File::open(&dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err("sync directory", &dir))?;
+        .ctx("sync directory", &dir)?;
     Ok(dest)
 }
 
@@ -253,7 +243,7 @@ pub fn check_approval(bundle: &Path, steward: &PublicKey) -> Result<StewardCheck
     };
     let doc_path = dir.join(VERDICT_FILE);
     let document = read_limited(&doc_path)?
-        .ok_or_else(|| io_err("read", &doc_path)(io::Error::from(io::ErrorKind::NotFound)))?;
+        .ok_or_else(|| IoError::new("read", &doc_path, io::Error::from(io::ErrorKind::NotFound)))?;
     let meta = match fs::symlink_metadata(&path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -265,7 +255,7 @@ pub fn check_approval(bundle: &Path, steward: &PublicKey) -> Result<StewardCheck
                 ),
             ))
         }
-        Err(e) => return Err(io_err("stat", &path)(e)),
+        Err(e) => return Err(IoError::new("stat", &path, e).into()),
     };
     if !meta.file_type().is_file() {
         return Ok(check(

@@ -22,6 +22,7 @@
 //! `artifacts/<plain name>`.
 
 use crate::identity::PublicKey;
+use crate::ioerr::{IoContext, IoError};
 use crate::mesh::approve::is_approval_file_name;
 use crate::verdict::bundle::{
     ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
@@ -33,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
 
@@ -86,13 +87,8 @@ pub enum MeshError {
     RuntimeMismatch { proposed: String, local: String },
     #[error("bundle file name `{0}` refused: only verdict.json, verdict.dsse.json, endorsement.dsse.json, steward-<key id>.dsse.json and artifacts/<plain name> may be written")]
     BadFileName(String),
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("evaluation failed: {0}")]
     Evaluate(Box<crate::evaluation::EvaluateError>),
     #[error("{0}")]
@@ -106,17 +102,6 @@ impl MeshError {
     /// proposal is delivered again rather than refused.
     pub fn is_transient(&self) -> bool {
         matches!(self, MeshError::Evaluate(e) if matches!(**e, crate::evaluation::EvaluateError::Internal(_)))
-    }
-}
-
-pub(crate) fn io_err<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> MeshError + 'a {
-    move |source| MeshError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
     }
 }
 
@@ -506,7 +491,7 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
     let mut files = BTreeMap::new();
     let mut total = 0usize;
     let mut add = |name: String, path: &Path| -> Result<(), MeshError> {
-        let meta = std::fs::symlink_metadata(path).map_err(io_err("read", path))?;
+        let meta = std::fs::symlink_metadata(path).ctx("read", path)?;
         if !meta.is_file() {
             return Err(MeshError::Input(format!(
                 "{} is not a regular file: a verdict bundle holds regular files only",
@@ -519,7 +504,7 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
                 f.take(MAX_VERDICT_MESSAGE_BYTES as u64 + 1)
                     .read_to_end(&mut bytes)
             })
-            .map_err(io_err("read", path))?;
+            .ctx("read", path)?;
         total += bytes.len();
         if total > MAX_VERDICT_MESSAGE_BYTES {
             return Err(MeshError::TooLarge {
@@ -535,9 +520,9 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
         add(top.to_string(), &dir.join(top))?;
     }
     let mut approvals = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
+    for e in std::fs::read_dir(dir).ctx("list", dir)? {
         let name = e
-            .map_err(io_err("list", dir))?
+            .ctx("list", dir)?
             .file_name()
             .to_string_lossy()
             .into_owned();
@@ -555,7 +540,7 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
         Ok(rd) => {
             let mut names = Vec::new();
             for e in rd {
-                let e = e.map_err(io_err("list", &art))?;
+                let e = e.ctx("list", &art)?;
                 names.push(e.file_name().to_string_lossy().into_owned());
             }
             names.sort();
@@ -575,7 +560,7 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("list", &art)(e)),
+        Err(e) => return Err(IoError::new("list", &art, e).into()),
     }
     Ok(files)
 }
@@ -612,18 +597,14 @@ pub fn write_bundle_files(dir: &Path, files: &BTreeMap<String, String>) -> Resul
         decoded.push((name.as_str(), bytes));
     }
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err("create directory", parent))?;
+        std::fs::create_dir_all(parent).ctx("create directory", parent)?;
     }
     let mut builder = std::fs::DirBuilder::new();
     builder.mode(0o755);
-    builder
-        .create(dir)
-        .map_err(io_err("create directory", dir))?;
+    builder.create(dir).ctx("create directory", dir)?;
     if decoded.iter().any(|(n, _)| n.starts_with("artifacts/")) {
         let art = dir.join(ARTIFACTS_DIR);
-        builder
-            .create(&art)
-            .map_err(io_err("create directory", &art))?;
+        builder.create(&art).ctx("create directory", &art)?;
     }
     for (name, bytes) in decoded {
         let path = dir.join(name);
@@ -633,8 +614,8 @@ pub fn write_bundle_files(dir: &Path, files: &BTreeMap<String, String>) -> Resul
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(io_err("create", &path))?;
-        f.write_all(&bytes).map_err(io_err("write", &path))?;
+            .ctx("create", &path)?;
+        f.write_all(&bytes).ctx("write", &path)?;
     }
     Ok(())
 }

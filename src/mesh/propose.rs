@@ -12,8 +12,9 @@
 //! even if every silent node votes against) or at the timeout.
 
 use crate::identity::PublicKey;
+use crate::ioerr::IoContext;
 use crate::mesh::consensus::{consensus, ConsensusConfig, ConsensusReport, Quorum};
-use crate::mesh::messages::{decode_verdict_message, io_err, MeshError, Proposal, MAX_PATCH_BYTES};
+use crate::mesh::messages::{decode_verdict_message, MeshError, Proposal, MAX_PATCH_BYTES};
 use crate::mesh::transport::Bus;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
@@ -231,7 +232,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("fork-mesh"))
         .join(&id);
-    std::fs::create_dir_all(&out_dir).map_err(io_err("create directory", &out_dir))?;
+    std::fs::create_dir_all(&out_dir).ctx("create directory", &out_dir)?;
     let cfg = ConsensusConfig {
         quorum: opts.quorum,
         min_nodes: opts.min_nodes,

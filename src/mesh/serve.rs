@@ -19,8 +19,9 @@
 
 use crate::evaluation::{EvaluateError, LedgerChoice, Request};
 use crate::identity::{NodeKey, PublicKey};
+use crate::ioerr::IoContext;
 use crate::mesh::messages::{
-    decode_proposal, io_err, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
+    decode_proposal, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
 };
 use crate::mesh::transport::{backoff, consumer_name, Bus, PROGRESS_EVERY};
 use crate::sandbox::signals::interrupted;
@@ -119,7 +120,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
         .unwrap_or_else(|| PathBuf::from("."))
         .join("mesh")
         .join(subjects.prefix());
-    std::fs::create_dir_all(&bundles).map_err(io_err("create directory", &bundles))?;
+    std::fs::create_dir_all(&bundles).ctx("create directory", &bundles)?;
     let node = Node {
         runtime_name: manifest.runtime.name.clone(),
         opts,
@@ -410,7 +411,7 @@ async fn evaluate(
             p.proposal_id,
             uuid::Uuid::new_v4().simple()
         ));
-        std::fs::rename(&out, &aside).map_err(io_err("set aside", &out))?;
+        std::fs::rename(&out, &aside).ctx("set aside", &out)?;
         log(format!(
             "an unusable earlier bundle for this proposal was moved to {}",
             aside.display()
@@ -420,8 +421,8 @@ async fn evaluate(
         .prefix(&format!(".{}.", p.proposal_id))
         .suffix(".diff")
         .tempfile_in(&node.bundles)
-        .map_err(io_err("create a patch file in", &node.bundles))?;
-    std::fs::write(patch_file.path(), &patch).map_err(io_err("write", patch_file.path()))?;
+        .ctx("create a patch file in", &node.bundles)?;
+    std::fs::write(patch_file.path(), &patch).ctx("write", patch_file.path())?;
     let mut args = Request::new(patch_file.path().to_path_buf(), node.opts.runtime.clone());
     args.task = p.task.clone();
     args.policy = node.opts.policy.clone();

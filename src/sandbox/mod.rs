@@ -27,6 +27,7 @@ pub mod spec;
 mod supervisor;
 pub mod watchdog;
 
+use crate::ioerr::{IoContext, IoError};
 use crate::rundir::RunDir;
 use reclaim::chown_tree;
 pub use reclaim::reclaim_dir;
@@ -67,12 +68,8 @@ pub enum SandboxError {
         op: &'static str,
         source: nix::Error,
     },
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("{} {}: {}", .0.action, .0.path.display(), .0.source)]
+    Io(#[from] IoError),
 }
 
 fn sys(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
@@ -322,14 +319,10 @@ impl Sandbox {
             // (0711, nothing listable) to its own mount point; the disk is its alone (0700).
             use std::os::unix::fs::PermissionsExt;
             let rd = sb.rundir();
-            let io_err = |op: &'static str, path: &Path| {
-                let path = path.to_path_buf();
-                move |source| SandboxError::Io { op, path, source }
-            };
             std::fs::set_permissions(&rd.path, std::fs::Permissions::from_mode(0o711))
-                .map_err(io_err("chmod", &rd.path))?;
+                .ctx("chmod", &rd.path)?;
             std::os::unix::fs::chown(rd.root_mount(), Some(host_uid), Some(host_gid))
-                .map_err(io_err("chown", &rd.root_mount()))?;
+                .ctx("chown", &rd.root_mount())?;
         }
         sb.mount_disk()?;
         Ok(sb)
@@ -436,11 +429,7 @@ impl Sandbox {
         }
         let ws = self.workspace();
         for d in [ws.clone(), ws.join("home")] {
-            std::fs::create_dir_all(&d).map_err(|source| SandboxError::Io {
-                op: "create workspace",
-                path: d.clone(),
-                source,
-            })?;
+            std::fs::create_dir_all(&d).ctx("create workspace", &d)?;
         }
         self.chown_workspace()?;
         let spec = self.spec.clone();

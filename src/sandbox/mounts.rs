@@ -15,6 +15,7 @@
 //! For `root = "minimal"` the base is an empty tmpfs (made read-only at the end) holding
 //! only the policy's `binds`, read-only.
 
+use crate::ioerr::{IoContext, IoError};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::symlink;
@@ -29,23 +30,12 @@ pub enum MountError {
         path: PathBuf,
         source: nix::Error,
     },
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("{} {}: {}", .0.action, .0.path.display(), .0.source)]
+    Io(#[from] IoError),
 }
 
 fn sys<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> MountError + 'a {
     move |source| MountError::Sys {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MountError + 'a {
-    move |source| MountError::Io {
         op,
         path: path.to_path_buf(),
         source,
@@ -226,12 +216,12 @@ fn touch(p: &Path) -> Result<(), MountError> {
         .truncate(false)
         .write(true)
         .open(p)
-        .map(|_| ())
-        .map_err(io("create", p))
+        .ctx("create", p)?;
+    Ok(())
 }
 
 fn mkdirs(p: &Path) -> Result<(), MountError> {
-    std::fs::create_dir_all(p).map_err(io("mkdir", p))
+    Ok(std::fs::create_dir_all(p).ctx("mkdir", p)?)
 }
 
 /// Runs in the sandbox init (inside its user and mount namespaces): builds the new root
@@ -282,14 +272,14 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
             }
             MountOp::BindRo { src } => {
                 let dst = inside(newroot, src);
-                let md = std::fs::symlink_metadata(src).map_err(io("stat", src))?;
+                let md = std::fs::symlink_metadata(src).ctx("stat", src)?;
                 if let Some(parent) = dst.parent() {
                     mkdirs(parent)?;
                 }
                 if md.file_type().is_symlink() {
-                    let target = std::fs::read_link(src).map_err(io("readlink", src))?;
+                    let target = std::fs::read_link(src).ctx("readlink", src)?;
                     if std::fs::symlink_metadata(&dst).is_err() {
-                        symlink(&target, &dst).map_err(io("symlink", &dst))?;
+                        symlink(&target, &dst).ctx("symlink", &dst)?;
                     }
                     continue;
                 }
@@ -491,7 +481,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
     .map_err(sys("mount devpts", &pts))?;
-    symlink("pts/ptmx", dev.join("ptmx")).map_err(io("symlink", &dev.join("ptmx")))?;
+    symlink("pts/ptmx", dev.join("ptmx")).ctx("symlink", &dev.join("ptmx"))?;
     let shm = dev.join("shm");
     mkdirs(&shm)?;
     let data = format!("mode=1777,size={shm_size}");
@@ -510,7 +500,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         ("stderr", "/proc/self/fd/2"),
         ("core", "/proc/kcore"),
     ] {
-        symlink(target, dev.join(name)).map_err(io("symlink", &dev.join(name)))?;
+        symlink(target, dev.join(name)).ctx("symlink", &dev.join(name))?;
     }
     // The /dev directory itself is read-only; the device binds, pts and shm keep their own flags.
     mount(

@@ -2,6 +2,7 @@
 //! directory (shared with `fork gc`), and handing the workspace to the sandbox's uid.
 
 use super::SandboxError;
+use crate::ioerr::{IoContext, IoError};
 use std::path::{Path, PathBuf};
 
 /// Unmounts anything beneath a run directory and deletes it (shared with `fork gc`).
@@ -18,22 +19,14 @@ pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
     for p in points {
         if let Err(e) = umount2(&p, MntFlags::MNT_DETACH) {
             if e != nix::Error::EINVAL && e != nix::Error::ENOENT {
-                return Err(SandboxError::Io {
-                    op: "unmount",
-                    path: p,
-                    source: std::io::Error::from(e),
-                });
+                return Err(IoError::new("unmount", &p, std::io::Error::from(e)).into());
             }
         }
     }
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(SandboxError::Io {
-            op: "remove run directory",
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(IoError::new("remove run directory", path, source).into()),
     }
 }
 
@@ -61,22 +54,10 @@ pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
 pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(p) = stack.pop() {
-        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).map_err(|source| SandboxError::Io {
-            op: "chown",
-            path: p.clone(),
-            source,
-        })?;
-        let md = std::fs::symlink_metadata(&p).map_err(|source| SandboxError::Io {
-            op: "stat",
-            path: p.clone(),
-            source,
-        })?;
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).ctx("chown", &p)?;
+        let md = std::fs::symlink_metadata(&p).ctx("stat", &p)?;
         if md.is_dir() {
-            let rd = std::fs::read_dir(&p).map_err(|source| SandboxError::Io {
-                op: "read dir",
-                path: p.clone(),
-                source,
-            })?;
+            let rd = std::fs::read_dir(&p).ctx("read dir", &p)?;
             for e in rd.flatten() {
                 stack.push(e.path());
             }

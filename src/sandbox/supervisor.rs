@@ -80,16 +80,9 @@ pub(super) fn spawn_init(
         nix::sys::memfd::memfd_create(c"fork-init-config", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
             .map_err(sys("memfd_create"))?;
     let mut f = std::fs::File::from(memfd);
-    f.write_all(&cfg_json).map_err(|source| SandboxError::Io {
-        op: "write config",
-        path: PathBuf::from("memfd"),
-        source,
-    })?;
-    f.rewind().map_err(|source| SandboxError::Io {
-        op: "rewind config",
-        path: PathBuf::from("memfd"),
-        source,
-    })?;
+    f.write_all(&cfg_json)
+        .ctx("write config", Path::new("memfd"))?;
+    f.rewind().ctx("rewind config", Path::new("memfd"))?;
     let cfg_fd: OwnedFd = f.into();
     let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
     let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
@@ -283,11 +276,7 @@ pub(super) fn spawn_init(
 }
 
 pub(super) fn write_file(path: &str, content: &str) -> Result<(), SandboxError> {
-    std::fs::write(path, content).map_err(|source| SandboxError::Io {
-        op: "write",
-        path: PathBuf::from(path),
-        source,
-    })
+    Ok(std::fs::write(path, content).ctx("write", Path::new(path))?)
 }
 
 pub(super) fn kill_pidfd(pidfd: &OwnedFd) {
@@ -343,11 +332,7 @@ pub(super) fn supervise(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|source| SandboxError::Io {
-            op: "start the watchdog runtime",
-            path: PathBuf::new(),
-            source,
-        })?;
+        .ctx("start the watchdog runtime", Path::new(""))?;
     let pidfd_raw = child.pidfd.as_raw_fd();
     let cost = doors.cost.clone();
     // Doors are served on this thread (their futures need not be Send), in a LocalSet that

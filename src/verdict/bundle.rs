@@ -21,6 +21,7 @@
 //! existing bundle is never replaced.
 
 use crate::identity::{EphemeralKey, NodeKey, PublicKey, SigningIdentity};
+use crate::ioerr::{IoContext, IoError};
 use crate::verdict::sign::{self, Endorsement, SignError};
 use crate::verdict::{Artifact, ArtifactType, Verdict};
 use sha2::{Digest, Sha256};
@@ -55,21 +56,8 @@ pub enum BundleError {
     Sign(#[from] SignError),
     #[error("cannot serialize the verdict: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BundleError + 'a {
-    move |source| BundleError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// A bundle that was written.
@@ -141,9 +129,9 @@ fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64), BundleErro
                 path: source.to_path_buf(),
             })
         }
-        Err(e) => return Err(io_err("open artifact", source)(e)),
+        Err(e) => return Err(IoError::new("open artifact", source, e).into()),
     };
-    let meta = input.metadata().map_err(io_err("stat", source))?;
+    let meta = input.metadata().ctx("stat", source)?;
     if !meta.file_type().is_file() {
         return Err(BundleError::ArtifactNotRegular {
             path: source.to_path_buf(),
@@ -154,20 +142,20 @@ fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64), BundleErro
         .create_new(true)
         .mode(0o644)
         .open(dest)
-        .map_err(io_err("create", dest))?;
+        .ctx("create", dest)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut bytes = 0u64;
     loop {
-        let n = input.read(&mut buf).map_err(io_err("read", source))?;
+        let n = input.read(&mut buf).ctx("read", source)?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        output.write_all(&buf[..n]).map_err(io_err("write", dest))?;
+        output.write_all(&buf[..n]).ctx("write", dest)?;
         bytes += n as u64;
     }
-    output.sync_all().map_err(io_err("sync", dest))?;
+    output.sync_all().ctx("sync", dest)?;
     Ok((hex::encode(hasher.finalize()), bytes))
 }
 
@@ -177,16 +165,16 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
         .create_new(true)
         .mode(0o644)
         .open(path)
-        .map_err(io_err("create", path))?;
-    f.write_all(bytes)
+        .ctx("create", path)?;
+    Ok(f.write_all(bytes)
         .and_then(|_| f.sync_all())
-        .map_err(io_err("write", path))
+        .ctx("write", path)?)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), BundleError> {
-    fs::File::open(dir)
+    Ok(fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err("sync directory", dir))
+        .ctx("sync directory", dir)?)
 }
 
 /// Writes the signed bundle to `out_dir` (which must not exist; its parent is created).
@@ -212,10 +200,14 @@ pub fn write_bundle(
     let name = out_dir
         .file_name()
         .ok_or_else(|| {
-            io_err("use as a bundle directory", out_dir)(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the path has no final component",
-            ))
+            IoError::new(
+                "use as a bundle directory",
+                out_dir,
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the path has no final component",
+                ),
+            )
         })?
         .to_string_lossy()
         .into_owned();
@@ -223,16 +215,16 @@ pub fn write_bundle(
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    fs::create_dir_all(&parent).map_err(io_err("create directory", &parent))?;
+    fs::create_dir_all(&parent).ctx("create directory", &parent)?;
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}{PARTIAL_INFIX}"))
         .tempdir_in(&parent)
-        .map_err(io_err("create a temporary directory in", &parent))?;
+        .ctx("create a temporary directory in", &parent)?;
     let staging = tmp.path().to_path_buf();
 
     // Artifacts first: their hashes go into the verdict.
     let art_dir = staging.join(ARTIFACTS_DIR);
-    fs::create_dir(&art_dir).map_err(io_err("create directory", &art_dir))?;
+    fs::create_dir(&art_dir).ctx("create directory", &art_dir)?;
     let mut used = HashSet::new();
     let mut listed = Vec::with_capacity(artifacts.len());
     for (kind, source) in artifacts {
@@ -267,7 +259,7 @@ pub fn write_bundle(
         &endorsement_env.to_json_pretty()?,
     )?;
     fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
-        .map_err(io_err("set permissions on", &staging))?;
+        .ctx("set permissions on", &staging)?;
     sync_dir(&staging)?;
 
     rename_no_replace(&parent, &staging, out_dir)?;
@@ -284,7 +276,7 @@ pub fn write_bundle(
 
 /// Renames `from` to `to` (both in `parent`), failing if `to` exists.
 fn rename_no_replace(parent: &Path, from: &Path, to: &Path) -> Result<(), BundleError> {
-    let dir = fs::File::open(parent).map_err(io_err("open directory", parent))?;
+    let dir = fs::File::open(parent).ctx("open directory", parent)?;
     let from_name = from.file_name().unwrap_or_default();
     let to_name = to.file_name().unwrap_or_default();
     match nix::fcntl::renameat2(
@@ -305,9 +297,9 @@ fn rename_no_replace(parent: &Path, from: &Path, to: &Path) -> Result<(), Bundle
                     path: to.to_path_buf(),
                 });
             }
-            fs::rename(from, to).map_err(io_err("move the bundle to", to))
+            Ok(fs::rename(from, to).ctx("move the bundle to", to)?)
         }
-        Err(e) => Err(io_err("move the bundle to", to)(io::Error::from(e))),
+        Err(e) => Err(IoError::new("move the bundle to", to, io::Error::from(e)).into()),
     }
 }
 

@@ -13,6 +13,7 @@
 
 use crate::fsx::{self, FsxError};
 use crate::identity::PublicKey;
+use crate::ioerr::{IoContext, IoError};
 use crate::verdict::bundle::{
     ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
 };
@@ -61,13 +62,8 @@ pub enum VerifyError {
     NotABundle { path: PathBuf },
     #[error("{path} is missing from the bundle")]
     Missing { path: PathBuf },
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(IoError),
     #[error("{path} is malformed: {reason}")]
     Malformed { path: PathBuf, reason: String },
     #[error("{path} is not byte for byte as fork wrote it (edited or reformatted?)")]
@@ -131,18 +127,14 @@ pub enum VerifyError {
     UnexpectedFile { path: PathBuf },
 }
 
-fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VerifyError + 'a {
-    move |source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            VerifyError::Missing {
-                path: path.to_path_buf(),
-            }
+/// A file of the bundle that is not there is `Missing` (the bundle is incomplete); any other
+/// I/O failure is `Io`.
+impl From<IoError> for VerifyError {
+    fn from(e: IoError) -> VerifyError {
+        if e.kind() == io::ErrorKind::NotFound {
+            VerifyError::Missing { path: e.path }
         } else {
-            VerifyError::Io {
-                action,
-                path: path.to_path_buf(),
-                source,
-            }
+            VerifyError::Io(e)
         }
     }
 }
@@ -174,11 +166,11 @@ pub fn read_envelope(path: &Path, payload_type: &str) -> Result<ReadEnvelope, Ve
 }
 
 fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
-    let f = fs::File::open(path).map_err(io_err("open", path))?;
+    let f = fs::File::open(path).ctx("open", path)?;
     let mut bytes = Vec::new();
     f.take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(io_err("read", path))?;
+        .ctx("read", path)?;
     if bytes.len() as u64 > MAX_JSON_BYTES {
         return Err(malformed(path, "larger than 64 MiB"));
     }
@@ -187,7 +179,7 @@ fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
 
 /// The bundle directory for `path`: the directory itself, or the parent of its verdict.json.
 fn bundle_dir(path: &Path) -> Result<PathBuf, VerifyError> {
-    let meta = fs::metadata(path).map_err(io_err("open", path))?;
+    let meta = fs::metadata(path).ctx("open", path)?;
     if meta.is_dir() {
         return Ok(path.to_path_buf());
     }
@@ -445,11 +437,7 @@ fn hash_artifact(
             actual: size,
         },
         FsxError::BadPath { reason, .. } => malformed(&path(), reason),
-        FsxError::Io { op, source, .. } => VerifyError::Io {
-            action: op,
-            path: path(),
-            source,
-        },
+        FsxError::Io { op, source, .. } => VerifyError::Io(IoError::new(op, &path(), source)),
     })?;
     if opened.size != listed {
         return Err(VerifyError::ArtifactSize {
@@ -463,7 +451,7 @@ fn hash_artifact(
     let mut buf = vec![0u8; 1 << 16];
     let mut n_total = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(io_err("read", &path()))?;
+        let n = f.read(&mut buf).ctx("read", &path())?;
         if n == 0 {
             break;
         }
@@ -481,11 +469,7 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
         FsxError::Missing { .. } => VerifyError::Missing {
             path: dir.to_path_buf(),
         },
-        FsxError::Io { op, source, .. } => VerifyError::Io {
-            action: op,
-            path: dir.to_path_buf(),
-            source,
-        },
+        FsxError::Io { op, source, .. } => VerifyError::Io(IoError::new(op, dir, source)),
         _ => VerifyError::NotABundle {
             path: dir.to_path_buf(),
         },
@@ -512,8 +496,8 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
     }
     match fs::symlink_metadata(&art_dir) {
         Ok(m) if m.is_dir() => {
-            for entry in fs::read_dir(&art_dir).map_err(io_err("read directory", &art_dir))? {
-                let entry = entry.map_err(io_err("read directory", &art_dir))?;
+            for entry in fs::read_dir(&art_dir).ctx("read directory", &art_dir)? {
+                let entry = entry.ctx("read directory", &art_dir)?;
                 let p = entry.path();
                 if !listed.contains(&p) {
                     return Err(VerifyError::UnlistedArtifact { path: p });
@@ -522,7 +506,7 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
         }
         Ok(_) => return Err(VerifyError::UnexpectedFile { path: art_dir }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("stat", &art_dir)(e)),
+        Err(e) => return Err(IoError::new("stat", &art_dir, e).into()),
     }
     let allowed = [
         VERDICT_FILE,
@@ -530,8 +514,8 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
         ENDORSEMENT_FILE,
         ARTIFACTS_DIR,
     ];
-    for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
-        let entry = entry.map_err(io_err("read directory", dir))?;
+    for entry in fs::read_dir(dir).ctx("read directory", dir)? {
+        let entry = entry.ctx("read directory", dir)?;
         let name = entry.file_name();
         if allowed.iter().any(|a| name == *a) {
             continue;

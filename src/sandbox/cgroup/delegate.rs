@@ -11,7 +11,8 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use super::{io_err, CgroupError};
+use super::CgroupError;
+use crate::ioerr::{IoContext, IoError};
 
 /// The v2 leaf fork moves itself into when its own cgroup must stay process-free.
 pub(super) const SUPERVISOR_LEAF: &str = "fork-supervisor";
@@ -22,7 +23,7 @@ pub(super) const DELEGATE_FIX: &str = "run fork as the only process of a delegat
 
 /// The whitespace-separated words of a file (`cgroup.controllers`, `cgroup.subtree_control`).
 pub(super) fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {
-    let text = fs::read_to_string(path).map_err(io_err("reading", path))?;
+    let text = fs::read_to_string(path).ctx("reading", path)?;
     Ok(text.split_whitespace().map(str::to_string).collect())
 }
 
@@ -67,9 +68,7 @@ pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
             let procs_path = own_dir.join("cgroup.procs");
-            let procs = parse_pids(
-                &fs::read_to_string(&procs_path).map_err(io_err("reading", &procs_path))?,
-            );
+            let procs = parse_pids(&fs::read_to_string(&procs_path).ctx("reading", &procs_path)?);
             let me = std::process::id() as i32;
             let others = procs.iter().filter(|&&p| p != me).count();
             if others > 0 {
@@ -84,10 +83,10 @@ pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
             match fs::create_dir(&leaf) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_err("creating", &leaf)(e)),
+                Err(e) => return Err(IoError::new("creating", &leaf, e).into()),
             }
             let leaf_procs = leaf.join("cgroup.procs");
-            fs::write(&leaf_procs, me.to_string()).map_err(io_err("writing", &leaf_procs))?;
+            fs::write(&leaf_procs, me.to_string()).ctx("writing", &leaf_procs)?;
             fs::write(&subtree, &line).map_err(|source| CgroupError::Write {
                 file: subtree.clone(),
                 value: line.clone(),

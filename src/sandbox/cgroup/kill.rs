@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use cgroups_rs::fs::freezer::FreezerController;
 
 use super::layout::{detect_layout, validate_run_id, PREFIX};
-use super::{io_err, CgroupError, CgroupVersion, SandboxCgroup};
+use super::{CgroupError, CgroupVersion, SandboxCgroup};
+use crate::ioerr::IoError;
 
 /// How long kill_all / destroy wait for the cgroup to empty.
 const KILL_WAIT: Duration = Duration::from_secs(2);
@@ -122,7 +123,7 @@ impl SandboxCgroup {
                     {
                         std::thread::sleep(Duration::from_millis(10));
                     }
-                    Err(e) => return Err(io_err("removing (rmdir)", &d.path)(e)),
+                    Err(e) => return Err(IoError::new("removing (rmdir)", &d.path, e).into()),
                 }
             }
         }
@@ -193,7 +194,7 @@ pub fn remove_stale(is_stale: &dyn Fn(&str) -> bool) -> Result<Vec<PathBuf>, Cgr
         let entries = match fs::read_dir(&d.own_dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err("listing", &d.own_dir)(e)),
+            Err(e) => return Err(IoError::new("listing", &d.own_dir, e).into()),
         };
         for entry in entries.flatten() {
             let name = entry.file_name();

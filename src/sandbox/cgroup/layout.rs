@@ -15,7 +15,8 @@ use cgroups_rs::fs::hierarchies::{is_cgroup2_unified_mode, UNIFIED_MOUNTPOINT, V
 use cgroups_rs::fs::{Cgroup, Controllers, Hierarchy};
 
 use super::delegate::SUPERVISOR_LEAF;
-use super::{io_err, CgroupError, CgroupVersion};
+use super::{CgroupError, CgroupVersion};
+use crate::ioerr::{IoContext, IoError};
 
 /// Prefix of every sandbox cgroup.
 pub(super) const PREFIX: &str = "fork-";
@@ -185,14 +186,16 @@ pub(super) fn plan_v2(own: &OwnPaths, mount_root: &Path) -> Result<Layout, Cgrou
 
 /// This host's layout.
 pub(super) fn detect_layout() -> Result<Layout, CgroupError> {
-    let own = get_cgroups_relative_paths().map_err(|e| CgroupError::Io {
-        op: "reading",
-        path: PathBuf::from("/proc/self/cgroup"),
-        source: io::Error::other(e),
+    let own = get_cgroups_relative_paths().map_err(|e| {
+        IoError::new(
+            "reading",
+            Path::new("/proc/self/cgroup"),
+            io::Error::other(e),
+        )
     })?;
     if is_cgroup2_unified_mode() {
         let mi_path = Path::new("/proc/self/mountinfo");
-        let mountinfo = fs::read_to_string(mi_path).map_err(io_err("reading", mi_path))?;
+        let mountinfo = fs::read_to_string(mi_path).ctx("reading", mi_path)?;
         let mount_root =
             cgroup2_mount_root(&mountinfo, UNIFIED_MOUNTPOINT).unwrap_or_else(|| "/".into());
         return plan_v2(&own, &mount_root);

@@ -24,10 +24,10 @@
 //! why.
 
 use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::ioerr::{IoContext, IoError};
 use cgroups_rs::fs::Cgroup;
 
 mod delegate;
@@ -88,15 +88,8 @@ pub enum CgroupError {
         detail: &'static str,
     },
     /// A file under /proc or a cgroup filesystem could not be read or written.
-    #[error("cgroup: {op} {path:?} failed: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The OS error.
-        source: io::Error,
-    },
+    #[error("cgroup: {} {:?} failed: {}", .0.action, .0.path, .0.source)]
+    Io(#[from] IoError),
     /// Our own cgroup could not be located in a hierarchy.
     #[error("cgroup: cannot locate this process's own cgroup: {detail}; fix: {fix}")]
     OwnCgroup {
@@ -169,14 +162,6 @@ pub enum CgroupError {
     },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// The sandbox's cgroup in one hierarchy.
 #[derive(Debug)]
 struct SandboxDir {
@@ -224,7 +209,7 @@ impl SandboxCgroup {
             let own = &layout.dirs[0].own_dir; // invariant: v2 layouts have exactly one dir
             ensure_v2_controllers(own)?;
             let target = own.join(&name);
-            fs::create_dir(&target).map_err(io_err("creating", &target))?;
+            fs::create_dir(&target).ctx("creating", &target)?;
         }
         let mut sandbox = Self::attach(&layout, run_id);
         if layout.version == CgroupVersion::V1 {
