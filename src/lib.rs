@@ -6,6 +6,8 @@
 //! evaluate ([`sandbox`], [`budget`], [`task`]), verdict ([`verdict`], [`identity`]),
 //! destroy ([`sandbox::Sandbox::destroy`], [`gc`]).
 
+#![deny(unsafe_code)]
+
 pub mod budget;
 pub mod check;
 pub mod cli;

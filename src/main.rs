@@ -1,5 +1,7 @@
 //! The `fork` binary: parses the command line and dispatches to the library.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 
 fn main() {

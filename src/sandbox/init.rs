@@ -4,19 +4,20 @@
 //!
 //! It enters the cgroup namespace (the supervisor has already moved it into the sandbox
 //! cgroup), builds the root and pivots into it, names the host, brings loopback up, then
-//! forks the command. The command drops every capability, sets no_new_privs, restricts
-//! itself with Landlock, installs the seccomp filters and execs. The init reaps every
+//! forks the command. The command drops every capability and sets no_new_privs
+//! ([`super::caps`]), restricts itself with Landlock, installs the seccomp filters and
+//! execs. Namespace steps are in [`super::namespaces`], raw system calls in `sys`. The init reaps every
 //! orphan, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the command's process
 //! group, and when the command ends reports its status on the status pipe and exits:
 //! the kernel then kills everything left in the namespace.
 
-use super::{InitConfig, InitMsg, Layer};
+use super::{namespaces, sys, InitConfig, InitMsg, Layer};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 const FORWARDED: [Signal; 6] = [
@@ -47,8 +48,14 @@ impl Status {
     }
 }
 
-fn parse_fd(s: Option<&String>) -> Option<RawFd> {
-    s.and_then(|s| s.parse::<RawFd>().ok()).filter(|fd| *fd > 2)
+/// The two descriptors numbered on the command line, each if it is open, above stderr,
+/// and not the other one.
+fn adopt_fds(a: Option<&String>, b: Option<&String>) -> (Option<OwnedFd>, Option<OwnedFd>) {
+    let parse = |s: Option<&String>| s.and_then(|s| s.parse::<RawFd>().ok());
+    match (parse(a), parse(b)) {
+        (Some(a), Some(b)) if a != b => (sys::adopt_inherited_fd(a), sys::adopt_inherited_fd(b)),
+        _ => (None, None),
+    }
 }
 
 /// The init's own exit codes, as a shell reports them (the command's own status passes
@@ -69,19 +76,13 @@ pub mod code {
 
 /// Entry point of the init role. Returns the process exit code.
 pub fn main(args: &[String]) -> i32 {
-    let (Some(cfg_fd), Some(status_fd)) = (parse_fd(args.first()), parse_fd(args.get(1))) else {
+    // The supervisor passed these two descriptors, open and ours alone.
+    let (Some(cfg_owned), Some(status_owned)) = adopt_fds(args.first(), args.get(1)) else {
         eprintln!(
             "fork: {} is internal: fork runs it itself",
             super::INIT_ROLE
         );
         return code::NOT_BY_FORK;
-    };
-    // SAFETY: the supervisor passed these two descriptors, open and ours alone.
-    let (cfg_owned, status_owned) = unsafe {
-        (
-            OwnedFd::from_raw_fd(cfg_fd),
-            OwnedFd::from_raw_fd(status_fd),
-        )
     };
     let mut status = Status(std::fs::File::from(status_owned));
     let _ = nix::fcntl::fcntl(
@@ -112,13 +113,12 @@ pub fn main(args: &[String]) -> i32 {
 
 fn setup(cfg: &InitConfig) -> Result<(), (&'static str, String)> {
     if cfg.cgroupns {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-            .map_err(|e| ("cgroupns", format!("unshare(CLONE_NEWCGROUP): {e}")))?;
+        namespaces::enter_cgroupns().map_err(|e| ("cgroupns", e))?;
     }
     super::mounts::build_and_pivot(&cfg.newroot, &cfg.mounts)
         .map_err(|e| ("mounts", e.to_string()))?;
     if let Some(h) = &cfg.hostname {
-        nix::unistd::sethostname(h).map_err(|e| ("utsns", format!("sethostname: {e}")))?;
+        namespaces::set_hostname(h).map_err(|e| ("utsns", e))?;
     }
     if cfg.netns {
         super::net::loopback_up().map_err(|e| ("netns", e.to_string()))?;
@@ -126,23 +126,14 @@ fn setup(cfg: &InitConfig) -> Result<(), (&'static str, String)> {
     Ok(())
 }
 
-extern "C" fn noop_handler(_: libc::c_int) {}
-
 fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
     // Forwarded signals and SIGCHLD are blocked and read from a signalfd. A real (no-op)
     // handler keeps them from being dropped: pid 1 ignores signals left at SIG_DFL.
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     for s in FORWARDED {
         mask.add(s);
-        let sa = SigAction::new(
-            SigHandler::Handler(noop_handler),
-            SaFlags::SA_RESTART,
-            SigSet::empty(),
-        );
-        // SAFETY: installing a handler that does nothing is async-signal-safe.
-        let _ = unsafe { sigaction(s, &sa) };
+        let _ = sys::catch_with_noop(s);
     }
     if let Err(e) = mask.thread_block() {
         status.error("signals", format!("sigprocmask: {e}"));
@@ -201,12 +192,12 @@ fn run_command(cfg: &InitConfig, status: &mut Status) -> i32 {
         None => None,
     };
 
-    // SAFETY: the init is single-threaded, so the child may use the allocator freely.
-    let child = match unsafe { nix::unistd::fork() } {
+    // The init is single-threaded, so the child may use the allocator freely.
+    let child = match sys::fork_single_threaded() {
         Ok(ForkResult::Child) => {
             let code = command_child(cfg, status, &mask, landlock, &program, &argv, &envp);
-            // SAFETY: leave without running the init's destructors or atexit handlers.
-            unsafe { libc::_exit(code) }
+            // Leave without running the init's destructors or atexit handlers.
+            sys::exit_now(code)
         }
         Ok(ForkResult::Parent { child }) => child,
         Err(e) => {
@@ -230,19 +221,13 @@ fn command_child(
     let _ = mask.thread_unblock();
     // The Rust runtime ignores SIGPIPE, and an ignored signal stays ignored across exec:
     // give the command the default disposition, as std::process::Command does.
-    // SAFETY: restoring a default disposition has no preconditions.
-    let _ = unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGPIPE,
-            nix::sys::signal::SigHandler::SigDfl,
-        )
-    };
+    super::signals::default_sigpipe();
     let _ = nix::unistd::setsid();
     if let Err(e) = std::env::set_current_dir(&cfg.cwd) {
         status.error("exec", format!("chdir {}: {e}", cfg.cwd.display()));
         return code::CANNOT_EXECUTE;
     }
-    if let Err(e) = drop_privileges() {
+    if let Err(e) = super::caps::drop_privileges() {
         status.error("capabilities", e);
         return code::CANNOT_EXECUTE;
     }
@@ -279,15 +264,9 @@ fn command_child(
             }
         }
     }
-    // SAFETY: closing every descriptor above stderr except the status pipe (close-on-exec),
-    // after Landlock no longer needs its ruleset fd; nothing uses the closed ones again.
-    unsafe {
-        let sfd = std::os::fd::AsRawFd::as_raw_fd(&status.0) as libc::c_uint;
-        if sfd > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, sfd - 1, 0u32);
-        }
-        libc::syscall(libc::SYS_close_range, sfd + 1, u32::MAX, 0u32);
-    }
+    // Every descriptor above stderr but the status pipe (close-on-exec) is closed, now
+    // that Landlock no longer needs its ruleset fd; only exec or _exit follow.
+    sys::close_fds_except(status.0.as_fd());
     if let Some(sc) = &cfg.seccomp {
         if let Err(e) = sc.install() {
             status.send(&InitMsg::Error {
@@ -309,47 +288,6 @@ fn command_child(
         ),
     );
     126
-}
-
-/// Drops every capability (bounding, ambient, inheritable, effective, permitted), locks
-/// the securebits so that uid 0 regains nothing on exec, and sets no_new_privs.
-fn drop_privileges() -> Result<(), String> {
-    use caps::CapSet;
-    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
-    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
-    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
-    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
-    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
-    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
-    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
-    let bits = SECBIT_NOROOT
-        | SECBIT_NOROOT_LOCKED
-        | SECBIT_NO_SETUID_FIXUP
-        | SECBIT_NO_SETUID_FIXUP_LOCKED
-        | SECBIT_KEEP_CAPS_LOCKED
-        | SECBIT_NO_CAP_AMBIENT_RAISE
-        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) } != 0 {
-        return Err(format!("prctl(PR_SET_SECUREBITS): {}", nix::Error::last()));
-    }
-    for set in [
-        CapSet::Bounding,
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
-        caps::clear(None, set).map_err(|e| format!("dropping {set:?} capabilities: {e}"))?;
-    }
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(format!(
-            "prctl(PR_SET_NO_NEW_PRIVS): {}",
-            nix::Error::last()
-        ));
-    }
-    Ok(())
 }
 
 /// Finds the program in the sandbox's PATH (the command's environment, not ours).

@@ -68,9 +68,6 @@ use landlock::{
     RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-/// `LANDLOCK_CREATE_RULESET_VERSION` from `<linux/landlock.h>`.
-const CREATE_RULESET_VERSION: libc::c_uint = 1;
-
 /// The newest ABI the `landlock` crate (0.4.7) has definitions for.
 const NEWEST_KNOWN_ABI: u32 = 9;
 
@@ -207,23 +204,10 @@ impl LandlockError {
 /// The best Landlock ABI this kernel offers (the raw version number, which may be newer than
 /// what the `landlock` crate knows), or why there is none.
 pub fn best_abi() -> Result<u32, LandlockUnavailable> {
-    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only queries the
-    // ABI version; it reads no memory and creates no file descriptor.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            CREATE_RULESET_VERSION,
-        )
-    };
-    if ret >= 1 {
-        return Ok(u32::try_from(ret).unwrap_or(u32::MAX));
-    }
-    let errno = if ret < 0 {
-        io::Error::last_os_error().raw_os_error().unwrap_or(0)
-    } else {
-        0
+    let errno = match super::sys::landlock_abi_version() {
+        Ok(v) if v >= 1 => return Ok(u32::try_from(v).unwrap_or(u32::MAX)),
+        Ok(_) => 0,
+        Err(e) => e as i32,
     };
     let lsm = std::fs::read_to_string("/sys/kernel/security/lsm").ok();
     Err(unavailable_for(errno, lsm.as_deref()))
@@ -536,8 +520,6 @@ fn errno_in(e: &landlock::RulesetError) -> i32 {
 mod tests {
     use super::*;
     use std::io::Read;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     use std::process::{Child, Command, ExitStatus, Stdio};
     use std::time::{Duration, Instant};
 
@@ -604,39 +586,35 @@ mod tests {
     /// Spawns `program args` with `prepared` applied in pre_exec; one process per case.
     fn run_confined(prepared: Prepared, program: &str, args: &[&str]) -> Outcome {
         let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-        let wr_raw = wr.as_raw_fd();
         let mut slot = Some(prepared);
         let mut cmd = Command::new(program);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: the hook runs in the forked child before execve; it only calls
-        // restrict_self (prctl + landlock syscalls) and write(2), and forgets the status so
-        // nothing is freed after the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let Some(p) = slot.take() else {
-                    return Err(io::Error::from_raw_os_error(libc::EINVAL));
-                };
-                let st = p
-                    .restrict_self()
-                    .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-                let bytes = [
-                    u8::try_from(st.abi).unwrap_or(u8::MAX),
-                    enforcement_code(st.enforced),
-                    u8::from(st.fs),
-                    u8::from(st.net),
-                    u8::from(st.scope),
-                ];
-                libc::write(wr_raw, bytes.as_ptr().cast(), bytes.len());
-                std::mem::forget(st);
-                Ok(())
-            });
-        }
+        // The hook runs in the forked child before execve: it only calls restrict_self
+        // (prctl + landlock syscalls) and write(2), and forgets the status so nothing is
+        // freed after the fork. It owns the pipe's write end, closed here with `cmd`.
+        super::super::sys::pre_exec(&mut cmd, move || {
+            let Some(p) = slot.take() else {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            };
+            let st = p
+                .restrict_self()
+                .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+            let bytes = [
+                u8::try_from(st.abi).unwrap_or(u8::MAX),
+                enforcement_code(st.enforced),
+                u8::from(st.fs),
+                u8::from(st.net),
+                u8::from(st.scope),
+            ];
+            let _ = nix::unistd::write(&wr, &bytes);
+            std::mem::forget(st);
+            Ok(())
+        });
         let mut child = cmd.spawn().unwrap();
         drop(cmd);
-        drop(wr);
         let mut landlock = Vec::new();
         std::fs::File::from(rd).read_to_end(&mut landlock).unwrap();
         let mut out = child.stdout.take().unwrap();

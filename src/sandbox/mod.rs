@@ -13,11 +13,16 @@
 //!   then exec.
 //!
 //! Between clone and exec the child only makes async-signal-safe syscalls.
+//!
+//! One file per layer: [`namespaces`], [`mounts`], [`net`], [`cgroup`], [`caps`],
+//! [`landlock`], [`seccomp`]; every raw system call (the crate's only `unsafe`) is in `sys`.
 
+pub mod caps;
 pub mod cgroup;
 pub mod init;
 pub mod landlock;
 pub mod mounts;
+pub mod namespaces;
 pub mod net;
 pub mod probe;
 mod reclaim;
@@ -25,6 +30,8 @@ pub mod seccomp;
 pub mod signals;
 pub mod spec;
 mod supervisor;
+#[allow(unsafe_code)]
+pub(crate) mod sys;
 pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};
@@ -35,7 +42,7 @@ use serde::{Deserialize, Serialize};
 pub use spec::{Layer, Layers, Requirement, RootMode, SeccompSource, Spec};
 use std::ffi::CString;
 use std::io::{Read, Seek, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use supervisor::{observation, read_msgs, spawn_init, supervise, InitExit};
@@ -72,7 +79,7 @@ pub enum SandboxError {
     Io(#[from] IoError),
 }
 
-fn sys(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
+fn sys_err(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
     move |source| SandboxError::Sys { op, source }
 }
 

@@ -34,7 +34,7 @@ pub enum MountError {
     Io(#[from] IoError),
 }
 
-fn sys<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> MountError + 'a {
+fn sys_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> MountError + 'a {
     move |source| MountError::Sys {
         op,
         path: path.to_path_buf(),
@@ -170,40 +170,11 @@ fn setattr_recursive(path: &Path, set: u64, clr: u64) -> Result<(), MountError> 
             source: nix::Error::EINVAL,
         }
     })?;
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clr,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
-    // SAFETY: `c` is a valid NUL-terminated path, `attr` a properly laid-out struct
-    // mount_attr that lives for the call, and its size is passed alongside.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            AT_RECURSIVE,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r != 0 {
-        return Err(MountError::Sys {
-            op: "mount_setattr",
-            path: path.to_path_buf(),
-            source: nix::Error::last(),
-        });
-    }
-    Ok(())
+    super::sys::mount_setattr_recursive(&c, set, clr).map_err(|source| MountError::Sys {
+        op: "mount_setattr",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
@@ -236,7 +207,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(sys("make / private", Path::new("/")))?;
+    .map_err(sys_err("make / private", Path::new("/")))?;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let mut minimal = false;
     for op in ops {
@@ -249,7 +220,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     MsFlags::MS_BIND | MsFlags::MS_REC,
                     None::<&str>,
                 )
-                .map_err(sys("bind host root", newroot))?;
+                .map_err(sys_err("bind host root", newroot))?;
                 setattr_recursive(
                     newroot,
                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
@@ -265,7 +236,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     nosuid_nodev,
                     Some("mode=0755,size=1m"),
                 )
-                .map_err(sys("mount tmpfs root", newroot))?;
+                .map_err(sys_err("mount tmpfs root", newroot))?;
                 for d in ["proc", "dev", "tmp"] {
                     mkdirs(&newroot.join(d))?;
                 }
@@ -295,7 +266,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     MsFlags::MS_BIND | MsFlags::MS_REC,
                     None::<&str>,
                 )
-                .map_err(sys("bind", src))?;
+                .map_err(sys_err("bind", src))?;
                 setattr_recursive(
                     &dst,
                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
@@ -314,7 +285,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     MsFlags::MS_BIND,
                     None::<&str>,
                 )
-                .map_err(sys("bind", src))?;
+                .map_err(sys_err("bind", src))?;
                 mount(
                     None::<&str>,
                     &d,
@@ -322,7 +293,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     MsFlags::MS_BIND | MsFlags::MS_REMOUNT | nosuid_nodev,
                     None::<&str>,
                 )
-                .map_err(sys("remount nosuid,nodev", &d))?;
+                .map_err(sys_err("remount nosuid,nodev", &d))?;
             }
             MountOp::Tmpfs { dst, size } => {
                 let d = inside(newroot, dst);
@@ -337,7 +308,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     nosuid_nodev,
                     Some(data.as_str()),
                 )
-                .map_err(sys("mount tmpfs", &d))?;
+                .map_err(sys_err("mount tmpfs", &d))?;
             }
             MountOp::Proc => mount_proc(newroot)?,
             MountOp::Dev { shm_size } => mount_dev(newroot, *shm_size)?,
@@ -358,7 +329,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                         nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
                         Some("mode=0755,size=4k"),
                     )
-                    .map_err(sys("hide (tmpfs over)", dst))?;
+                    .map_err(sys_err("hide (tmpfs over)", dst))?;
                 } else {
                     mount(
                         Some("/dev/null"),
@@ -367,7 +338,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                         MsFlags::MS_BIND,
                         None::<&str>,
                     )
-                    .map_err(sys("hide (bind /dev/null over)", dst))?;
+                    .map_err(sys_err("hide (bind /dev/null over)", dst))?;
                     mount(
                         None::<&str>,
                         &d,
@@ -375,7 +346,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
                         None::<&str>,
                     )
-                    .map_err(sys("hide (read-only)", dst))?;
+                    .map_err(sys_err("hide (read-only)", dst))?;
                 }
             }
             MountOp::Seal => {
@@ -386,7 +357,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
                     None::<&str>,
                 )
-                .map_err(sys("remount root read-only", newroot))?;
+                .map_err(sys_err("remount root read-only", newroot))?;
             }
         }
     }
@@ -402,7 +373,7 @@ fn mount_proc(newroot: &Path) -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(sys("mount proc", &p))?;
+    .map_err(sys_err("mount proc", &p))?;
     // The kernel's own sensitive files, as container runtimes mask them.
     for f in [
         "kcore",
@@ -421,7 +392,7 @@ fn mount_proc(newroot: &Path) -> Result<(), MountError> {
                 MsFlags::MS_BIND,
                 None::<&str>,
             )
-            .map_err(sys("mask", &t))?;
+            .map_err(sys_err("mask", &t))?;
         }
     }
     for d in ["sys", "bus", "irq", "fs"] {
@@ -434,7 +405,7 @@ fn mount_proc(newroot: &Path) -> Result<(), MountError> {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )
-            .map_err(sys("bind", &t))?;
+            .map_err(sys_err("bind", &t))?;
             setattr_recursive(
                 &t,
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
@@ -457,7 +428,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("mode=0755,size=64k"),
     )
-    .map_err(sys("mount tmpfs", &dev))?;
+    .map_err(sys_err("mount tmpfs", &dev))?;
     for n in DEV_NODES {
         let host = Path::new("/dev").join(n);
         let t = dev.join(n);
@@ -469,7 +440,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(sys("bind device", &host))?;
+        .map_err(sys_err("bind device", &host))?;
     }
     let pts = dev.join("pts");
     mkdirs(&pts)?;
@@ -480,7 +451,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
-    .map_err(sys("mount devpts", &pts))?;
+    .map_err(sys_err("mount devpts", &pts))?;
     symlink("pts/ptmx", dev.join("ptmx")).ctx("symlink", &dev.join("ptmx"))?;
     let shm = dev.join("shm");
     mkdirs(&shm)?;
@@ -492,7 +463,7 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(data.as_str()),
     )
-    .map_err(sys("mount /dev/shm", &shm))?;
+    .map_err(sys_err("mount /dev/shm", &shm))?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -514,17 +485,17 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
             | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(sys("remount /dev read-only", &dev))?;
+    .map_err(sys_err("remount /dev read-only", &dev))?;
     Ok(())
 }
 
 /// pivot_root(new, new) then detach the old root stacked beneath (as runc does): no
 /// directory for the old root is needed inside the read-only new root.
 fn pivot(newroot: &Path) -> Result<(), MountError> {
-    nix::unistd::chdir(newroot).map_err(sys("chdir", newroot))?;
-    nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root", newroot))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", Path::new("/")))?;
-    nix::unistd::chdir("/").map_err(sys("chdir", Path::new("/")))?;
+    nix::unistd::chdir(newroot).map_err(sys_err("chdir", newroot))?;
+    nix::unistd::pivot_root(".", ".").map_err(sys_err("pivot_root", newroot))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys_err("detach old root", Path::new("/")))?;
+    nix::unistd::chdir("/").map_err(sys_err("chdir", Path::new("/")))?;
     Ok(())
 }
 

@@ -18,7 +18,7 @@ pub enum NetError {
 /// Sets `lo` up (SIOCGIFFLAGS / SIOCSIFFLAGS with IFF_UP) in the current network namespace.
 pub fn loopback_up() -> Result<(), NetError> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let sock = socket(
         AddressFamily::Inet,
         SockType::Datagram,
@@ -29,32 +29,18 @@ pub fn loopback_up() -> Result<(), NetError> {
         step: "socket",
         source,
     })?;
-    // SAFETY: ifreq is plain old data; an all-zero value is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (i, b) in b"lo".iter().enumerate() {
-        req.ifr_name[i] = *b as libc::c_char;
-    }
-    // SAFETY: the socket fd is valid for the call and `req` is a properly initialised ifreq
-    // that SIOCGIFFLAGS fills in place.
-    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) };
-    if r != 0 {
-        return Err(NetError::Loopback {
+    let flags =
+        super::sys::interface_flags(sock.as_fd(), "lo").map_err(|source| NetError::Loopback {
             step: "SIOCGIFFLAGS",
-            source: nix::Error::last(),
-        });
-    }
-    // SAFETY: SIOCGIFFLAGS filled the flags member of the union; we only read and set it.
-    unsafe {
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-    }
-    // SAFETY: as above; SIOCSIFFLAGS reads `req`.
-    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) };
-    if r != 0 {
-        return Err(NetError::Loopback {
+            source,
+        })?;
+    let up = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    super::sys::set_interface_flags(sock.as_fd(), "lo", up).map_err(|source| {
+        NetError::Loopback {
             step: "SIOCSIFFLAGS",
-            source: nix::Error::last(),
-        });
-    }
+            source,
+        }
+    })?;
     Ok(())
 }
 
@@ -71,18 +57,9 @@ pub fn listeners_in_netns(
         return Ok(Vec::new());
     }
     let addrs = addrs.to_vec();
-    let ns_path = format!("/proc/{pid}/ns/net");
     let handle = std::thread::spawn(move || -> Result<Vec<std::net::TcpListener>, NetError> {
-        let ns = std::fs::File::open(&ns_path).map_err(|e| NetError::Door {
-            step: "open the sandbox's network namespace",
-            detail: e.to_string(),
-        })?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-            NetError::Door {
-                step: "setns into the sandbox's network namespace",
-                detail: e.to_string(),
-            }
-        })?;
+        super::namespaces::join_netns_of(pid)
+            .map_err(|(step, detail)| NetError::Door { step, detail })?;
         loopback_up()?;
         let mut out = Vec::new();
         for a in &addrs {

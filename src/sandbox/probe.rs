@@ -1,7 +1,9 @@
 //! Probing which namespaces this host lets fork create, one short-lived child per
 //! namespace type, each reporting the errno of its unshare(2).
 
+use super::sys::unshare_in_child;
 use crate::sandbox::spec::Layer;
+use nix::sched::CloneFlags;
 use serde::Serialize;
 
 /// The result of probing one layer.
@@ -16,34 +18,6 @@ pub struct LayerProbe {
 
 fn read_sysctl(path: &str) -> Option<i64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Tries unshare(CLONE_NEWUSER | extra) in a child; returns the errno on failure.
-fn try_unshare(extra: libc::c_int) -> Result<(), nix::Error> {
-    // SAFETY: the child makes only async-signal-safe syscalls (unshare, _exit).
-    match unsafe { libc::fork() } {
-        -1 => Err(nix::Error::last()),
-        0 => {
-            // SAFETY: as above; errno read through the libc accessor.
-            unsafe {
-                if libc::unshare(libc::CLONE_NEWUSER) != 0 {
-                    libc::_exit(*libc::__errno_location() & 0x7f);
-                }
-                if extra != 0 && libc::unshare(extra) != 0 {
-                    libc::_exit(*libc::__errno_location() & 0x7f);
-                }
-                libc::_exit(0);
-            }
-        }
-        pid => {
-            let st = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None)?;
-            match st {
-                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-                nix::sys::wait::WaitStatus::Exited(_, e) => Err(nix::Error::from_raw(e)),
-                _ => Err(nix::Error::EINVAL),
-            }
-        }
-    }
 }
 
 fn userns_fix(err: nix::Error) -> String {
@@ -66,7 +40,7 @@ fn userns_fix(err: nix::Error) -> String {
 /// Probes user, pid, mount, net, ipc, uts and cgroup namespaces.
 pub fn probe_namespaces() -> Vec<LayerProbe> {
     let mut out = Vec::new();
-    let user = try_unshare(0);
+    let user = unshare_in_child(CloneFlags::empty());
     out.push(match user {
         Ok(()) => LayerProbe {
             layer: Layer::Userns,
@@ -84,37 +58,37 @@ pub fn probe_namespaces() -> Vec<LayerProbe> {
     for (layer, flag, name, config) in [
         (
             Layer::Pidns,
-            libc::CLONE_NEWPID,
+            CloneFlags::CLONE_NEWPID,
             "CLONE_NEWPID",
             "CONFIG_PID_NS",
         ),
         (
             Layer::Mountns,
-            libc::CLONE_NEWNS,
+            CloneFlags::CLONE_NEWNS,
             "CLONE_NEWNS",
             "CONFIG_NAMESPACES",
         ),
         (
             Layer::Netns,
-            libc::CLONE_NEWNET,
+            CloneFlags::CLONE_NEWNET,
             "CLONE_NEWNET",
             "CONFIG_NET_NS",
         ),
         (
             Layer::Ipcns,
-            libc::CLONE_NEWIPC,
+            CloneFlags::CLONE_NEWIPC,
             "CLONE_NEWIPC",
             "CONFIG_IPC_NS",
         ),
         (
             Layer::Utsns,
-            libc::CLONE_NEWUTS,
+            CloneFlags::CLONE_NEWUTS,
             "CLONE_NEWUTS",
             "CONFIG_UTS_NS",
         ),
         (
             Layer::Cgroupns,
-            libc::CLONE_NEWCGROUP,
+            CloneFlags::CLONE_NEWCGROUP,
             "CLONE_NEWCGROUP",
             "CONFIG_CGROUPS (kernel >= 4.6)",
         ),
@@ -128,7 +102,7 @@ pub fn probe_namespaces() -> Vec<LayerProbe> {
             });
             continue;
         }
-        out.push(match try_unshare(flag) {
+        out.push(match unshare_in_child(flag) {
             Ok(()) => LayerProbe {
                 layer,
                 ok: true,

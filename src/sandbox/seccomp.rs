@@ -62,17 +62,11 @@ impl Arch {
 }
 
 /// One classic BPF instruction (code, jt, jf, k), laid out exactly as the kernel's
-/// `struct sock_filter`; serialized as a 4-element array.
+/// `struct sock_filter` (asserted where it is handed to the kernel, in `sys`); serialized
+/// as a 4-element array.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-struct Insn(u16, u8, u8, u32);
-
-// `install` hands a `[Insn]` to the kernel as a `[libc::sock_filter]`.
-const _: () = assert!(std::mem::size_of::<Insn>() == std::mem::size_of::<libc::sock_filter>());
-const _: () = assert!(std::mem::align_of::<Insn>() == std::mem::align_of::<libc::sock_filter>());
-const _: () = assert!(std::mem::offset_of!(Insn, 1) == std::mem::offset_of!(libc::sock_filter, jt));
-const _: () = assert!(std::mem::offset_of!(Insn, 2) == std::mem::offset_of!(libc::sock_filter, jf));
-const _: () = assert!(std::mem::offset_of!(Insn, 3) == std::mem::offset_of!(libc::sock_filter, k));
+pub(super) struct Insn(pub(super) u16, pub(super) u8, pub(super) u8, pub(super) u32);
 
 /// The compiled BPF programs, in install order (a newtype so `Debug` stays short).
 #[derive(Clone, Serialize, Deserialize)]
@@ -313,30 +307,10 @@ impl CompiledProfile {
             });
         }
         for (program, filter) in self.programs.0.iter().zip(FILTER_NAMES) {
-            let len = u16::try_from(program.len()).map_err(|_| SeccompError::Corrupt {
-                detail: "a filter is longer than the kernel's limit",
+            super::sys::seccomp_set_mode_filter(program).map_err(|e| SeccompError::Install {
+                filter,
+                source: e.into(),
             })?;
-            let fprog = libc::sock_fprog {
-                len,
-                filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
-            };
-            // SAFETY: `Insn` is repr(C) with the same fields, sizes and alignment as
-            // `sock_filter` (asserted at compile time); `fprog` points to `len` live
-            // instructions for the duration of the call, and the kernel copies them.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0 as libc::c_ulong,
-                    &fprog as *const libc::sock_fprog,
-                )
-            };
-            if rc != 0 {
-                return Err(SeccompError::Install {
-                    filter,
-                    source: io::Error::last_os_error(),
-                });
-            }
         }
         Ok(())
     }
@@ -358,16 +332,14 @@ impl CompiledProfile {
 
 /// Whether this kernel supports seccomp filter mode; Err(text naming the fix) if not.
 pub fn probe() -> Result<(), String> {
-    // SAFETY: PR_GET_SECCOMP takes no pointer arguments and only reads the caller's mode.
-    let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
-    if mode < 0 {
-        return Err(format!(
+    let mode = super::sys::seccomp_mode().map_err(|e| {
+        format!(
             "seccomp is unavailable (prctl(PR_GET_SECCOMP): {}); use a kernel built with \
              CONFIG_SECCOMP=y and CONFIG_SECCOMP_FILTER=y, or allow a degraded seccomp layer \
              in the policy",
-            io::Error::last_os_error()
-        ));
-    }
+            io::Error::from(e)
+        )
+    })?;
     if mode == 1 {
         return Err(
             "this process runs in seccomp strict mode, where no filter can be added; \
@@ -381,19 +353,8 @@ pub fn probe() -> Result<(), String> {
         ("SECCOMP_RET_KILL_PROCESS", libc::SECCOMP_RET_KILL_PROCESS),
     ];
     for (name, action) in actions {
-        let action: u32 = action;
-        // SAFETY: SECCOMP_GET_ACTION_AVAIL reads one u32 through the pointer, which points
-        // to a live local for the duration of the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_GET_ACTION_AVAIL,
-                0 as libc::c_ulong,
-                &action as *const u32,
-            )
-        };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
+        if let Err(e) = super::sys::seccomp_action_avail(action) {
+            let err = io::Error::from(e);
             return Err(match err.raw_os_error() {
                 Some(libc::ENOSYS) => "the seccomp(2) system call is unavailable (ENOSYS): \
                                        use Linux 4.14 or later built with CONFIG_SECCOMP_FILTER=y, \
@@ -413,7 +374,6 @@ pub fn probe() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::CommandExt;
     use std::process::{Command, Output, Stdio};
 
     fn profile_path() -> PathBuf {
@@ -453,19 +413,15 @@ mod tests {
             .stderr(std::fs::File::create(&err_path).expect("stderr file"));
         if let Some(profile) = profile {
             let profile = profile.clone();
-            // SAFETY: the closure runs between fork and exec and only makes two system
-            // calls (prctl, seccomp); `install` does not allocate.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    profile.install().map_err(|e| match e {
-                        SeccompError::Install { source, .. } => source,
-                        _ => io::Error::from_raw_os_error(libc::EINVAL),
-                    })
-                });
-            }
+            // The hook runs between fork and exec and only makes two system calls (prctl,
+            // seccomp); `install` does not allocate.
+            super::super::sys::pre_exec(&mut cmd, move || {
+                nix::sys::prctl::set_no_new_privs()?;
+                profile.install().map_err(|e| match e {
+                    SeccompError::Install { source, .. } => source,
+                    _ => io::Error::from_raw_os_error(libc::EINVAL),
+                })
+            });
         }
         let mut child = cmd
             .spawn()
@@ -712,8 +668,7 @@ mod tests {
             (vec!["keyctl"], true),
             (vec!["tioclinux"], false),
         ];
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
+        if nix::unistd::geteuid().is_root() {
             cases.extend([
                 (vec!["mount", d], true),
                 (vec!["mknod-char", d], true),

@@ -22,23 +22,6 @@ pub(super) enum InitExit {
     Signal(i32),
 }
 
-/// struct clone_args (linux/sched.h), version 2 (with `cgroup`).
-#[repr(C)]
-#[derive(Default)]
-pub(super) struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
 pub(super) fn cstr(s: &str) -> Result<CString, SandboxError> {
     CString::new(s).map_err(|_| SandboxError::Setup {
         stage: "argv".into(),
@@ -63,12 +46,12 @@ pub(super) fn spawn_init(
                 OFlag::O_RDONLY | OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::empty(),
             )
-            .map_err(sys("open /dev/null"))?,
+            .map_err(sys_err("open /dev/null"))?,
         ),
         None => None,
     };
-    let stdio: Option<(RawFd, RawFd)> = match (output, &devnull) {
-        (Some(o), Some(n)) => Some((n.as_raw_fd(), o.as_raw_fd())),
+    let stdio = match (output, &devnull) {
+        (Some(o), Some(n)) => Some((n.as_fd(), o.as_fd())),
         _ => None,
     };
     // Everything the child needs is prepared here, before the clone.
@@ -78,33 +61,26 @@ pub(super) fn spawn_init(
     })?;
     let memfd =
         nix::sys::memfd::memfd_create(c"fork-init-config", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-            .map_err(sys("memfd_create"))?;
+            .map_err(sys_err("memfd_create"))?;
     let mut f = std::fs::File::from(memfd);
     f.write_all(&cfg_json)
         .ctx("write config", Path::new("memfd"))?;
     f.rewind().ctx("rewind config", Path::new("memfd"))?;
     let cfg_fd: OwnedFd = f.into();
-    let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
-    let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+    let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
     let exe = nix::fcntl::open(
         "/proc/self/exe",
         OFlag::O_PATH | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(sys("open /proc/self/exe"))?;
+    .map_err(sys_err("open /proc/self/exe"))?;
     let argv_c = [
         cstr("fork")?,
         cstr(INIT_ROLE)?,
         cstr(&cfg_fd.as_raw_fd().to_string())?,
         cstr(&status_wr.as_raw_fd().to_string())?,
     ];
-    let argv_p: Vec<*const libc::c_char> = argv_c
-        .iter()
-        .map(|c| c.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    let empty = c"";
     // Joining the cgroup: on v2 the kernel places the child at clone (CLONE_INTO_CGROUP); on
     // v1 the child moves itself by writing "0" to each hierarchy's `tasks` (opened here, by
     // us). Both avoid the RCU grace period a supervisor-side write to cgroup.procs waits for.
@@ -120,7 +96,7 @@ pub(super) fn spawn_init(
                             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
                             nix::sys::stat::Mode::empty(),
                         )
-                        .map_err(sys("open the sandbox cgroup"))?,
+                        .map_err(sys_err("open the sandbox cgroup"))?,
                     );
                 }
             }
@@ -132,110 +108,29 @@ pub(super) fn spawn_init(
                             OFlag::O_WRONLY | OFlag::O_CLOEXEC,
                             nix::sys::stat::Mode::empty(),
                         )
-                        .map_err(sys("open the sandbox cgroup's tasks file"))?,
+                        .map_err(sys_err("open the sandbox cgroup's tasks file"))?,
                     );
                 }
             }
         }
     }
-    let cg_tasks_raw: Vec<RawFd> = cg_tasks.iter().map(|f| f.as_raw_fd()).collect();
-    let mut pidfd: RawFd = -1;
-    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-    let args = CloneArgs {
-        flags: ns_flags
-            | libc::CLONE_PIDFD as u64
-            | if cg_dir.is_some() {
-                CLONE_INTO_CGROUP
-            } else {
-                0
-            },
-        pidfd: &mut pidfd as *mut RawFd as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        cgroup: cg_dir.as_ref().map(|f| f.as_raw_fd() as u64).unwrap_or(0),
-        ..Default::default()
-    };
-    let keep = [cfg_fd.as_raw_fd(), status_wr.as_raw_fd()];
-    let sync_rd_raw = sync_rd.as_raw_fd();
-    let sync_wr_raw = sync_wr.as_raw_fd();
-    let exe_raw = exe.as_raw_fd();
     let become_root = is_root();
-    // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child
-    // gets a copy of the address space. In the child we only call async-signal-safe
-    // syscalls (prctl, close, read, fcntl, execveat, _exit) on data prepared above, so
-    // no lock held by another supervisor thread at clone time can be touched.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    if ret == 0 {
-        // Child.
-        // SAFETY: raw async-signal-safe syscalls on valid fds and pointers prepared before clone.
-        unsafe {
-            libc::close(sync_wr_raw);
-            let mut b = 0u8;
-            // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
-            if libc::read(sync_rd_raw, &mut b as *mut u8 as *mut libc::c_void, 1) != 1 {
-                libc::_exit(125);
-            }
-            for fd in cg_tasks_raw.iter() {
-                if libc::write(*fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-                    libc::_exit(122);
-                }
-            }
-            if become_root {
-                // Our host credentials (root) are unmapped in the new namespace: become its
-                // uid 0 (the unprivileged host uid) and shed host root's supplementary
-                // groups. Raw syscalls: glibc's wrappers would signal threads that exist
-                // only in the parent.
-                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
-                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
-                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-                {
-                    libc::_exit(124);
-                }
-            }
-            // Die with the supervisor. Set after the credential change, which clears it;
-            // exec keeps it. If the supervisor is already gone, its end of the sync pipe is.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            let mut pfd = libc::pollfd {
-                fd: sync_rd_raw,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            if libc::poll(&mut pfd, 1, 0) < 0 || pfd.revents & libc::POLLHUP != 0 {
-                libc::_exit(125);
-            }
-            if let Some((input, out)) = stdio {
-                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
-                    libc::_exit(123);
-                }
-            }
-            for fd in keep {
-                libc::fcntl(fd, libc::F_SETFD, 0);
-            }
-            libc::syscall(
-                libc::SYS_execveat,
-                exe_raw,
-                empty.as_ptr(),
-                argv_p.as_ptr(),
-                envp.as_ptr(),
-                libc::AT_EMPTY_PATH,
-            );
-            libc::_exit(127);
-        }
-    }
-    if ret < 0 {
-        return Err(SandboxError::Sys {
-            op: "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
-            source: nix::Error::last(),
-        });
-    }
-    let pid = ret as i32;
-    // SAFETY: the kernel stored a fresh pidfd at `pidfd` (CLONE_PIDFD); we now own it.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let (pid, pidfd) = sys::clone_init(&sys::InitClone {
+        ns_flags,
+        cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
+        cgroup_tasks: &cg_tasks,
+        sync_rd: sync_rd.as_fd(),
+        sync_wr: sync_wr.as_fd(),
+        become_root,
+        stdio,
+        keep: &[cfg_fd.as_fd(), status_wr.as_fd()],
+        exe: exe.as_fd(),
+        argv: &argv_c,
+    })
+    .map_err(sys_err(
+        "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
+    ))?;
+    let pid = pid.as_raw();
     drop(sync_rd);
     drop(status_wr);
     drop(cfg_fd);
@@ -255,17 +150,12 @@ pub(super) fn spawn_init(
                 stage: "doors".into(),
                 message: e.to_string(),
             })?;
-        if !become_root {
-            // An unprivileged writer may only map its gid once setgroups is denied.
-            write_file(&format!("/proc/{pid}/setgroups"), "deny")?;
-        }
-        write_file(&format!("/proc/{pid}/uid_map"), &format!("0 {uid} 1\n"))?;
-        write_file(&format!("/proc/{pid}/gid_map"), &format!("0 {gid} 1\n"))?;
-        nix::unistd::write(&child._sync, &[1u8]).map_err(sys("release init"))?;
+        namespaces::write_id_maps(pid, uid, gid, !become_root)?;
+        nix::unistd::write(&child._sync, &[1u8]).map_err(sys_err("release init"))?;
         Ok(())
     };
     if let Err(e) = release(&mut child) {
-        kill_pidfd(&child.pidfd);
+        let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
         let _ = nix::sys::wait::waitid(
             nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
             nix::sys::wait::WaitPidFlag::WEXITED,
@@ -273,23 +163,6 @@ pub(super) fn spawn_init(
         return Err(e);
     }
     Ok(child)
-}
-
-pub(super) fn write_file(path: &str, content: &str) -> Result<(), SandboxError> {
-    Ok(std::fs::write(path, content).ctx("write", Path::new(path))?)
-}
-
-pub(super) fn kill_pidfd(pidfd: &OwnedFd) {
-    // SAFETY: pidfd_send_signal on a pidfd we own; null siginfo is allowed.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        );
-    }
 }
 
 pub(super) fn observation(
@@ -333,7 +206,6 @@ pub(super) fn supervise(
         .enable_all()
         .build()
         .ctx("start the watchdog runtime", Path::new(""))?;
-    let pidfd_raw = child.pidfd.as_raw_fd();
     let cost = doors.cost.clone();
     // Doors are served on this thread (their futures need not be Send), in a LocalSet that
     // is dropped, with every door, when the run ends.
@@ -347,14 +219,7 @@ pub(super) fn supervise(
                 Err(e) => tracing::warn!("door {}: {e}", door.addr),
             }
         }
-        // SAFETY: the pidfd (owned by `child`) stays open for longer than this registration,
-        // which is dropped at the end of this block.
-        let afd = match unsafe {
-            tokio::io::unix::AsyncFd::register_with_interest(
-                pidfd_raw,
-                tokio::io::Interest::READABLE,
-            )
-        } {
+        let afd = match sys::async_fd(child.pidfd.as_fd(), tokio::io::Interest::READABLE) {
             Ok(a) => a,
             Err(_) => return (None, false),
         };
@@ -409,7 +274,7 @@ pub(super) fn supervise(
         if let Some(b) = budget {
             tracing::info!("budget `{}` exceeded: killing the sandbox", b.as_str());
         }
-        kill_pidfd(&child.pidfd);
+        let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
         if let Some(cg) = cg {
             let _ = cg.kill_all();
         }
@@ -418,7 +283,7 @@ pub(super) fn supervise(
         nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
         nix::sys::wait::WaitPidFlag::WEXITED,
     )
-    .map_err(sys("waitid on the sandbox init"))?;
+    .map_err(sys_err("waitid on the sandbox init"))?;
     let exit = match st {
         nix::sys::wait::WaitStatus::Exited(_, c) => InitExit::Code(c),
         nix::sys::wait::WaitStatus::Signaled(_, s, _) => InitExit::Signal(s as i32),

@@ -9,11 +9,15 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cgroups_rs::fs::freezer::FreezerController;
+
+use crate::sandbox::sys::{pidfd_open, pidfd_send_signal};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 use super::layout::{detect_layout, validate_run_id, PREFIX};
 use super::{CgroupError, CgroupVersion, SandboxCgroup};
@@ -80,7 +84,7 @@ impl SandboxCgroup {
             if pid == me {
                 continue;
             }
-            targets.push((pid, pidfd_open(pid)));
+            targets.push((pid, pidfd_open(Pid::from_raw(pid)).ok()));
         }
         // Only processes still listed after their pidfd was opened are signalled: a pid that
         // exited and was recycled in between is no longer in our cgroup.
@@ -89,16 +93,11 @@ impl SandboxCgroup {
             if !still.contains(&pid) {
                 continue;
             }
-            match fd {
-                Some(fd) => pidfd_kill(&fd),
-                None => {
-                    // pidfd_open unavailable (kernel < 5.3): plain kill after the re-check.
-                    // SAFETY: kill(2) with a positive pid listed in our cgroup and SIGKILL.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                }
-            }
+            let _ = match fd {
+                Some(fd) => pidfd_send_signal(fd.as_fd(), Signal::SIGKILL),
+                // pidfd_open unavailable (kernel < 5.3): plain kill after the re-check.
+                None => kill(Pid::from_raw(pid), Signal::SIGKILL),
+            };
         }
         if frozen {
             if let Some(f) = freezer {
@@ -157,30 +156,6 @@ fn remove_cgroup_tree(dir: &Path) -> io::Result<()> {
     match fs::remove_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         other => other,
-    }
-}
-
-fn pidfd_open(pid: i32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open(pid, 0) takes no pointers; a non-negative return is a new fd we own.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return None;
-    }
-    let fd = i32::try_from(fd).ok()?;
-    // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn pidfd_kill(fd: &OwnedFd) {
-    // SAFETY: pidfd_send_signal on a pidfd we own, SIGKILL, no siginfo (NULL), flags 0.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        );
     }
 }
 

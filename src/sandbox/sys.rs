@@ -1,0 +1,531 @@
+//! Every raw system call of the crate, each behind a small safe wrapper: the one module
+//! allowed to write `unsafe` (the crate root denies `unsafe_code` everywhere else).
+//!
+//! Each `unsafe` block carries a `// SAFETY:` line saying why it is sound. Where soundness
+//! rests on something the types cannot express (the process has one thread; nothing else
+//! owns a descriptor), the wrapper is crate-private and its doc states the caller's part
+//! under "Contract". Calls nix offers safely (prctl's no_new_privs and pdeathsig, kill,
+//! setns, unshare, signalfd, waitid) are made through nix by the callers, not here.
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{sigaction, signal, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::unistd::{ForkResult, Pid};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+// ---------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------
+
+/// Ends the calling process with `code` at once: no destructors, no atexit handlers, no
+/// stdio flush (what a forked child must do instead of returning).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit(2) takes an integer, touches no memory of ours and never returns; it
+    // is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}
+
+/// fork(2) from a process with a single thread (the sandbox init).
+///
+/// Contract: the calling process has exactly one thread, so the child inherits no lock
+/// held by another thread and may call anything, the allocator included.
+pub(crate) fn fork_single_threaded() -> nix::Result<ForkResult> {
+    // SAFETY: per the contract there is no other thread whose locks (allocator, stdio) the
+    // child could inherit held; the child is then free of fork's async-signal-safe rule.
+    unsafe { nix::unistd::fork() }
+}
+
+/// Takes ownership of a descriptor inherited across exec, named on the command line by
+/// the parent (the init's config memfd and status pipe). `None` when it is stdin,
+/// stdout, stderr or not open.
+///
+/// Contract: called once per descriptor, at start-up, before anything else in the
+/// process could have opened, wrapped or closed it.
+pub(crate) fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    if fd <= 2 {
+        return None;
+    }
+    // SAFETY: F_GETFD takes no pointer and only reads the descriptor's flags.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is open (checked above) and, per the contract, owned by nothing else in
+    // this process, so the OwnedFd is its only owner and closes it exactly once.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Closes every descriptor above stderr except `keep`, right before exec.
+///
+/// Contract: the caller then execs or leaves with [`exit_now`]; it neither uses nor drops
+/// any other descriptor above stderr it still holds (their owners' destructors never run).
+pub(crate) fn close_fds_except(keep: BorrowedFd<'_>) {
+    let keep = keep.as_raw_fd() as libc::c_uint;
+    // SAFETY: close_range(2) takes integers only; per the contract no live owner of a
+    // closed descriptor uses or closes it again.
+    unsafe {
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+    }
+}
+
+/// In a short-lived child: unshare(CLONE_NEWUSER), then unshare(`extra`) if not empty.
+/// Returns the errno of the first that failed.
+pub fn unshare_in_child(extra: CloneFlags) -> nix::Result<()> {
+    let extra = extra.bits();
+    // SAFETY: the child makes only async-signal-safe calls (unshare, _exit) on integers,
+    // so it is sound even if this process has other threads.
+    match unsafe { libc::fork() } {
+        -1 => Err(Errno::last()),
+        0 => {
+            // SAFETY: as above; errno is read through the libc accessor of this thread.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                    libc::_exit(*libc::__errno_location() & 0x7f);
+                }
+                if extra != 0 && libc::unshare(extra) != 0 {
+                    libc::_exit(*libc::__errno_location() & 0x7f);
+                }
+                libc::_exit(0);
+            }
+        }
+        pid => {
+            let st = nix::sys::wait::waitpid(Pid::from_raw(pid), None)?;
+            match st {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                nix::sys::wait::WaitStatus::Exited(_, e) => Err(Errno::from_raw(e)),
+                _ => Err(Errno::EINVAL),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cloning the sandbox init
+// ---------------------------------------------------------------------------------------
+
+/// struct clone_args (linux/sched.h), version 2 (with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Everything the init's child side needs between clone3 and execveat, prepared by the
+/// supervisor beforehand (the child allocates nothing).
+pub(crate) struct InitClone<'a> {
+    /// CLONE_NEW* flags.
+    pub ns_flags: u64,
+    /// A cgroup v2 directory the kernel places the child in (CLONE_INTO_CGROUP).
+    pub cgroup_dir: Option<BorrowedFd<'a>>,
+    /// cgroup v1 `tasks` files the child writes "0" to, joining each hierarchy.
+    pub cgroup_tasks: &'a [OwnedFd],
+    /// The child blocks on this until the supervisor has mapped its ids (EOF: it died).
+    pub sync_rd: BorrowedFd<'a>,
+    /// The supervisor's end of the sync pipe, which the child closes.
+    pub sync_wr: BorrowedFd<'a>,
+    /// Become uid/gid 0 of the new user namespace and drop supplementary groups.
+    pub become_root: bool,
+    /// (stdin, stdout and stderr) for the init, when its output is redirected.
+    pub stdio: Option<(BorrowedFd<'a>, BorrowedFd<'a>)>,
+    /// Descriptors that survive the exec (close-on-exec cleared).
+    pub keep: &'a [BorrowedFd<'a>],
+    /// The executable (`/proc/self/exe`, opened O_PATH), run with an empty environment.
+    pub exe: BorrowedFd<'a>,
+    pub argv: &'a [CString],
+}
+
+/// clone3(2) of the sandbox init into new namespaces (and, on cgroup v2, straight into its
+/// cgroup), with CLONE_PIDFD. The child waits for the supervisor's go on the sync pipe,
+/// joins the v1 cgroups, becomes root of its user namespace, sets PDEATHSIG, and execs
+/// `exe argv` with an empty environment; it exits 122..=127 if a step fails. Returns the
+/// child's pid and pidfd.
+pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
+    // Everything the child touches is prepared here, before the clone.
+    let argv_p: Vec<*const libc::c_char> = c
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let empty: &CStr = c"";
+    let sync_rd = c.sync_rd.as_raw_fd();
+    let sync_wr = c.sync_wr.as_raw_fd();
+    let exe = c.exe.as_raw_fd();
+    let stdio = c.stdio.map(|(i, o)| (i.as_raw_fd(), o.as_raw_fd()));
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: c.ns_flags
+            | libc::CLONE_PIDFD as u64
+            | if c.cgroup_dir.is_some() {
+                CLONE_INTO_CGROUP
+            } else {
+                0
+            },
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: c.cgroup_dir.map(|f| f.as_raw_fd() as u64).unwrap_or(0),
+        ..Default::default()
+    };
+    // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child
+    // gets a copy of the address space. In the child we only call async-signal-safe
+    // syscalls (read, write, setgroups, setresgid, setresuid, prctl, poll, dup2, fcntl,
+    // close, execveat, _exit) on data prepared above, so no lock held by another
+    // supervisor thread at clone time can be touched.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        // SAFETY: raw async-signal-safe syscalls on descriptors and pointers prepared before
+        // the clone (argv_p, envp and `empty` outlive the call; execveat or _exit ends it).
+        unsafe {
+            libc::close(sync_wr);
+            let mut b = 0u8;
+            // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
+            if libc::read(sync_rd, &mut b as *mut u8 as *mut libc::c_void, 1) != 1 {
+                libc::_exit(125);
+            }
+            for fd in c.cgroup_tasks {
+                if libc::write(fd.as_raw_fd(), b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                    libc::_exit(122);
+                }
+            }
+            if c.become_root {
+                // Our host credentials (root) are unmapped in the new namespace: become its
+                // uid 0 (the unprivileged host uid) and shed host root's supplementary
+                // groups. Raw syscalls: glibc's wrappers would signal threads that exist
+                // only in the parent.
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+                {
+                    libc::_exit(124);
+                }
+            }
+            // Die with the supervisor. Set after the credential change, which clears it;
+            // exec keeps it. If the supervisor is already gone, its end of the sync pipe is.
+            // (nix's wrapper is the bare prctl(2) plus an errno read: async-signal-safe.)
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+            let mut pfd = libc::pollfd {
+                fd: sync_rd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut pfd, 1, 0) < 0 || pfd.revents & libc::POLLHUP != 0 {
+                libc::_exit(125);
+            }
+            if let Some((input, out)) = stdio {
+                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+                    libc::_exit(123);
+                }
+            }
+            for fd in c.keep {
+                libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0);
+            }
+            libc::syscall(
+                libc::SYS_execveat,
+                exe,
+                empty.as_ptr(),
+                argv_p.as_ptr(),
+                envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+            libc::_exit(127);
+        }
+    }
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel stored a fresh pidfd at `pidfd` (CLONE_PIDFD), owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok((Pid::from_raw(ret as i32), pidfd))
+}
+
+// ---------------------------------------------------------------------------------------
+// pidfds (nix 0.30 has neither pidfd_open nor pidfd_send_signal)
+// ---------------------------------------------------------------------------------------
+
+/// pidfd_open(2): a descriptor that names `pid` for good (immune to pid reuse).
+pub fn pidfd_open(pid: Pid) -> nix::Result<OwnedFd> {
+    // SAFETY: pidfd_open(pid, 0) takes no pointers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    let fd = RawFd::try_from(Errno::result(fd)?).map_err(|_| Errno::EBADF)?;
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// pidfd_send_signal(2): sends `sig` to the process `pidfd` names (no siginfo, flags 0).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: Signal) -> nix::Result<()> {
+    // SAFETY: the descriptor is borrowed, so open for the call; a null siginfo is allowed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// Registers a borrowed descriptor (a pidfd) with the current tokio reactor.
+pub fn async_fd(
+    fd: BorrowedFd<'_>,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<BorrowedFd<'_>>> {
+    // SAFETY: `fd` is borrowed for the AsyncFd's whole life (its lifetime is tied to the
+    // borrow), so it stays open and is the same descriptor until the AsyncFd is dropped.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(|e| e.into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Signal dispositions
+// ---------------------------------------------------------------------------------------
+
+/// Gives `sig` its default disposition.
+pub fn default_disposition(sig: Signal) -> nix::Result<()> {
+    // SAFETY: SIG_DFL installs no handler of ours, so no handler can break
+    // async-signal-safety.
+    unsafe { signal(sig, SigHandler::SigDfl) }.map(drop)
+}
+
+extern "C" fn do_nothing(_: libc::c_int) {}
+
+/// Catches `sig` with a handler that does nothing (SA_RESTART): the signal is delivered,
+/// not dropped (pid 1 ignores signals left at SIG_DFL), and can be read from a signalfd.
+pub fn catch_with_noop(sig: Signal) -> nix::Result<()> {
+    let sa = SigAction::new(
+        SigHandler::Handler(do_nothing),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, which is async-signal-safe.
+    unsafe { sigaction(sig, &sa) }.map(drop)
+}
+
+static SIGNAL_FLAG: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn raise_flag(_: libc::c_int) {
+    SIGNAL_FLAG.store(true, Ordering::SeqCst);
+}
+
+/// Lowers the process-wide signal flag, then makes each of `sigs` only raise it
+/// (SA_RESTART); read it with [`signal_flag`].
+pub fn flag_on_signals(sigs: &[Signal]) {
+    SIGNAL_FLAG.store(false, Ordering::SeqCst);
+    let sa = SigAction::new(
+        SigHandler::Handler(raise_flag),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for s in sigs {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        let _ = unsafe { sigaction(*s, &sa) };
+    }
+}
+
+/// Whether one of the signals given to [`flag_on_signals`] arrived since.
+pub fn signal_flag() -> bool {
+    SIGNAL_FLAG.load(Ordering::SeqCst)
+}
+
+// ---------------------------------------------------------------------------------------
+// Privileges (nix has no PR_SET_SECUREBITS, nor PR_GET_SECCOMP)
+// ---------------------------------------------------------------------------------------
+
+/// prctl(PR_SET_SECUREBITS, bits).
+pub fn set_securebits(bits: libc::c_ulong) -> nix::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    Errno::result(unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) }).map(drop)
+}
+
+/// prctl(PR_GET_SECCOMP): 0 (off), 1 (strict) or 2 (filter).
+pub fn seccomp_mode() -> nix::Result<i32> {
+    // SAFETY: PR_GET_SECCOMP takes no pointer arguments and only reads the caller's mode.
+    Errno::result(unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) })
+}
+
+// ---------------------------------------------------------------------------------------
+// seccomp(2) and landlock(7) (neither in nix)
+// ---------------------------------------------------------------------------------------
+
+use super::seccomp::Insn;
+
+// `seccomp_set_mode_filter` hands a `[Insn]` to the kernel as a `[libc::sock_filter]`.
+const _: () = assert!(std::mem::size_of::<Insn>() == std::mem::size_of::<libc::sock_filter>());
+const _: () = assert!(std::mem::align_of::<Insn>() == std::mem::align_of::<libc::sock_filter>());
+const _: () = assert!(std::mem::offset_of!(Insn, 1) == std::mem::offset_of!(libc::sock_filter, jt));
+const _: () = assert!(std::mem::offset_of!(Insn, 2) == std::mem::offset_of!(libc::sock_filter, jf));
+const _: () = assert!(std::mem::offset_of!(Insn, 3) == std::mem::offset_of!(libc::sock_filter, k));
+
+/// seccomp(SECCOMP_SET_MODE_FILTER, 0, program) on the calling thread. Does not allocate.
+/// EINVAL for a program longer than a `sock_fprog` can hold.
+pub(super) fn seccomp_set_mode_filter(program: &[Insn]) -> nix::Result<()> {
+    let len = u16::try_from(program.len()).map_err(|_| Errno::EINVAL)?;
+    let fprog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
+    };
+    // SAFETY: `Insn` is repr(C) with the same fields, sizes and alignment as
+    // `sock_filter` (asserted at compile time above); `fprog` points to `len` live
+    // instructions for the duration of the call, and the kernel copies them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_ulong,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// seccomp(SECCOMP_GET_ACTION_AVAIL): whether the kernel supports filter action `action`.
+pub fn seccomp_action_avail(action: u32) -> nix::Result<()> {
+    // SAFETY: SECCOMP_GET_ACTION_AVAIL reads one u32 through the pointer, which points
+    // to a live local for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_GET_ACTION_AVAIL,
+            0 as libc::c_ulong,
+            &action as *const u32,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
+
+/// landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION): the kernel's
+/// Landlock ABI version (0 or an errno when there is none).
+pub fn landlock_abi_version() -> nix::Result<i64> {
+    const CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attribute, size 0 and the VERSION flag the call only queries the
+    // ABI version; it reads no memory and creates no file descriptor.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    Errno::result(ret)
+}
+
+// ---------------------------------------------------------------------------------------
+// Mounts (nix has no mount_setattr)
+// ---------------------------------------------------------------------------------------
+
+/// mount_setattr(2) on `path` and every mount below it (AT_RECURSIVE): sets `set`,
+/// clears `clr` (MOUNT_ATTR_* bits).
+pub fn mount_setattr_recursive(path: &CStr, set: u64, clr: u64) -> nix::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    // SAFETY: `path` is a valid NUL-terminated string, `attr` a properly laid-out struct
+    // mount_attr that lives for the call, and its size is passed alongside.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+// ---------------------------------------------------------------------------------------
+// Network interfaces (nix has no SIOCGIFFLAGS / SIOCSIFFLAGS)
+// ---------------------------------------------------------------------------------------
+
+/// A zeroed `ifreq` naming interface `name` (EINVAL if the name does not fit).
+fn ifreq_for(name: &str) -> nix::Result<libc::ifreq> {
+    // SAFETY: ifreq is plain old data (integers, arrays and a union of them); all-zero is
+    // a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() || name.as_bytes().contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    for (slot, b) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *slot = *b as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// The flags (IFF_*) of interface `name`, through socket `sock` (SIOCGIFFLAGS).
+pub fn interface_flags(sock: BorrowedFd<'_>, name: &str) -> nix::Result<libc::c_short> {
+    let mut req = ifreq_for(name)?;
+    // SAFETY: the socket is open for the call and `req` is a valid ifreq naming the
+    // interface, which SIOCGIFFLAGS fills in place.
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) })?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    Ok(unsafe { req.ifr_ifru.ifru_flags })
+}
+
+/// Sets the flags (IFF_*) of interface `name`, through socket `sock` (SIOCSIFFLAGS).
+pub fn set_interface_flags(
+    sock: BorrowedFd<'_>,
+    name: &str,
+    flags: libc::c_short,
+) -> nix::Result<()> {
+    let mut req = ifreq_for(name)?;
+    req.ifr_ifru.ifru_flags = flags;
+    // SAFETY: the socket is open for the call and `req` is a valid ifreq naming the
+    // interface with its flags member set; SIOCSIFFLAGS only reads it.
+    Errno::result(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) }).map(drop)
+}
+
+// ---------------------------------------------------------------------------------------
+// Test support
+// ---------------------------------------------------------------------------------------
+
+/// Runs `hook` in the child between fork and exec (`CommandExt::pre_exec`).
+///
+/// Contract: the test process has many threads, so `hook` makes only async-signal-safe
+/// calls: it must not allocate, free or take a lock.
+#[cfg(test)]
+pub(crate) fn pre_exec<F>(cmd: &mut std::process::Command, hook: F)
+where
+    F: FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+{
+    use std::os::unix::process::CommandExt;
+    // SAFETY: per the contract the hook is async-signal-safe, which is all pre_exec asks.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
