@@ -109,8 +109,14 @@ fn dot() -> PathBuf {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
-    /// argv, run with cwd = the clone's src/.
+    /// argv, run with cwd = the clone's src/. In a judged task: the subject, which talks
+    /// to the judge over its stdin and stdout.
     pub command: Vec<String>,
+    /// A judge (argv, cwd = an unpatched copy of the parent's tree): run in a sandbox of
+    /// its own, connected to the subject (fd 3 reads the subject's stdout, fd 4 writes its
+    /// stdin). Only the judge's reports are evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<ResultsSpec>,
     /// A JSON file `{"name": number, ...}`, relative to `$FORK_REPORTS`.
@@ -324,6 +330,20 @@ impl Manifest {
                 field("command"),
                 "an argument contains a NUL byte; remove it",
             ));
+        }
+        if let Some(j) = &t.judge {
+            if j.is_empty() || j[0].is_empty() || j.iter().any(|a| a.contains('\0')) {
+                return Err(self.invalid(
+                    field("judge"),
+                    "write the judge's argv, e.g. judge = [\"python3\", \"judge/judge.py\"], without NUL bytes",
+                ));
+            }
+            if t.results.is_none() && t.metrics.is_none() {
+                return Err(self.invalid(
+                    field("judge"),
+                    "a judged task needs `results` or `metrics`: what the judge writes to $FORK_REPORTS is the evidence",
+                ));
+            }
         }
         if let Some(res) = &t.results {
             self.report_path(&field("results.path"), &res.path)?;
@@ -574,8 +594,16 @@ env = { MODE = "fast" }
         assert_eq!(m.runtime.state, vec![PathBuf::from("state/hermes.db")]);
         assert_eq!(m.runtime.tools.as_deref(), Some(Path::new("tools")));
         assert_eq!(m.runtime.exclude, ["state", ".git", "__pycache__"]);
-        assert_eq!(m.runtime.protected, ["tests/**", "bench/**", "fork.toml"]);
-        assert_eq!(m.task_names(), ["tests", "compress", "summarize"]);
+        assert_eq!(
+            m.runtime.protected,
+            ["tests/**", "bench/**", "judge/**", "fork.toml"]
+        );
+        assert_eq!(m.task_names(), ["tests", "compress", "judged", "summarize"]);
+        let (_, judged) = m.task(Some("judged")).unwrap();
+        assert_eq!(
+            judged.judge.as_deref(),
+            Some(&["python3", "judge/judge.py", "--suite", "all"].map(String::from)[..])
+        );
         let (name, tests) = m.task(None).unwrap();
         assert_eq!(name, "tests");
         assert_eq!(tests.command, ["python3", "tests/run.py"]);
@@ -616,6 +644,28 @@ env = { MODE = "fast" }
         let again = Manifest::from_toml(&text, &m.file).unwrap();
         assert_eq!(again, m);
         assert_eq!(again.task_names(), ["zeta", "alpha"]);
+    }
+
+    #[test]
+    fn a_judge_needs_an_argv_and_reports() {
+        let base = "[runtime]\nname = \"r\"\nsource = \".\"\n\n[tasks.t]\ncommand = [\"serve\"]\n";
+        for (extra, want) in [
+            (
+                "judge = []\nresults = { format = \"junit\", path = \"t.xml\" }\n",
+                "judge's argv",
+            ),
+            ("judge = [\"j\"]\n", "needs `results` or `metrics`"),
+        ] {
+            let d = runtime(&format!("{base}{extra}"));
+            let e = load(d.path()).unwrap_err().to_string();
+            assert!(e.contains("tasks.t.judge") && e.contains(want), "{e}");
+        }
+        let d = runtime(&format!("{base}judge = [\"j\"]\nmetrics = \"m.json\"\n"));
+        let m = load(d.path()).unwrap();
+        assert_eq!(
+            m.task(None).unwrap().1.judge.as_deref(),
+            Some(&["j".to_string()][..])
+        );
     }
 
     #[test]

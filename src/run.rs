@@ -124,6 +124,7 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
         cwd: PathBuf::from(WORKSPACE),
         output: None,
         doors,
+        ..Command::new(Vec::new(), Vec::new())
     })?;
     let mut notes = Vec::new();
     if let Some(w) = &workspace {

@@ -468,6 +468,7 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
         task: "tests".into(),
         patch_gate: None,
         proposal_id: Some(p.proposal_id.clone()),
+        provenance: None,
     };
     let node = fork::identity::load_node_key(node_key).unwrap();
     let eph = fork::identity::EphemeralKey::generate();

@@ -75,6 +75,7 @@ pub fn evidence_for(
             }
         }),
         run_error: o.exec_error.clone(),
+        provenance: Some(p.provenance()),
         tests: r.tests.clone(),
         results_error: r.results_error.clone(),
         metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
@@ -345,6 +346,7 @@ fn sign(
         task: p.task_name.clone(),
         patch_gate: Some(gate),
         proposal_id: p.proposal_id.clone(),
+        provenance: outcome.map(|_| p.provenance()),
     };
     if let Some(parent) = p.out_dir.parent() {
         if !parent.as_os_str().is_empty() {

@@ -13,7 +13,9 @@
 //!    bundle; ledger.
 //! 6. DESTROY: sandboxes destroyed on every path out (Drop), staging removed, keys zeroized.
 
+pub mod collect;
 pub mod conclude;
+pub mod judge;
 pub mod plan;
 pub mod request;
 pub mod reverify;

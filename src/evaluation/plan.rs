@@ -34,6 +34,9 @@ pub struct Plan {
     pub spec: crate::sandbox::Spec,
     /// When the evaluation's own wall budget runs out.
     pub deadline: std::time::Instant,
+    /// The secret seed the judges of this evaluation get (never the subject), zeroized
+    /// with the plan.
+    pub judge_seed: zeroize::Zeroizing<String>,
     /// Host loopback services forwarded into every sandbox (policy and task).
     pub forwards: Vec<std::net::SocketAddr>,
     pub proposal_id: Option<String>,
@@ -47,6 +50,17 @@ pub struct GatewayPlan {
     pub cfg: crate::gateway::GatewayConfig,
     pub credentials: Option<zeroize::Zeroizing<String>>,
     pub meter: std::sync::Arc<crate::gateway::Meter>,
+}
+
+impl Plan {
+    /// Who produces this evaluation's evidence: the task's judge, or the task itself.
+    pub fn provenance(&self) -> crate::verdict::Provenance {
+        if self.task.judge.is_some() {
+            crate::verdict::Provenance::Judge
+        } else {
+            crate::verdict::Provenance::SelfReported
+        }
+    }
 }
 
 pub fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
@@ -175,6 +189,7 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         ci: a.ci.clone(),
         spec,
         deadline,
+        judge_seed: zeroize::Zeroizing::new(super::judge::new_seed()),
         proposal_id: a.proposal.clone(),
         gateway,
         forwards,

@@ -3,6 +3,7 @@
 //! failing tests), and what the successor left read back with care. Each side's sandbox
 //! is destroyed before the next starts.
 
+use super::collect::{collect, Reading, Stager};
 use super::plan::Plan;
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{copy_tree, tree_hash, Workspace};
@@ -11,11 +12,6 @@ use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
 use crate::task::results;
 use crate::verdict::ArtifactType;
 use std::path::{Path, PathBuf};
-
-/// Undeclared files in the reports directory kept as artifacts, at most.
-const MAX_EXTRA_REPORTS: usize = 32;
-/// Bytes of undeclared report files kept per run, in all (what does not fit is left out).
-const MAX_EXTRA_REPORT_BYTES: u64 = 16 << 20;
 
 /// What one run of the task (after its reruns) produced.
 pub struct RunResult {
@@ -50,6 +46,13 @@ pub struct PreparedSide {
     sb: Sandbox,
     ws: Workspace,
     pub source_hash: String,
+}
+
+impl PreparedSide {
+    /// The sandbox alone (its workspace stays populated on its disk).
+    pub fn into_sandbox(self) -> Sandbox {
+        self.sb
+    }
 }
 
 pub enum Prepared {
@@ -120,6 +123,12 @@ pub fn run_side(
         extra.push((k.clone(), v.clone()));
     }
     let env = p.policy.successor_env(&extra);
+    // A judged subject sees no FORK_* variable: nothing tells it that it is being judged.
+    let env = if p.task.judge.is_some() {
+        super::judge::subject_env(&env)
+    } else {
+        env
+    };
     let side_dir = staging.join(side);
     std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
     // Artifact names: tests.xml, metrics.json, ... for the first patched run; `<side>-*` for
@@ -154,7 +163,15 @@ pub fn run_side(
             std::fs::create_dir(&reports).map_err(|e| internal("reports")(e.to_string()))?;
             sb.chown_workspace()?;
         }
-        let r = run_attempt(p, &mut sb, &env, &side_dir, &prefix, attempt)?;
+        let r = if p.task.judge.is_some() {
+            let stage = Stager {
+                dir: &side_dir,
+                prefix: &prefix,
+            };
+            super::judge::run_judged(p, &mut sb, &env, staging, &stage, attempt)?
+        } else {
+            run_attempt(p, &mut sb, &env, &side_dir, &prefix, attempt)?
+        };
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
             && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
@@ -197,134 +214,37 @@ fn run_attempt(
         cwd: PathBuf::from(WORKSPACE).join("src"),
         output: Some(&log),
         doors: doors_for(p)?,
+        ..Command::new(Vec::new(), Vec::new())
     })?;
     if outcome.interrupted {
         return Err(EvaluateError::Interrupted);
     }
-    // The successor is dead: read its reports (hostile input, read with care). Read beneath
-    // the capped disk's root (which the successor could not replace), walking
-    // `successor/reports/...` component by component without following any symlink: the
-    // successor may have replaced its workspace or reports directory with a link.
-    let disk = sb.disk();
-    let in_reports = |rel: &str| format!("successor/reports/{rel}");
-    let stage = |name: String, bytes: &[u8]| -> Result<PathBuf, EvaluateError> {
-        let dest = side_dir.join(format!("{prefix}{name}"));
-        std::fs::write(&dest, bytes).map_err(|e| internal("staging")(e.to_string()))?;
-        Ok(dest)
+    // The successor is dead: read what it left (hostile input, read with care).
+    let stage = Stager {
+        dir: side_dir,
+        prefix,
     };
-    let mut artifacts = Vec::new();
-    let mut tests = None;
-    let mut results_error = None;
-    if let Some(r) = &p.task.results {
-        match results::read_report_file(
-            &disk,
-            &in_reports(&r.path),
-            results::DEFAULT_MAX_REPORT_BYTES,
-        ) {
-            Ok(bytes) => {
-                match results::parse_report(r.format, &bytes) {
-                    Ok(t) => tests = Some(t),
-                    Err(e) => results_error = Some(format!("{}: {e}", r.path)),
-                }
-                let name = Path::new(&r.path)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "results".into());
-                artifacts.push((ArtifactType::TestReport, stage(name, &bytes)?));
-            }
-            Err(e) => results_error = Some(format!("{}: {e}", r.path)),
-        }
-    }
-    let mut metrics = None;
-    let mut metrics_error = None;
-    if let Some(m) = &p.task.metrics {
-        match results::read_report_file(&disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
-            Ok(bytes) => {
-                match results::parse_metrics(&bytes) {
-                    Ok(v) => metrics = Some(v),
-                    Err(e) => metrics_error = Some(format!("{m}: {e}")),
-                }
-                artifacts.push((ArtifactType::Metrics, stage("metrics.json".into(), &bytes)?));
-            }
-            Err(e) => metrics_error = Some(format!("{m}: {e}")),
-        }
-    }
-    // Any other report files (top level, regular, bounded in count and size) travel too.
-    let declared: Vec<&str> = p
-        .task
-        .results
-        .iter()
-        .map(|r| r.path.as_str())
-        .chain(p.task.metrics.as_deref())
-        .collect();
-    let reports_dir = disk.join("successor/reports");
-    let reports_intact = ["successor", "successor/reports"].iter().all(|c| {
-        std::fs::symlink_metadata(disk.join(c))
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-    });
-    if reports_intact {
-        if let Ok(rd) = std::fs::read_dir(&reports_dir) {
-            let mut names: Vec<String> = rd
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !declared.contains(&n.as_str()))
-                .collect();
-            names.sort();
-            let mut room = MAX_EXTRA_REPORT_BYTES;
-            for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
-                // read_report_file refuses symlinks, non-regular and oversized files; what
-                // the successor left is bounded in count and in total size on the host.
-                if room == 0 {
-                    break;
-                }
-                if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
-                    room = room.saturating_sub(bytes.len() as u64);
-                    let safe: String = name
-                        .chars()
-                        .map(|c| {
-                            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                                c
-                            } else {
-                                '_'
-                            }
-                        })
-                        .collect();
-                    let dest = stage(format!("report-{}", safe.trim_start_matches('.')), &bytes)?;
-                    artifacts.push((ArtifactType::Other, dest));
-                }
-            }
-        }
-    }
-    // The output log, through the fd we opened (the successor may have replaced the path).
-    {
-        use std::io::{Read, Seek};
-        let mut f = log;
-        let mut buf = Vec::new();
-        if f.rewind().is_ok() {
-            let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
-        }
-        artifacts.push((ArtifactType::Log, stage("output.log".into(), &buf)?));
-    }
+    let c = collect(p, &sb.disk(), log, &stage, Reading::Evidence)?;
     let json =
         serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?;
-    artifacts.push((ArtifactType::Other, stage("sandbox.json".into(), &json)?));
+    let mut artifacts = c.artifacts;
+    artifacts.push((ArtifactType::Other, stage.put("sandbox.json", &json)?));
     let over_evaluation_wall = outcome.budget_exceeded == Some(crate::sandbox::BudgetKind::Wall)
         && sb.limits().wall < p.policy.budgets.wall;
     Ok(RunResult {
         over_evaluation_wall,
         outcome,
-        tests,
-        results_error,
-        metrics,
-        metrics_error,
+        tests: c.tests,
+        results_error: c.results_error,
+        metrics: c.metrics,
+        metrics_error: c.metrics_error,
         artifacts,
     })
 }
 
 /// The doors of one run: the forwards and, with a gateway, the metered model door (a
 /// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
-fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
+pub fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
     let mut doors = crate::sandbox::Doors {
         doors: p
             .forwards

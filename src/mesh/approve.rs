@@ -376,6 +376,7 @@ pub(crate) mod tests {
             task: "tests".to_string(),
             patch_gate: None,
             proposal_id: None,
+            provenance: None,
         }
     }
 

@@ -17,7 +17,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 const FORWARDED: [Signal; 6] = [
@@ -264,9 +264,26 @@ fn command_child(
             }
         }
     }
-    // Every descriptor above stderr but the status pipe (close-on-exec) is closed, now
-    // that Landlock no longer needs its ruleset fd; only exec or _exit follow.
-    sys::close_fds_except(status.0.as_fd());
+    // Passed descriptors go to their numbers (the status pipe first moves out of the way);
+    // then every descriptor above stderr but those and the status pipe (close-on-exec) is
+    // closed, now that Landlock no longer needs its ruleset fd; only exec or _exit follow.
+    let mut keep: Vec<RawFd> = cfg.pass_fds.iter().map(|(t, _)| *t).collect();
+    if !cfg.pass_fds.is_empty() {
+        let floor = keep.iter().copied().max().unwrap_or(2) + 1;
+        match sys::dup_above(status.0.as_fd(), floor) {
+            Ok(fd) => status.0 = std::fs::File::from(fd),
+            Err(e) => {
+                status.error("exec", format!("moving the status pipe: {e}"));
+                return code::CANNOT_EXECUTE;
+            }
+        }
+        if !sys::place_fds(&cfg.pass_fds) {
+            status.error("exec", "placing the passed descriptors failed".to_string());
+            return code::CANNOT_EXECUTE;
+        }
+    }
+    keep.push(status.0.as_raw_fd());
+    sys::close_fds_except(&keep);
     if let Some(sc) = &cfg.seccomp {
         if let Err(e) = sc.install() {
             status.send(&InitMsg::Error {

@@ -97,6 +97,10 @@ pub struct InitConfig {
     pub landlock: Option<landlock::LandlockSpec>,
     pub landlock_required: bool,
     pub seccomp: Option<seccomp::CompiledProfile>,
+    /// `(target, fd)`: descriptors the init holds (as `fd`) that the command gets at
+    /// `target` (e.g. a judge's channel at 3 and 4).
+    #[serde(default)]
+    pub pass_fds: Vec<(i32, i32)>,
 }
 
 /// Messages from the init (and the command before exec) to the supervisor: JSON lines.
@@ -152,6 +156,9 @@ pub struct Outcome {
     /// The supervisor was interrupted (SIGINT/SIGTERM) and killed the sandbox.
     #[serde(default)]
     pub interrupted: bool,
+    /// The caller stopped the run (its cancel token), e.g. a subject once its judge ended.
+    #[serde(default)]
+    pub cancelled: bool,
     /// Why the command could not be started (not found, not executable), if so.
     #[serde(default)]
     pub exec_error: Option<String>,
@@ -204,6 +211,15 @@ pub struct Command<'a> {
     /// With a file, the command's stdout and stderr go to it and its stdin is /dev/null;
     /// otherwise all three are the supervisor's.
     pub output: Option<&'a std::fs::File>,
+    /// The command's stdin instead of /dev/null (e.g. a pipe from a judge).
+    pub stdin: Option<OwnedFd>,
+    /// The command's stdout instead of `output` (e.g. a pipe to a judge).
+    pub stdout: Option<OwnedFd>,
+    /// Descriptors the command gets at the given numbers (3 and up). The supervisor keeps
+    /// no copy once the sandbox has started, so the far ends see EOF when the sandbox ends.
+    pub pass_fds: Vec<(i32, OwnedFd)>,
+    /// Set by another thread to stop the run (reported as `cancelled`, not as a budget).
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     pub doors: Doors,
 }
 
@@ -215,6 +231,10 @@ impl Command<'_> {
             env,
             cwd: PathBuf::from(WORKSPACE),
             output: None,
+            stdin: None,
+            stdout: None,
+            pass_fds: Vec::new(),
+            cancel: None,
             doors: Doors::default(),
         }
     }
@@ -425,8 +445,18 @@ impl Sandbox {
             env,
             cwd,
             output,
+            stdin,
+            stdout,
+            pass_fds,
+            cancel,
             doors,
         } = cmd;
+        if pass_fds.iter().any(|(t, _)| *t < 3) || pass_fds.len() > 8 {
+            return Err(SandboxError::Setup {
+                stage: "command".into(),
+                message: "passed descriptors go at 3 and above, at most 8 of them".into(),
+            });
+        }
         let (argv, env, cwd) = (argv.as_slice(), env.as_slice(), cwd.as_path());
         if argv.is_empty() {
             return Err(SandboxError::Setup {
@@ -539,6 +569,16 @@ impl Sandbox {
             landlock: landlock_spec,
             landlock_required: layers.get(Layer::Landlock) == Requirement::Required,
             seccomp: self.seccomp.clone(),
+            pass_fds: pass_fds
+                .iter()
+                .map(|(t, fd)| (*t, fd.as_raw_fd()))
+                .collect(),
+        };
+        let io = supervisor::Stdio {
+            stdin: stdin.as_ref().map(|f| f.as_fd()),
+            stdout: stdout.as_ref().map(|f| f.as_fd()),
+            stderr: output.map(|f| f.as_fd()),
+            pass: pass_fds.iter().map(|(_, f)| f.as_fd()).collect(),
         };
 
         let start = Instant::now();
@@ -548,7 +588,7 @@ impl Sandbox {
             self.host_uid,
             self.host_gid,
             self.cgroup.as_ref(),
-            output,
+            &io,
             &door_addrs,
         ) {
             Ok(c) => c,
@@ -568,6 +608,9 @@ impl Sandbox {
                 return Err(e);
             }
         };
+        // The init holds its copies now: ours go, so the far ends see EOF when it ends.
+        drop(io);
+        drop((stdin, stdout, pass_fds));
         self.rundir().write_meta(Some(child.pid));
         isolation.userns = true;
         isolation.pidns = true;
@@ -586,7 +629,7 @@ impl Sandbox {
         let mut watchdog = Watchdog::new(spec.limits.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
         let listeners = std::mem::take(&mut child.listeners);
-        let (exit, budget, interrupted) = supervise(
+        let (exit, ended) = supervise(
             &child,
             doors,
             listeners,
@@ -594,7 +637,9 @@ impl Sandbox {
             disk_path.as_deref(),
             &mut watchdog,
             start,
+            cancel.as_deref(),
         )?;
+        let (budget, interrupted, cancelled) = (ended.budget, ended.interrupted, ended.cancelled);
         // The status pipe: the command's landlock status, setup errors, the real exit status.
         let msgs = read_msgs(child.status);
         let mut exited: Option<(Option<i32>, Option<i32>)> = None;
@@ -619,7 +664,7 @@ impl Sandbox {
         }
         let usage = watchdog.usage().clone();
         // A setup error inside the sandbox is an error, not a result of the command.
-        if budget.is_none() && !interrupted {
+        if budget.is_none() && !interrupted && !cancelled {
             if let Some(InitMsg::Error {
                 stage,
                 message,
@@ -642,7 +687,7 @@ impl Sandbox {
                 }
             }
         }
-        let (exit_code, signal) = match (budget.is_some() || interrupted, exited) {
+        let (exit_code, signal) = match (budget.is_some() || interrupted || cancelled, exited) {
             (false, Some((Some(c), _))) => (c, None),
             (false, Some((None, Some(s)))) => (128 + s, Some(s)),
             // Killed by the supervisor, or the init died without a word: report its end.
@@ -662,6 +707,7 @@ impl Sandbox {
             usage,
             isolation,
             interrupted,
+            cancelled,
             exec_error,
         })
     }

@@ -4,6 +4,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use std::os::fd::BorrowedFd;
 
 /// The init as seen from the supervisor.
 pub(super) struct InitChild {
@@ -35,23 +36,32 @@ pub(super) fn spawn_init(
     uid: u32,
     gid: u32,
     cg: Option<&cgroup::SandboxCgroup>,
-    output: Option<&std::fs::File>,
+    io: &Stdio<'_>,
     door_addrs: &[std::net::SocketAddr],
 ) -> Result<InitChild, SandboxError> {
     use nix::fcntl::OFlag;
-    let devnull = match output {
-        Some(_) => Some(
-            nix::fcntl::open(
-                "/dev/null",
-                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map_err(sys_err("open /dev/null"))?,
-        ),
-        None => None,
+    // Redirected (any of the three given): what is not given is /dev/null. Otherwise the
+    // init and the command share the supervisor's stdio.
+    let redirected = io.stdin.is_some() || io.stdout.is_some() || io.stderr.is_some();
+    let null = |flags: OFlag| {
+        nix::fcntl::open(
+            "/dev/null",
+            flags | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(sys_err("open /dev/null"))
     };
-    let stdio = match (output, &devnull) {
-        (Some(o), Some(n)) => Some((n.as_fd(), o.as_fd())),
+    let (null_in, null_out) = if redirected {
+        (Some(null(OFlag::O_RDONLY)?), Some(null(OFlag::O_WRONLY)?))
+    } else {
+        (None, None)
+    };
+    let stdio = match (&null_in, &null_out) {
+        (Some(ni), Some(no)) => Some((
+            io.stdin.unwrap_or(ni.as_fd()),
+            io.stdout.or(io.stderr).unwrap_or(no.as_fd()),
+            io.stderr.unwrap_or(no.as_fd()),
+        )),
         _ => None,
     };
     // Everything the child needs is prepared here, before the clone.
@@ -115,6 +125,8 @@ pub(super) fn spawn_init(
         }
     }
     let become_root = is_root();
+    let mut keep = vec![cfg_fd.as_fd(), status_wr.as_fd()];
+    keep.extend(io.pass.iter().copied());
     let (pid, pidfd) = sys::clone_init(&sys::InitClone {
         ns_flags,
         cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
@@ -123,7 +135,7 @@ pub(super) fn spawn_init(
         sync_wr: sync_wr.as_fd(),
         become_root,
         stdio,
-        keep: &[cfg_fd.as_fd(), status_wr.as_fd()],
+        keep: &keep,
         exe: exe.as_fd(),
         argv: &argv_c,
     })
@@ -192,7 +204,26 @@ pub(super) fn observation(
     }
 }
 
-/// Watches the init until it exits: wall clock, cgroup events, disk, signals.
+/// The descriptors a run's init (and so its command) gets: stdin, stdout and stderr, and
+/// the descriptors it passes on to the command (see `InitConfig::pass_fds`).
+pub(super) struct Stdio<'a> {
+    pub stdin: Option<BorrowedFd<'a>>,
+    pub stdout: Option<BorrowedFd<'a>>,
+    pub stderr: Option<BorrowedFd<'a>>,
+    pub pass: Vec<BorrowedFd<'a>>,
+}
+
+/// How the watch ended, besides the init's exit.
+pub(super) struct Ended {
+    pub budget: Option<BudgetKind>,
+    pub interrupted: bool,
+    /// The caller's cancel token was set: the run was stopped, no budget was blown.
+    pub cancelled: bool,
+}
+
+/// Watches the init until it exits: wall clock, cgroup events, disk, signals, and the
+/// caller's cancel token.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn supervise(
     child: &InitChild,
     doors: Doors,
@@ -201,7 +232,9 @@ pub(super) fn supervise(
     disk: Option<&Path>,
     wd: &mut Watchdog,
     start: Instant,
-) -> Result<(InitExit, Option<BudgetKind>, bool), SandboxError> {
+    cancel: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<(InitExit, Ended), SandboxError> {
+    let cancelled = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -210,7 +243,7 @@ pub(super) fn supervise(
     // Doors are served on this thread (their futures need not be Send), in a LocalSet that
     // is dropped, with every door, when the run ends.
     let local = tokio::task::LocalSet::new();
-    let (budget, interrupted) = local.block_on(&rt, async {
+    let (budget, interrupted, stopped) = local.block_on(&rt, async {
         for (door, l) in doors.doors.into_iter().zip(listeners) {
             match tokio::net::TcpListener::from_std(l) {
                 Ok(l) => {
@@ -221,7 +254,7 @@ pub(super) fn supervise(
         }
         let afd = match sys::async_fd(child.pidfd.as_fd(), tokio::io::Interest::READABLE) {
             Ok(a) => a,
-            Err(_) => return (None, false),
+            Err(_) => return (None, false, false),
         };
         let mut sigint =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
@@ -247,30 +280,33 @@ pub(super) fn supervise(
             tokio::select! {
                 r = afd.readable() => {
                     if let Ok(mut g) = r { g.retain_ready(); }
-                    return (None, false);
+                    return (None, false, false);
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    return (Some(BudgetKind::Wall), false);
+                    return (Some(BudgetKind::Wall), false, false);
                 }
                 _ = tick.tick() => {
+                    if cancelled() {
+                        return (None, false, true);
+                    }
                     if let Some(c) = &cost {
                         wd.set_api_cost(c.spent_usd());
                         if c.exceeded() {
-                            return (Some(BudgetKind::ApiCost), false);
+                            return (Some(BudgetKind::ApiCost), false, false);
                         }
                     }
                     let s = cg.map(|c| c.sample()).unwrap_or_default();
                     if let Some(b) = wd.observe(&observation(start, &s, disk)) {
-                        return (Some(b), false);
+                        return (Some(b), false, false);
                     }
                 }
-                _ = recv(&mut sigint) => return (None, true),
-                _ = recv(&mut sigterm) => return (None, true),
-                _ = recv(&mut sighup) => return (None, true),
+                _ = recv(&mut sigint) => return (None, true, false),
+                _ = recv(&mut sigterm) => return (None, true, false),
+                _ = recv(&mut sighup) => return (None, true, false),
             }
         }
     });
-    if budget.is_some() || interrupted {
+    if budget.is_some() || interrupted || stopped {
         if let Some(b) = budget {
             tracing::info!("budget `{}` exceeded: killing the sandbox", b.as_str());
         }
@@ -301,7 +337,7 @@ pub(super) fn supervise(
         wd.set_api_cost(c.spent_usd());
     }
     let mut wd_budget = budget;
-    if wd_budget.is_none() && !interrupted {
+    if wd_budget.is_none() && !interrupted && !stopped {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
         let s = cg.map(|c| c.sample()).unwrap_or_default();
         wd_budget = wd
@@ -311,7 +347,14 @@ pub(super) fn supervise(
             wd_budget = Some(BudgetKind::ApiCost);
         }
     }
-    Ok((exit, wd_budget, interrupted))
+    Ok((
+        exit,
+        Ended {
+            budget: wd_budget,
+            interrupted,
+            cancelled: stopped,
+        },
+    ))
 }
 
 pub(super) fn read_msgs(status: OwnedFd) -> Vec<InitMsg> {

@@ -60,16 +60,70 @@ pub(crate) fn adopt_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
 ///
 /// Contract: the caller then execs or leaves with [`exit_now`]; it neither uses nor drops
 /// any other descriptor above stderr it still holds (their owners' destructors never run).
-pub(crate) fn close_fds_except(keep: BorrowedFd<'_>) {
-    let keep = keep.as_raw_fd() as libc::c_uint;
+pub(crate) fn close_fds_except(keep: &[RawFd]) {
+    let mut keep: Vec<libc::c_uint> = keep
+        .iter()
+        .filter(|fd| **fd > 2)
+        .map(|fd| *fd as libc::c_uint)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from: libc::c_uint = 3;
     // SAFETY: close_range(2) takes integers only; per the contract no live owner of a
     // closed descriptor uses or closes it again.
     unsafe {
-        if keep > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
+        for k in keep {
+            if k > from {
+                libc::syscall(libc::SYS_close_range, from, k - 1, 0u32);
+            }
+            from = k + 1;
         }
-        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+        libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
     }
+}
+
+/// A duplicate of `fd` numbered `floor` or above, close-on-exec.
+pub(crate) fn dup_above(fd: BorrowedFd<'_>, floor: RawFd) -> nix::Result<OwnedFd> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) reads an integer; on success it returns a fresh
+    // descriptor that nothing else owns, which the OwnedFd then owns alone.
+    unsafe {
+        let d = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor);
+        if d < 0 {
+            return Err(Errno::last());
+        }
+        Ok(OwnedFd::from_raw_fd(d))
+    }
+}
+
+/// In the command's child, before exec: places each `(target, source)` descriptor at
+/// `target` (close-on-exec cleared), whatever numbers the sources had, and returns false
+/// if a step failed. Sources are first moved above every target, so that no placement
+/// overwrites a source still to be placed.
+pub(crate) fn place_fds(pairs: &[(RawFd, RawFd)]) -> bool {
+    let floor = pairs.iter().map(|(t, _)| *t).max().unwrap_or(0) + 1;
+    let mut moved = [(-1, -1); 16];
+    if pairs.len() > moved.len() {
+        return false;
+    }
+    for (i, (t, s)) in pairs.iter().enumerate() {
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on an integer descriptor; async-signal-safe.
+        let m = unsafe { libc::fcntl(*s, libc::F_DUPFD_CLOEXEC, floor) };
+        if m < 0 {
+            return false;
+        }
+        moved[i] = (*t, m);
+    }
+    for (t, m) in moved.iter().take(pairs.len()) {
+        // SAFETY: dup2(2) onto a target number this child owns (the caller closes the rest);
+        // the duplicate has close-on-exec cleared by dup2. The moved copy is closed after.
+        unsafe {
+            if libc::dup2(*m, *t) < 0 {
+                return false;
+            }
+            libc::close(*m);
+        }
+    }
+    true
 }
 
 /// In a short-lived child: unshare(CLONE_NEWUSER), then unshare(`extra`) if not empty.
@@ -141,8 +195,8 @@ pub(crate) struct InitClone<'a> {
     pub sync_wr: BorrowedFd<'a>,
     /// Become uid/gid 0 of the new user namespace and drop supplementary groups.
     pub become_root: bool,
-    /// (stdin, stdout and stderr) for the init, when its output is redirected.
-    pub stdio: Option<(BorrowedFd<'a>, BorrowedFd<'a>)>,
+    /// (stdin, stdout, stderr) for the init, when they are redirected.
+    pub stdio: Option<(BorrowedFd<'a>, BorrowedFd<'a>, BorrowedFd<'a>)>,
     /// Descriptors that survive the exec (close-on-exec cleared).
     pub keep: &'a [BorrowedFd<'a>],
     /// The executable (`/proc/self/exe`, opened O_PATH), run with an empty environment.
@@ -168,7 +222,9 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     let sync_rd = c.sync_rd.as_raw_fd();
     let sync_wr = c.sync_wr.as_raw_fd();
     let exe = c.exe.as_raw_fd();
-    let stdio = c.stdio.map(|(i, o)| (i.as_raw_fd(), o.as_raw_fd()));
+    let stdio = c
+        .stdio
+        .map(|(i, o, e)| (i.as_raw_fd(), o.as_raw_fd(), e.as_raw_fd()));
     let mut pidfd: RawFd = -1;
     let args = CloneArgs {
         flags: c.ns_flags
@@ -234,8 +290,8 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             if libc::poll(&mut pfd, 1, 0) < 0 || pfd.revents & libc::POLLHUP != 0 {
                 libc::_exit(125);
             }
-            if let Some((input, out)) = stdio {
-                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+            if let Some((input, out, err)) = stdio {
+                if libc::dup2(input, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
                     libc::_exit(123);
                 }
             }

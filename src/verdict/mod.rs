@@ -33,7 +33,7 @@ use std::time::SystemTime;
 /// The schema generation this code writes and the only one it reads.
 pub const SCHEMA_GENERATION: u32 = 1;
 /// The schema version this code writes; any `1.x` is read.
-pub const SCHEMA_VERSION: &str = "1.1";
+pub const SCHEMA_VERSION: &str = "1.2";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
 
@@ -261,6 +261,21 @@ pub struct Verdict {
     /// replayed as the answer to another proposal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposal_id: Option<String>,
+    /// Who produced the tests and metrics: a judge outside the successor, or the code
+    /// under test itself (schema 1.2; absent in older verdicts: self-reported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Who produced a verdict's evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provenance {
+    /// A judge in a sandbox of its own, from the parent's unpatched tree, talking to the
+    /// subject only over a pipe pair: the subject cannot touch what it reports.
+    Judge,
+    /// The task itself, in the successor's process: it can forge what it reports.
+    SelfReported,
 }
 
 /// `sha256:<hex>` of `bytes`.
@@ -516,6 +531,7 @@ pub(crate) mod tests {
             task: "tests".into(),
             patch_gate: None,
             proposal_id: None,
+            provenance: None,
         }
     }
 

@@ -27,7 +27,11 @@
 //! * *approve*: `1 − 0.25 · skipped / total` for skipped tests;
 //! * *approve*: `0.9` when metrics were reported but no baseline was run;
 //! * *approve*: `0.95` when metric changes come from single samples (significance unknown);
-//! * *approve*: `0.9` when a regression was accepted because `regression_is = APPROVE`.
+//! * *approve*: `0.9` when a regression was accepted because `regression_is = APPROVE`;
+//! * *approve*: `0.9` when the evidence is self-reported (the task has no judge).
+//!
+//! Self-reported evidence refused by `[decision] self_reported = "needs_revision"` is a
+//! NEEDS_REVISION problem of strength `0.5`.
 //!
 //! So: more passing tests raise an approval's confidence, more flaky or skipped tests lower it,
 //! and more failing tests raise a NEEDS_REVISION's confidence. The seed's example (312 passed,
@@ -48,6 +52,10 @@ pub(super) const P_NO_BASELINE: f64 = 0.9;
 pub(super) const P_SINGLE_SAMPLE: f64 = 0.95;
 pub(super) const P_ACCEPTED_REGRESSION: f64 = 0.9;
 pub(super) const CONFIDENCE_CAP: f64 = 0.99;
+/// *approve*: evidence the code under test produced about itself (no judge).
+pub(super) const P_SELF_REPORTED: f64 = 0.9;
+/// Self-reported evidence refused by the rules (`self_reported = "needs_revision"`).
+pub(super) const S_SELF_REPORTED: f64 = 0.5;
 
 /// Strength of `n` passing tests (flaky passes included).
 pub(super) fn s_passing(n: usize) -> f64 {

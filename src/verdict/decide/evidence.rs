@@ -13,6 +13,8 @@ pub struct Evidence {
     pub apply_error: Option<String>,
     /// The task could not run at all (sandbox setup failed, command not found: exit 127/126).
     pub run_error: Option<String>,
+    /// Who produced the tests and metrics (None: not said, as in unit tests).
+    pub provenance: Option<crate::verdict::Provenance>,
     /// The budget that was blown.
     pub budget_exceeded: Option<crate::budget::Exceeded>,
     /// The task's exit status, if it exited.

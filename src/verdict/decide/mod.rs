@@ -51,8 +51,9 @@ use crate::verdict::kind::VerdictKind;
 
 use confidence::{
     combine, confidence, p_flaky, p_skipped, s_failing, s_passing, s_regression,
-    P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SINGLE_SAMPLE, S_EXIT_ZERO, S_METRICS_OK,
-    S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN, S_SIGNAL,
+    P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_EXIT_ZERO,
+    S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN,
+    S_SELF_REPORTED, S_SIGNAL,
 };
 pub use evidence::Evidence;
 pub(in crate::verdict) use rules::MetricClass;
@@ -342,6 +343,21 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
         && e.metrics_error.is_none()
     {
         caveats.push(wording::EXIT_STATUS_ONLY.into());
+    }
+
+    // Evidence the code under test produced about itself (no judge) can be forged by it.
+    if e.provenance == Some(crate::verdict::Provenance::SelfReported) {
+        match rules.self_reported {
+            rules::SelfReported::Accept => {
+                caveats.push(wording::SELF_REPORTED.into());
+                approve_penalties.push(P_SELF_REPORTED);
+            }
+            rules::SelfReported::NeedsRevision => problems.push(Problem {
+                sentence: wording::SELF_REPORTED_REFUSED.into(),
+                strength: S_SELF_REPORTED,
+                verdict: needs,
+            }),
+        }
     }
 
     // ---- The verdict. ----

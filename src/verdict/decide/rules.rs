@@ -29,6 +29,18 @@ pub struct DecisionRules {
     pub method: crate::verdict::stats::Method,
     /// The significance level (default 0.05).
     pub alpha: f64,
+    /// What evidence the code under test produced about itself (a task without a judge)
+    /// may earn: `accept` (an APPROVE, with a caveat and lower confidence) or
+    /// `needs_revision` (at most NEEDS_REVISION, saying why).
+    pub self_reported: SelfReported,
+}
+
+/// How far self-reported evidence goes (`[decision] self_reported`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelfReported {
+    Accept,
+    NeedsRevision,
 }
 
 /// Invalid decision rules.
@@ -175,6 +187,7 @@ impl Default for DecisionRules {
             reruns: Self::DEFAULT_RERUNS,
             method: crate::verdict::stats::Method::Bootstrap,
             alpha: 0.05,
+            self_reported: SelfReported::Accept,
         }
     }
 }

@@ -240,6 +240,10 @@ pub(super) const EXIT_NOT_RECORDED: &str = "The task's exit status was not recor
 
 pub(super) const EXITED_ZERO: &str = "The task exited with status 0.";
 
+pub(super) const SELF_REPORTED: &str = "The evidence is self-reported: the task has no judge, so its results were produced in the same process as the code under test, which could have forged them.";
+
+pub(super) const SELF_REPORTED_REFUSED: &str = "The evidence is self-reported (the task has no judge) and the policy does not approve on it ([decision] self_reported = \"needs_revision\"): give the task a judge, or accept self-reported evidence for patches written by people.";
+
 pub(super) const EXIT_STATUS_ONLY: &str =
     "Only the exit status was checked: the task declares no test results or metrics.";
 

@@ -1,0 +1,164 @@
+//! What a run left behind, read after it is dead: the declared results and metrics (the
+//! evidence), any other report files and the output log (artifacts). Everything is read
+//! beneath the capped disk's root (which the successor could not replace) through
+//! `task::results::read_report_file`, never following a link: the successor may have
+//! replaced its workspace or reports directory with one.
+
+use super::plan::Plan;
+use super::{internal, EvaluateError};
+use crate::task::results;
+use crate::verdict::ArtifactType;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Undeclared files in the reports directory kept as artifacts, at most.
+const MAX_EXTRA_REPORTS: usize = 32;
+/// Bytes of undeclared report files kept per run, in all (what does not fit is left out).
+const MAX_EXTRA_REPORT_BYTES: u64 = 16 << 20;
+
+/// Where a run's artifacts are staged: `<dir>/<prefix><name>`.
+pub struct Stager<'a> {
+    pub dir: &'a Path,
+    pub prefix: &'a str,
+}
+
+impl Stager<'_> {
+    pub fn put(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, EvaluateError> {
+        let dest = self.dir.join(format!("{}{name}", self.prefix));
+        std::fs::write(&dest, bytes).map_err(|e| internal("staging")(e.to_string()))?;
+        Ok(dest)
+    }
+}
+
+/// Whether the run's declared reports are evidence (read and parsed) or only artifacts
+/// (a judged subject's own reports: kept, never believed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    Evidence,
+    ArtifactsOnly,
+}
+
+/// What was read.
+pub struct Collected {
+    pub tests: Option<results::TestReport>,
+    pub results_error: Option<String>,
+    pub metrics: Option<BTreeMap<String, f64>>,
+    pub metrics_error: Option<String>,
+    pub artifacts: Vec<(ArtifactType, PathBuf)>,
+}
+
+/// Reads what a run left on `disk` (its capped filesystem) and its output `log` (through
+/// the descriptor fork opened, the path may have been replaced).
+pub fn collect(
+    p: &Plan,
+    disk: &Path,
+    log: std::fs::File,
+    stage: &Stager<'_>,
+    reading: Reading,
+) -> Result<Collected, EvaluateError> {
+    let in_reports = |rel: &str| format!("successor/reports/{rel}");
+    let stage = |name: String, bytes: &[u8]| stage.put(&name, bytes);
+    let mut artifacts = Vec::new();
+    let mut tests = None;
+    let mut results_error = None;
+    let evidence = reading == Reading::Evidence;
+    if let Some(r) = p.task.results.as_ref().filter(|_| evidence) {
+        match results::read_report_file(
+            &disk,
+            &in_reports(&r.path),
+            results::DEFAULT_MAX_REPORT_BYTES,
+        ) {
+            Ok(bytes) => {
+                match results::parse_report(r.format, &bytes) {
+                    Ok(t) => tests = Some(t),
+                    Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+                }
+                let name = Path::new(&r.path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "results".into());
+                artifacts.push((ArtifactType::TestReport, stage(name, &bytes)?));
+            }
+            Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+        }
+    }
+    let mut metrics = None;
+    let mut metrics_error = None;
+    if let Some(m) = p.task.metrics.as_ref().filter(|_| evidence) {
+        match results::read_report_file(&disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
+            Ok(bytes) => {
+                match results::parse_metrics(&bytes) {
+                    Ok(v) => metrics = Some(v),
+                    Err(e) => metrics_error = Some(format!("{m}: {e}")),
+                }
+                artifacts.push((ArtifactType::Metrics, stage("metrics.json".into(), &bytes)?));
+            }
+            Err(e) => metrics_error = Some(format!("{m}: {e}")),
+        }
+    }
+    // Any other report files (top level, regular, bounded in count and size) travel too.
+    let declared: Vec<&str> = p
+        .task
+        .results
+        .iter()
+        .map(|r| r.path.as_str())
+        .chain(p.task.metrics.as_deref())
+        .filter(|_| evidence)
+        .collect();
+    let reports_dir = disk.join("successor/reports");
+    let reports_intact = ["successor", "successor/reports"].iter().all(|c| {
+        std::fs::symlink_metadata(disk.join(c))
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+    });
+    if reports_intact {
+        if let Ok(rd) = std::fs::read_dir(&reports_dir) {
+            let mut names: Vec<String> = rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !declared.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            let mut room = MAX_EXTRA_REPORT_BYTES;
+            for name in names.into_iter().take(MAX_EXTRA_REPORTS) {
+                // read_report_file refuses symlinks, non-regular and oversized files; what
+                // the successor left is bounded in count and in total size on the host.
+                if room == 0 {
+                    break;
+                }
+                if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
+                    room = room.saturating_sub(bytes.len() as u64);
+                    let safe: String = name
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                                c
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect();
+                    let dest = stage(format!("report-{}", safe.trim_start_matches('.')), &bytes)?;
+                    artifacts.push((ArtifactType::Other, dest));
+                }
+            }
+        }
+    }
+    // The output log, through the fd we opened (the successor may have replaced the path).
+    {
+        use std::io::{Read, Seek};
+        let mut f = log;
+        let mut buf = Vec::new();
+        if f.rewind().is_ok() {
+            let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
+        }
+        artifacts.push((ArtifactType::Log, stage("output.log".into(), &buf)?));
+    }
+    Ok(Collected {
+        tests,
+        results_error,
+        metrics,
+        metrics_error,
+        artifacts,
+    })
+}
