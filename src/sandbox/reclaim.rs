@@ -29,10 +29,12 @@ pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(SandboxError::Io {
+        // What a successor left may defeat it (nesting deeper than descriptors or
+        // PATH_MAX allow): remove the rest one directory descriptor at a time.
+        Err(first) => crate::fork::remove_tree(path).map_err(|e| SandboxError::Io {
             op: "remove run directory",
             path: path.to_path_buf(),
-            source,
+            source: std::io::Error::other(format!("{first}; then: {e}")),
         }),
     }
 }
@@ -58,29 +60,31 @@ pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
     PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
 }
 
+/// Hands the tree under `root` to `uid:gid`, never following a link, relative to each
+/// directory's own descriptor (fsx::walk_tree): the successor's nesting cannot make a path
+/// too long for the walk.
 pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).map_err(|source| SandboxError::Io {
+    use nix::fcntl::AtFlags;
+    use nix::unistd::{fchownat, Gid, Uid};
+    let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+    std::os::unix::fs::lchown(root, uid.map(|u| u.as_raw()), gid.map(|g| g.as_raw())).map_err(
+        |source| SandboxError::Io {
             op: "chown",
-            path: p.clone(),
+            path: root.to_path_buf(),
             source,
-        })?;
-        let md = std::fs::symlink_metadata(&p).map_err(|source| SandboxError::Io {
-            op: "stat",
-            path: p.clone(),
-            source,
-        })?;
-        if md.is_dir() {
-            let rd = std::fs::read_dir(&p).map_err(|source| SandboxError::Io {
-                op: "read dir",
-                path: p.clone(),
-                source,
-            })?;
-            for e in rd.flatten() {
-                stack.push(e.path());
-            }
-        }
-    }
-    Ok(())
+        },
+    )?;
+    crate::fsx::walk_tree(
+        root,
+        |dir, name, st| {
+            fchownat(dir, name, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            Ok(crate::fsx::is_directory(st))
+        },
+        |_, _| Ok(()),
+    )
+    .map_err(|e| SandboxError::Io {
+        op: "chown",
+        path: root.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })
 }
