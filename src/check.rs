@@ -71,6 +71,33 @@ fn kernel() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// The isolation this host puts in force under `policy`, as one stable line: for every
+/// layer its requirement and, unless the policy turns it off, whether this host offers it;
+/// and the Landlock ABI (which decides which of its rules are enforced). The verdict cache
+/// keys on it, so a verdict reached under other isolation is never reused.
+pub fn isolation_in_force(policy: &Policy) -> String {
+    let rep = check(policy);
+    let mut line = String::new();
+    for l in &rep.layers {
+        let req = match l.requirement {
+            Requirement::Required => "required",
+            Requirement::Optional => "optional",
+            Requirement::Off => "off",
+        };
+        let available = match (l.requirement, l.available) {
+            (Requirement::Off, _) => "-",
+            (_, true) => "available",
+            (_, false) => "missing",
+        };
+        line.push_str(&format!("{}={req}/{available};", l.layer.name()));
+    }
+    let abi = landlock::best_abi()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    line.push_str(&format!("landlock_abi={abi}"));
+    line
+}
+
 /// Probes every layer.
 pub fn check(policy: &Policy) -> CheckReport {
     let mut layers = Vec::new();

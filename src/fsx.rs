@@ -28,9 +28,11 @@
 //! `openat(O_NOFOLLOW)` per component. When `openat2` refuses a path, that walk also names
 //! the component at fault (`openat2` only says `ELOOP` or `ENOTDIR` for the whole path).
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
@@ -340,6 +342,11 @@ fn walk(dir: BorrowedFd<'_>, parts: &[&std::ffi::OsStr]) -> Result<OwnedFd, FsxE
 }
 
 /// The kind of file `st` describes, as a word for messages.
+/// Whether `st` (from a stat that did not follow links) is a directory.
+pub fn is_directory(st: &FileStat) -> bool {
+    file_kind(st) == "directory"
+}
+
 fn file_kind(st: &FileStat) -> &'static str {
     match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
         SFlag::S_IFREG => "regular file",
@@ -377,6 +384,148 @@ fn not_a_directory(component: String) -> FsxError {
         component,
         kind: "non-directory",
         expected: "directory",
+    }
+}
+
+/// A file named on the command line (a patch), opened without blocking and checked on its
+/// descriptor: it must be a regular file (a FIFO, socket or device is refused, and opening
+/// with `O_NONBLOCK` never waits for a FIFO's writer). Symbolic links are followed: the
+/// path is the user's own. Returns the file and its size as `fstat` gave it; the caller
+/// reads what it needs, bounded.
+pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
+    let shown = path.display().to_string();
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(|e| match e {
+        Errno::ENOENT => FsxError::Missing {
+            component: shown.clone(),
+        },
+        other => FsxError::Io {
+            op: "open",
+            component: shown.clone(),
+            source: other.into(),
+        },
+    })?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| errno_error("fstat", &shown, e))?;
+    expect_kind(&st, &shown, "regular file")?;
+    Ok((File::from(fd), u64::try_from(st.st_size).unwrap_or(0)))
+}
+
+/// Walks the tree beneath the directory `root` (itself never followed if it is a link),
+/// depth first, holding one directory descriptor at a time: every path is resolved relative
+/// to its own directory, so no depth of nesting makes a path too long, and nesting cannot
+/// exhaust descriptors. `visit(dir, name, stat)` sees every entry (not `root` itself; `stat`
+/// without following links) and says whether to descend into it (only directories are
+/// descended into); `leave(parent, name)` runs once a directory's entries are all visited.
+/// A directory is re-entered through `..` and checked to be the one that was left, so a
+/// rename during the walk is an error, never a walk elsewhere. Meant for trees whose writer
+/// is dead (a successor's workspace after its run).
+pub fn walk_tree(
+    root: &Path,
+    mut visit: impl FnMut(BorrowedFd<'_>, &OsStr, &FileStat) -> std::io::Result<bool>,
+    mut leave: impl FnMut(BorrowedFd<'_>, &OsStr) -> std::io::Result<()>,
+) -> Result<(), FsxError> {
+    struct Level {
+        name: OsString,
+        pending: Vec<OsString>,
+    }
+    let root_shown = root.display().to_string();
+    // Messages name the root, the depth and the entry (a deep path would be megabytes).
+    let shown = |depth: usize, name: &OsStr| {
+        format!(
+            "{root_shown}/{}{}",
+            if depth > 0 {
+                format!("<{depth} levels>/")
+            } else {
+                String::new()
+            },
+            name.to_string_lossy()
+        )
+    };
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let entries = |dir: &OwnedFd,
+                   depth: usize,
+                   visit: &mut dyn FnMut(
+        BorrowedFd<'_>,
+        &OsStr,
+        &FileStat,
+    ) -> std::io::Result<bool>|
+     -> Result<Vec<OsString>, FsxError> {
+        let names: Vec<OsString> = {
+            let mut d = nix::dir::Dir::openat(dir, ".", dir_flags, Mode::empty())
+                .map_err(|e| errno_error("read directory", &shown(depth, OsStr::new(".")), e))?;
+            let mut names = Vec::new();
+            for e in d.iter() {
+                let e = e.map_err(|e| errno_error("read directory", &root_shown, e))?;
+                let n = OsStr::from_bytes(e.file_name().to_bytes());
+                if n != "." && n != ".." {
+                    names.push(n.to_os_string());
+                }
+            }
+            names
+        };
+        let mut dirs = Vec::new();
+        for n in names {
+            let st = match nix::sys::stat::fstatat(dir, n.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            {
+                Ok(st) => st,
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(errno_error("stat", &shown(depth, &n), e)),
+            };
+            let descend = visit(dir.as_fd(), &n, &st).map_err(|source| FsxError::Io {
+                op: "visit",
+                component: shown(depth, &n),
+                source,
+            })?;
+            if descend && file_kind(&st) == "directory" {
+                dirs.push(n);
+            }
+        }
+        Ok(dirs)
+    };
+    let mut cur = open_dir(root, false)?;
+    let pending = entries(&cur, 0, &mut visit)?;
+    let mut stack = vec![Level {
+        name: OsString::new(),
+        pending,
+    }];
+    loop {
+        let depth = stack.len() - 1;
+        let top = stack.last_mut().expect("the root level is popped last");
+        if let Some(child) = top.pending.pop() {
+            let fd = nix::fcntl::openat(&cur, child.as_os_str(), dir_flags, Mode::empty())
+                .map_err(|e| errno_error("open directory", &shown(depth, &child), e))?;
+            let pending = entries(&fd, depth + 1, &mut visit)?;
+            cur = fd;
+            stack.push(Level {
+                name: child,
+                pending,
+            });
+            continue;
+        }
+        let done = stack.pop().expect("a level");
+        if stack.is_empty() {
+            return Ok(());
+        }
+        let here = nix::sys::stat::fstat(&cur)
+            .map_err(|e| errno_error("fstat", &shown(depth, &done.name), e))?;
+        let parent = nix::fcntl::openat(&cur, "..", dir_flags, Mode::empty())
+            .map_err(|e| errno_error("open directory", &shown(depth, OsStr::new("..")), e))?;
+        let again =
+            nix::sys::stat::fstatat(&parent, done.name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| errno_error("stat", &shown(depth - 1, &done.name), e))?;
+        if (again.st_dev, again.st_ino) != (here.st_dev, here.st_ino) {
+            return Err(FsxError::Io {
+                op: "walk",
+                component: shown(depth - 1, &done.name),
+                source: std::io::Error::other("the directory was moved during the walk"),
+            });
+        }
+        leave(parent.as_fd(), &done.name).map_err(|source| FsxError::Io {
+            op: "leave",
+            component: shown(depth - 1, &done.name),
+            source,
+        })?;
+        cur = parent;
     }
 }
 

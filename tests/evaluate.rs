@@ -17,6 +17,7 @@ use common::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -1273,4 +1274,154 @@ fn task_budgets_get_the_policy_checks() {
         e.ctx()
     );
     assert!(!e.out.exists(), "nothing written: {}", e.ctx());
+}
+
+/// The hostile leftovers of `what_a_successor_leaves_never_suppresses_its_verdict`, one
+/// task each. Each writes only beneath its own reports directory, workspace and /tmp (its
+/// private disk), a few kilobytes in all, and ends within a second or two.
+const LEFTOVER_TASKS: &str = r#"
+[tasks.long_report_name]
+command = ["python3", "-c", "import os; r = os.environ['FORK_REPORTS']; open(r + '/' + 'n' * 250, 'w').write('x'); open(r + '/' + 'm' * 250, 'w').write('y'); open(r + '/a b', 'w').write('1'); open(r + '/a_b', 'w').write('2')"]
+
+[tasks.predicted_log]
+command = ["python3", "-c", "import os\nfor i in range(4):\n    open('/tmp/.fork-output-%d.log' % i, 'a').close()\nopen(os.environ['FORK_REPORTS'] + '/tests.xml', 'w').write('<testsuite tests=\"1\" failures=\"1\"><testcase name=\"t\"><failure message=\"no\"/></testcase></testsuite>')"]
+results = { format = "junit", path = "tests.xml" }
+
+[tasks.deep_tree]
+command = ["python3", "-c", "import os\nr = os.environ['FORK_REPORTS']\nopen(r + '/tests.xml', 'w').write('<testsuite tests=\"1\" failures=\"1\"><testcase name=\"t\"><failure message=\"no\"/></testcase></testsuite>')\nfor top in (r, os.environ['HOME']):\n    os.chdir(top)\n    for i in range(2500):\n        os.mkdir('d' * 40)\n        os.chdir('d' * 40)\n"]
+results = { format = "junit", path = "tests.xml" }
+"#;
+
+/// Whatever the successor leaves, the evaluation ends in a recorded verdict whose bundle
+/// verifies: report files with 250-character names (and names that sanitize alike), files
+/// at the names fork once used for its output logs on the sandbox's disk, and directory
+/// trees nested deeper than PATH_MAX in the reports directory and the workspace, which a
+/// rerun of the failing tests must clear and hand back.
+#[test]
+fn what_a_successor_leaves_never_suppresses_its_verdict() {
+    need_root!();
+    let env = Env::new("ev-leftovers");
+    let rt = env.runtime("rt", LEFTOVER_TASKS);
+    let tasks = ["long_report_name", "predicted_log", "deep_tree"];
+    for task in tasks {
+        let with = With {
+            require_verdict: true,
+            ..With::default()
+        };
+        let e = evaluate_with(
+            &env,
+            &patch("noop-comment"),
+            &rt,
+            task,
+            &["--task", task],
+            with,
+        );
+        match task {
+            "long_report_name" => {
+                assert_eq!(e.code, 0, "{}", e.ctx());
+                let names: Vec<String> = std::fs::read_dir(e.out.join("artifacts"))
+                    .unwrap()
+                    .flatten()
+                    .map(|x| x.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("report-") || n.contains("-report-"))
+                    .collect();
+                assert_eq!(names.len(), 4, "every report file kept apart: {names:?}");
+                assert!(names.iter().all(|n| n.len() <= 100), "{names:?}");
+            }
+            _ => {
+                // The failing test was rerun (reports cleared, workspace handed back).
+                assert_eq!(e.code, 2, "{}", e.ctx());
+                assert!(e.artifact("retry1-tests.xml").is_file(), "{}", e.ctx());
+                assert!(e.artifact("retry1-output.log").is_file(), "{}", e.ctx());
+            }
+        }
+    }
+    // Each verdict is recorded in the ledger.
+    let o = env.cmd().args(["history", "--json"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let recorded: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["task"].as_str().unwrap())
+        .collect();
+    for task in tasks {
+        assert!(
+            recorded.contains(&task),
+            "{task} not in the ledger: {recorded:?}"
+        );
+    }
+}
+
+/// A patch that is not a regular file is refused at once as bad input naming it (a FIFO
+/// never makes `evaluate` wait for a writer); a patch far over the size gate is REJECTed
+/// by it without being read whole, and the bundle keeps only a bounded prefix of it.
+#[test]
+fn patch_files_are_checked_before_they_are_read() {
+    need_root!();
+    let env = Env::new("ev-patchfile");
+    let fifo = env.dir.join("incoming.diff");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let started = Instant::now();
+    let e = evaluate(&env, &fifo, &demo(), "fifo", &["--no-ledger"]);
+    assert_eq!(e.code, 65, "{}", e.ctx());
+    assert!(
+        e.stderr.contains("incoming.diff") && e.stderr.contains("FIFO"),
+        "{}",
+        e.ctx()
+    );
+    assert!(started.elapsed() < Duration::from_secs(10), "{}", e.ctx());
+    assert!(!e.out.exists(), "{}", e.ctx());
+    // A sparse 2 GiB patch: the size gate's REJECT, quickly, with a bounded artifact.
+    let big = env.dir.join("huge.diff");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let started = Instant::now();
+    let e = evaluate(&env, &big, &demo(), "huge", &["--no-ledger"]);
+    assert_eq!(e.code, 1, "{}", e.ctx());
+    assert!(started.elapsed() < Duration::from_secs(20), "{}", e.ctx());
+    let v = gate_violation(&e);
+    assert!(
+        v.starts_with("size:") && v.contains("2147483648 bytes"),
+        "{v}: {}",
+        e.ctx()
+    );
+    let kept = std::fs::metadata(e.artifact("patch.diff")).unwrap().len();
+    assert!(
+        kept <= (1 << 20) + 1,
+        "the bundle keeps {kept} bytes of the patch"
+    );
+
+    // `reverify --patch` and `consensus --patch` refuse the FIFO alike, at once.
+    let (rt, trust) = (demo(), env.node_pub());
+    let commands: [Vec<&OsStr>; 2] = [
+        vec![
+            "reverify".as_ref(),
+            e.out.as_os_str(),
+            "--runtime".as_ref(),
+            rt.as_os_str(),
+            "--patch".as_ref(),
+        ],
+        vec![
+            "consensus".as_ref(),
+            e.out.as_os_str(),
+            "--trust".as_ref(),
+            trust.as_os_str(),
+            "--patch".as_ref(),
+        ],
+    ];
+    for args in commands {
+        let started = Instant::now();
+        let o = env.cmd().args(&args).arg(&fifo).output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(65), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("incoming.diff") && stderr.contains("FIFO"),
+            "{args:?}: {stderr}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
+    }
 }

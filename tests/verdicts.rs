@@ -369,6 +369,39 @@ fn cache_reuses_only_identical_intact_evaluations() {
     assert_eq!(again.run_id(), after.run_id());
 }
 
+/// The cache serves only the verdict its row recorded for the key: a bundle directory
+/// replaced with another patch's APPROVE (which verifies with the same node key) is a miss
+/// that says why, and the patch is evaluated again.
+#[test]
+fn cache_refuses_a_bundle_replaced_by_another_patchs() {
+    need_root!();
+    let env = Env::new("vd-cache-swap");
+    let breaks = evaluate(&env, &patch("breaks-test"), &demo(), "b1", &[]);
+    assert_eq!(breaks.code, 2, "{}", breaks.ctx());
+    let swap = evaluate(&env, &patch("swap-compressor"), &demo(), "s1", &[]);
+    assert_eq!(swap.code, 0, "{}", swap.ctx());
+    // Replace breaks-test's bundle directory (where its ledger row points) with swap's.
+    std::fs::remove_dir_all(&breaks.out).unwrap();
+    copy_dir(&swap.out, &breaks.out);
+    let again = evaluate(&env, &patch("breaks-test"), &demo(), "b2", &[]);
+    assert!(!again.reused(), "{}", again.ctx());
+    assert_ne!(again.verdict["verdict"], "APPROVE", "{}", again.ctx());
+    assert_eq!(again.code, 2, "{}", again.ctx());
+    assert_eq!(
+        again.verdict["patch_hash"],
+        patch_hash(&patch("breaks-test")),
+        "{}",
+        again.ctx()
+    );
+    assert!(
+        again.stderr.contains("not reusing the cached verdict")
+            && again.stderr.contains("patch_hash"),
+        "stderr says why the cache was not used: {}",
+        again.ctx()
+    );
+    assert_eq!(again.sandboxes.len(), 1, "a sandbox ran");
+}
+
 #[test]
 fn cache_hit_prepares_no_sandbox() {
     need_root!();

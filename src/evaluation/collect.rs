@@ -5,6 +5,7 @@
 //! replaced its workspace or reports directory with one.
 
 use super::plan::Plan;
+use super::side::staged_report_name;
 use super::{internal, EvaluateError};
 use crate::task::results;
 use crate::verdict::ArtifactType;
@@ -23,8 +24,15 @@ pub struct Stager<'a> {
 }
 
 impl Stager<'_> {
+    /// Stages `bytes` under a name of fork's: unique (a clash gets a counter), never
+    /// overwriting an earlier artifact.
     pub fn put(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, EvaluateError> {
-        let dest = self.dir.join(format!("{}{name}", self.prefix));
+        let mut dest = self.dir.join(format!("{}{name}", self.prefix));
+        let mut n = 1;
+        while std::fs::symlink_metadata(&dest).is_ok() {
+            n += 1;
+            dest = self.dir.join(format!("{}{n}-{name}", self.prefix));
+        }
         std::fs::write(&dest, bytes).map_err(|e| internal("staging")(e.to_string()))?;
         Ok(dest)
     }
@@ -52,7 +60,7 @@ pub struct Collected {
 pub fn collect(
     p: &Plan,
     disk: &Path,
-    log: std::fs::File,
+    log: &std::fs::File,
     stage: &Stager<'_>,
     reading: Reading,
 ) -> Result<Collected, EvaluateError> {
@@ -128,17 +136,7 @@ pub fn collect(
                 }
                 if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
                     room = room.saturating_sub(bytes.len() as u64);
-                    let safe: String = name
-                        .chars()
-                        .map(|c| {
-                            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                                c
-                            } else {
-                                '_'
-                            }
-                        })
-                        .collect();
-                    let dest = stage(format!("report-{}", safe.trim_start_matches('.')), &bytes)?;
+                    let dest = stage(staged_report_name(&name), &bytes)?;
                     artifacts.push((ArtifactType::Other, dest));
                 }
             }
@@ -150,7 +148,7 @@ pub fn collect(
         let mut f = log;
         let mut buf = Vec::new();
         if f.rewind().is_ok() {
-            let _ = Read::by_ref(&mut f).take(4 << 20).read_to_end(&mut buf);
+            let _ = f.take(4 << 20).read_to_end(&mut buf);
         }
         artifacts.push((ArtifactType::Log, stage("output.log".into(), &buf)?));
     }

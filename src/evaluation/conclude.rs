@@ -6,7 +6,7 @@ use super::plan::Plan;
 use super::side::RunResult;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
 use crate::budget::Exceeded;
-use crate::fork::workspace::copy_tree;
+use crate::fork::workspace::{copy_tree, tree_hash};
 use crate::identity::{EphemeralKey, NodeKey};
 use crate::sandbox::{BudgetKind, Outcome};
 use crate::task::results;
@@ -114,11 +114,23 @@ pub fn evidence_for(
     (e, chosen)
 }
 
-/// A verdict the ledger already holds for exactly these inputs, if its bundle still verifies.
+/// What a cache lookup needs besides the plan and the key: the tree the patch applies to,
+/// the parsed patch, and a scratch directory (in the staging area) to rebuild the patched
+/// tree's hash in.
+pub struct CacheProbe<'a> {
+    pub source_dir: &'a std::path::Path,
+    pub patch: &'a crate::patch::Patch,
+    pub scratch: PathBuf,
+}
+
+/// A verdict the ledger already holds for exactly these inputs, if its bundle still
+/// verifies with this node's key and is the very verdict the row recorded for this key (see
+/// [`served_verdict_matches`]). Anything else is a miss that says why on stderr.
 pub fn cached(
     p: &Plan,
     key: &crate::ledger::CacheKey,
     node: &NodeKey,
+    probe: &CacheProbe<'_>,
 ) -> Result<Option<Evaluation>, EvaluateError> {
     let Some(path) = &p.ledger else {
         return Ok(None);
@@ -142,13 +154,21 @@ pub fn cached(
     let verified = match crate::verdict::verify_bundle(&dir, &[node.public()]) {
         Ok(v) => v,
         Err(e) => {
-            tracing::warn!(
-                "cached verdict {} no longer verifies ({e}): evaluating again",
+            eprintln!(
+                "fork: warning: the cached verdict {} no longer verifies ({e}): evaluating again",
                 dir.display()
             );
             return Ok(None);
         }
     };
+    if let Err(why) = served_verdict_matches(p, key, &entry, &verified.verdict, &dir, probe) {
+        eprintln!(
+            "fork: warning: not reusing the cached verdict of run {} in {}: {why}; evaluating again",
+            entry.run_id,
+            dir.display()
+        );
+        return Ok(None);
+    }
     // Hand the cached bundle over at --out too, so pipelines find it where they asked.
     copy_tree(&dir, &p.out_dir, &[])
         .map_err(|e| internal("copying the cached bundle")(e.to_string()))?;
@@ -182,6 +202,67 @@ pub fn cached(
     )
     .map_err(|e| EvaluateError::Internal(format!("writing the CI outputs: {e}")))?;
     Ok(Some(ev))
+}
+
+/// Whether the verified bundle a ledger row points to holds the verdict that row recorded
+/// for this key: its patch, task and state hashes are the key's, its run id is the row's,
+/// its verdict.json has the row's sha256, and its source hash is the tree this key
+/// determines (the key's source tree with the patch applied, or unpatched when the patch
+/// does not apply: what the verdict records). Says what differs.
+fn served_verdict_matches(
+    p: &Plan,
+    key: &crate::ledger::CacheKey,
+    entry: &crate::ledger::Entry,
+    v: &Verdict,
+    dir: &std::path::Path,
+    probe: &CacheProbe<'_>,
+) -> Result<(), String> {
+    for (name, got, want) in [
+        ("patch_hash", &v.patch_hash, &key.patch_hash),
+        ("task_hash", &v.task_hash, &key.task_hash),
+        ("state_hash", &v.state_hash, &key.state_hash),
+        ("run_id", &v.run_id, &entry.run_id),
+    ] {
+        if got != want {
+            return Err(format!(
+                "its {name} is {got}, not {want} as the ledger's row says"
+            ));
+        }
+    }
+    let doc = std::fs::read(dir.join(crate::verdict::bundle::VERDICT_FILE))
+        .map_err(|e| format!("its verdict.json cannot be read: {e}"))?;
+    let digest = sha256_hex(&doc);
+    if digest != entry.verdict_sha256 {
+        return Err(format!(
+            "its verdict.json has sha256 {digest}, not {} as the ledger's row says",
+            entry.verdict_sha256
+        ));
+    }
+    let expected = patched_source_hash(p, probe)?;
+    if v.source_hash != expected {
+        return Err(format!(
+            "its source_hash is {}, not {expected} (the source tree with this patch applied)",
+            v.source_hash
+        ));
+    }
+    Ok(())
+}
+
+/// The hash of the tree a verdict for this key records as its source: a copy of the
+/// source tree (as a workspace gets it) with the patch applied, or unpatched when it does
+/// not apply (the application is atomic), hashed as `side::prepare_side` hashes it.
+fn patched_source_hash(p: &Plan, probe: &CacheProbe<'_>) -> Result<String, String> {
+    let scratch = &probe.scratch;
+    let result = (|| {
+        copy_tree(probe.source_dir, scratch, &p.manifest.runtime.exclude)
+            .map_err(|e| format!("copying the source to check it: {e}"))?;
+        let _ = crate::patch::apply(scratch, probe.patch);
+        tree_hash(scratch).map_err(|e| format!("hashing the patched source: {e}"))
+    })();
+    if let Err(e) = crate::fork::remove_tree(scratch) {
+        tracing::warn!("removing {}: {e}", scratch.display());
+    }
+    result
 }
 
 /// Appends the verdict to the ledger and writes the CI outputs.

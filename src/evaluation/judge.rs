@@ -45,8 +45,12 @@ pub fn subject_env(env: &[(String, String)]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn log_file(sb: &Sandbox, name: &str) -> Result<std::fs::File, EvaluateError> {
-    let path = sb.disk().join(name);
+/// A log on a sandbox's own disk under a name the successor cannot predict (so a file it
+/// planted is never adopted), read back through this descriptor.
+fn log_file(sb: &Sandbox, role: &str) -> Result<std::fs::File, EvaluateError> {
+    let path = sb
+        .disk()
+        .join(format!(".fork-{role}-{}.log", crate::rundir::new_run_id()));
     std::fs::OpenOptions::new()
         .create_new(true)
         .read(true)
@@ -64,7 +68,6 @@ pub fn run_judged(
     subject_env: &[(String, String)],
     staging: &Path,
     stage: &Stager<'_>,
-    attempt: u32,
 ) -> Result<RunResult, EvaluateError> {
     let judge_argv = p
         .task
@@ -88,8 +91,8 @@ pub fn run_judged(
         ("FORK_TASK".to_string(), p.task_name.clone()),
         ("FORK_SEED".to_string(), p.judge_seed.to_string()),
     ]);
-    let subject_log = log_file(subject, &format!(".fork-subject-{attempt}.log"))?;
-    let judge_log = log_file(&judge_sb, &format!(".fork-judge-{attempt}.log"))?;
+    let subject_log = log_file(subject, "subject")?;
+    let judge_log = log_file(&judge_sb, "judge")?;
     let flags = nix::fcntl::OFlag::O_CLOEXEC;
     let (to_subject_r, to_subject_w) =
         nix::unistd::pipe2(flags).map_err(|e| internal("pipe")(e.to_string()))?;
@@ -141,7 +144,7 @@ pub fn run_judged(
         return Err(EvaluateError::Interrupted);
     }
     // Evidence: the judge's reports alone. The subject's reports and log: artifacts.
-    let judged = collect(p, &judge_sb.disk(), judge_log, stage, Reading::Evidence)?;
+    let judged = collect(p, &judge_sb.disk(), &judge_log, stage, Reading::Evidence)?;
     let subject_prefix = format!("{}subject-", stage.prefix);
     let subject_stage = Stager {
         dir: stage.dir,
@@ -150,7 +153,7 @@ pub fn run_judged(
     let own = collect(
         p,
         &subject.disk(),
-        subject_log,
+        &subject_log,
         &subject_stage,
         Reading::ArtifactsOnly,
     )?;
@@ -169,6 +172,7 @@ pub fn run_judged(
         tests: judged.tests,
         // A judge that failed leaves no evidence: its reports, if any, are not believed.
         results_error: judge_failed.or(judged.results_error),
+        notes: Vec::new(),
         metrics: judged.metrics,
         metrics_error: judged.metrics_error,
         artifacts,

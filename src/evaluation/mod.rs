@@ -95,12 +95,16 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let node = plan::load_node_key(a.key.as_deref())?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
     let exclude = &p.manifest.runtime.exclude;
-    let checked = patch::check_patch(
-        &p.raw_patch,
-        &p.manifest.runtime.protected,
-        &source_dir,
-        &p.policy.gates,
-    );
+    // The size gate judges the file's size: of a larger patch only a bounded prefix was read.
+    let checked = match patch::size_stop(p.patch_size, &p.policy.gates) {
+        Some(stop) => Err(stop),
+        None => patch::check_patch(
+            &p.raw_patch,
+            &p.manifest.runtime.protected,
+            &source_dir,
+            &p.policy.gates,
+        ),
+    };
     let ephemeral = EphemeralKey::generate();
     // The evaluation's own run directory (locked, 0700): the staging area for the snapshot
     // and the evidence. A crash leaves it to `fork gc`, like a sandbox's.
@@ -183,7 +187,12 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         policy_hash: p.policy_hash.clone(),
     };
     if p.use_cache && p.replicas <= 1 {
-        if let Some(ev) = conclude::cached(&p, &cache_key, &node)? {
+        let probe = conclude::CacheProbe {
+            source_dir: &source_dir,
+            patch: &parsed,
+            scratch: staging.path().join("cache-check"),
+        };
+        if let Some(ev) = conclude::cached(&p, &cache_key, &node, &probe)? {
             ephemeral.destroy();
             return Ok(ev);
         }
@@ -352,6 +361,17 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 .map(|k| format!(" ({} budget)", k.as_str()))
                 .unwrap_or_default()
         ));
+    }
+    // What fork could not do with what a successor left is said, never an error.
+    for note in patched
+        .iter()
+        .flatten()
+        .chain(&baseline)
+        .flat_map(|r| &r.notes)
+    {
+        if !decision.caveats.contains(note) {
+            decision.caveats.push(note.clone());
+        }
     }
     let mut artifacts = vec![patch_artifact];
     for run in patched.iter().flatten() {

@@ -18,10 +18,16 @@ pub struct Plan {
     pub task_name: String,
     pub task: TaskSpec,
     pub policy: Policy,
+    /// The patch as read: the whole file, or its first `max_patch_bytes + 1` bytes when it
+    /// is larger (it is then REJECTed by the size gate; nothing more is ever read or kept).
     pub raw_patch: Vec<u8>,
+    /// The patch file's size (what the size gate judges).
+    pub patch_size: u64,
+    /// sha256 of `raw_patch`.
     pub patch_hash: String,
     pub task_hash: String,
-    /// sha256 of the resolved policy (budgets, layers, gates, decision rules, ...).
+    /// The conditions the verdict is reached under ([`conditions_hash`]): fork's version,
+    /// the resolved policy and the isolation in force. The cache keys on it.
     pub policy_hash: String,
     pub out_dir: PathBuf,
     /// The ledger, unless the request turned it off.
@@ -81,7 +87,9 @@ pub fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
 }
 
 pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
-    let raw_patch = std::fs::read(&a.patch).map_err(|e| {
+    // The patch's type is checked first (a FIFO is refused at once); it is read, bounded by
+    // the policy's size gate, once the policy is known.
+    crate::fsx::open_regular(&a.patch).map_err(|e| {
         EvaluateError::Input(format!("cannot read patch {}: {e}", a.patch.display()))
     })?;
     let manifest =
@@ -109,6 +117,8 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         .budgets
         .apply(&a.budget)
         .map_err(|e| EvaluateError::Usage(format!("the requested budget: {e}")))?;
+    let patch = crate::patch::read_patch_file(&a.patch, policy.gates.max_patch_bytes)
+        .map_err(|e| EvaluateError::Input(e.to_string()))?;
     let run_id = crate::rundir::new_run_id();
     let out_dir = a
         .out
@@ -120,7 +130,7 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
             out_dir.display()
         )));
     }
-    let patch_hash = format!("sha256:{}", sha256_hex(&raw_patch));
+    let patch_hash = patch.hash();
     let task_doc = serde_json::to_vec(&(&task_name, &task))
         .map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let task_hash = format!("sha256:{}", sha256_hex(&task_doc));
@@ -173,14 +183,18 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
             })
         }
     };
-    let policy_doc =
-        serde_json::to_vec(&policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
-    let policy_hash = format!("sha256:{}", sha256_hex(&policy_doc));
     let ledger = match &a.ledger {
         LedgerChoice::Default => Some(crate::ledger::Ledger::default_path()),
         LedgerChoice::At(p) => Some(p.clone()),
         LedgerChoice::Off => None,
     };
+    // The isolation in force is probed only when a ledger will record (or serve) the key.
+    let isolation = if ledger.is_some() {
+        crate::check::isolation_in_force(&policy)
+    } else {
+        String::new()
+    };
+    let policy_hash = conditions_hash(&policy, &isolation)?;
     let spec = policy.sandbox_spec();
     let deadline = std::time::Instant::now() + policy.budgets.evaluation_wall;
     Ok(Plan {
@@ -201,11 +215,32 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         task_name,
         task,
         policy,
-        raw_patch,
+        raw_patch: patch.bytes,
+        patch_size: patch.size,
         patch_hash,
         task_hash,
         out_dir,
     })
+}
+
+/// The ledger's `policy_hash`: sha256 over the conditions a verdict was reached under, which
+/// the cache must match besides the inputs: this fork's version, the resolved policy
+/// (budgets, layers, gates, decision rules, ...) and the isolation this host puts in force
+/// under it ([`crate::check::isolation_in_force`]).
+pub fn conditions_hash(policy: &Policy, isolation: &str) -> Result<String, EvaluateError> {
+    let policy_doc =
+        serde_json::to_vec(policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
+    let mut h = Sha256::new();
+    h.update(b"fork-conditions-v2\0");
+    for part in [
+        env!("CARGO_PKG_VERSION").as_bytes(),
+        &policy_doc,
+        isolation.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 
 /// sha256 over every state store: name and digest per file, in manifest order.

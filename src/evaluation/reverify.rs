@@ -9,7 +9,6 @@ use crate::verdict::sign::Endorsement;
 use crate::verdict::verify::VerifyError;
 use crate::verdict::{Verdict, VerdictKind};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -183,10 +182,13 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
     }
     let theirs = crate::verdict::verify_bundle(&dir, &trusted).map_err(ReverifyError::Invalid)?;
     // 2. The patch must be the one the verdict is about.
-    let raw = std::fs::read(&a.patch).map_err(|e| {
-        ReverifyError::Input(format!("cannot read patch {}: {e}", a.patch.display()))
-    })?;
-    let hash = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+    // Read as `evaluate` reads it (bounded by this node's size gate), so the hashes compare.
+    let max = crate::policy::Policy::load(a.policy.as_deref())
+        .map(|p| p.gates.max_patch_bytes)
+        .map_err(|e| ReverifyError::Input(e.to_string()))?;
+    let hash = crate::patch::read_patch_file(&a.patch, max)
+        .map_err(|e| ReverifyError::Input(e.to_string()))?
+        .hash();
     if hash != theirs.verdict.patch_hash {
         return Err(ReverifyError::Input(format!(
             "patch {} has hash {hash}, but the verdict is about {}: refusing to re-verify another patch",

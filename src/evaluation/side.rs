@@ -25,6 +25,9 @@ pub struct RunResult {
     pub metrics_error: Option<String>,
     /// Copies of the report files and the output log, in the staging directory.
     pub artifacts: Vec<(ArtifactType, PathBuf)>,
+    /// What fork could not do with what the successor left (a rerun it could not prepare),
+    /// for the verdict's caveats.
+    pub notes: Vec<String>,
 }
 
 /// `patched`, `patched.r2`, `replica2`, `replica2.r3`, `baseline`, `baseline.r2`.
@@ -138,7 +141,11 @@ pub fn run_side(
     } else {
         format!("{side}-")
     };
+    // The output log: created before the successor first runs, under a name it cannot
+    // predict, and read back and emptied through our own descriptor for every attempt.
+    let log = create_output_log(&sb.disk())?;
     let mut attempts: Vec<RunResult> = Vec::new();
+    let mut notes = Vec::new();
     let max_attempts = 1 + p.policy.decision.reruns;
     for attempt in 0..max_attempts {
         let prefix = if attempt == 0 {
@@ -148,29 +155,23 @@ pub fn run_side(
         };
         if attempt > 0 {
             // A fresh reports directory; the rest of the workspace is kept, as a flaky test's
-            // own state would be.
-            let reports = ws.reports();
-            let intact = std::fs::symlink_metadata(&reports)
-                .map(|m| m.is_dir())
-                .unwrap_or(false);
-            if intact {
-                crate::fork::workspace::remove_tree(&reports)
-                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
-            } else if std::fs::symlink_metadata(&reports).is_ok() {
-                std::fs::remove_file(&reports)
-                    .map_err(|e| internal("clearing the reports")(e.to_string()))?;
+            // own state would be. What the successor left may defeat that: then there is no
+            // rerun, the failing attempt stands, and the verdict says why.
+            if let Err(e) = fresh_reports(&sb, &ws) {
+                notes.push(format!(
+                    "the failing tests were not rerun: the workspace the successor left could not be prepared for a rerun ({e})"
+                ));
+                break;
             }
-            std::fs::create_dir(&reports).map_err(|e| internal("reports")(e.to_string()))?;
-            sb.chown_workspace()?;
         }
         let r = if p.task.judge.is_some() {
             let stage = Stager {
                 dir: &side_dir,
                 prefix: &prefix,
             };
-            super::judge::run_judged(p, &mut sb, &env, staging, &stage, attempt)?
+            super::judge::run_judged(p, &mut sb, &env, staging, &stage)?
         } else {
-            run_attempt(p, &mut sb, &env, &side_dir, &prefix, attempt)?
+            run_attempt(p, &mut sb, &env, &side_dir, &prefix, &log)?
         };
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
@@ -181,9 +182,55 @@ pub fn run_side(
         }
         check_interrupt()?;
     }
+    drop(log);
     // 6 DESTROY this side's sandbox now.
     sb.destroy()?;
-    Ok(merge_attempts(attempts))
+    let mut merged = merge_attempts(attempts);
+    merged.notes.extend(notes);
+    Ok(merged)
+}
+
+/// Creates the output log on the sandbox's disk under a random name (`create_new`, so an
+/// existing file is never adopted).
+fn create_output_log(disk: &Path) -> Result<std::fs::File, EvaluateError> {
+    let name = format!(".fork-output-{}.log", crate::rundir::new_run_id());
+    std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .append(true)
+        .open(disk.join(name))
+        .map_err(|e| internal("creating the output log")(e.to_string()))
+}
+
+/// Replaces the reports directory with an empty one owned by the sandbox's uid.
+fn fresh_reports(sb: &Sandbox, ws: &Workspace) -> Result<(), String> {
+    let reports = ws.reports();
+    match std::fs::symlink_metadata(&reports) {
+        Ok(m) if m.is_dir() => {
+            crate::fork::workspace::remove_tree(&reports).map_err(|e| e.to_string())?
+        }
+        Ok(_) => std::fs::remove_file(&reports).map_err(|e| e.to_string())?,
+        Err(_) => {}
+    }
+    std::fs::create_dir(&reports).map_err(|e| format!("creating the reports directory: {e}"))?;
+    sb.chown_workspace().map_err(|e| e.to_string())
+}
+
+/// Longest staged artifact name kept from a name the successor chose (well below NAME_MAX,
+/// with room for the side and retry prefixes).
+const MAX_STAGED_NAME: usize = 96;
+
+/// A staging file name for a report file the successor named: only `[A-Za-z0-9._-]` (as
+/// the bundle names artifacts), at most [`MAX_STAGED_NAME`] bytes (a longer name is cut and
+/// keeps a digest of the whole, so two long names stay apart).
+pub(super) fn staged_report_name(name: &str) -> String {
+    let safe = crate::verdict::bundle::sanitize_name(name);
+    let full = format!("report-{safe}");
+    if full.len() <= MAX_STAGED_NAME {
+        return full;
+    }
+    let digest = &super::sha256_hex(name.as_bytes())[..16];
+    format!("{}-{digest}", &full[..MAX_STAGED_NAME - 17])
 }
 
 /// One run of the task in a prepared sandbox, and what it left in its reports directory.
@@ -193,16 +240,12 @@ fn run_attempt(
     env: &[(String, String)],
     side_dir: &Path,
     prefix: &str,
-    attempt: u32,
+    log: &std::fs::File,
 ) -> Result<RunResult, EvaluateError> {
-    // The successor's output goes to a log on its own capped disk, read back through our fd.
-    let log_path = sb.disk().join(format!(".fork-output-{attempt}.log"));
-    let log = std::fs::OpenOptions::new()
-        .create_new(true)
-        .read(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| internal("creating the output log")(e.to_string()))?;
+    // The successor's output goes to a log on its own capped disk, read back through our fd
+    // (emptied first: an earlier attempt's output is that attempt's artifact).
+    log.set_len(0)
+        .map_err(|e| internal("emptying the output log")(e.to_string()))?;
     // The evaluation's own wall budget bounds every run: a run gets at most what is left.
     sb.clamp_wall(
         p.deadline
@@ -212,7 +255,7 @@ fn run_attempt(
         argv: p.task.command.clone(),
         env: env.to_vec(),
         cwd: PathBuf::from(WORKSPACE).join("src"),
-        output: Some(&log),
+        output: Some(log),
         doors: doors_for(p)?,
         ..Command::new(Vec::new(), Vec::new())
     })?;
@@ -239,6 +282,7 @@ fn run_attempt(
         metrics: c.metrics,
         metrics_error: c.metrics_error,
         artifacts,
+        notes: Vec::new(),
     })
 }
 

@@ -361,6 +361,8 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
 /// Directories the successor made unreadable or unwritable are opened up (chmod 0700)
 /// before being emptied.
 pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
+    use nix::sys::stat::{fchmodat, FchmodatFlags, Mode};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -370,33 +372,41 @@ pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
         return Ok(fs::remove_file(path).ctx("remove", path)?);
     }
     let dev = meta.dev();
-    // Depth-first with an explicit stack: (dir, children already removed?)
-    let mut stack = vec![(path.to_path_buf(), false)];
-    while let Some((dir, emptied)) = stack.pop() {
-        if emptied {
-            fs::remove_dir(&dir).ctx("remove directory", &dir)?;
-            continue;
-        }
-        let dmeta = fs::symlink_metadata(&dir).ctx("stat", &dir)?;
-        if dmeta.dev() != dev {
-            return Err(WorkspaceError::MountPoint { path: dir });
-        }
-        if dmeta.mode() & 0o700 != 0o700 {
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).ctx("open up", &dir)?;
-        }
-        stack.push((dir.clone(), true));
-        for entry in fs::read_dir(&dir).ctx("read directory", &dir)? {
-            let entry = entry.ctx("read directory", &dir)?;
-            let p = entry.path();
-            let ft = entry.file_type().ctx("stat", &p)?;
-            if ft.is_dir() {
-                stack.push((p, false));
-            } else {
-                fs::remove_file(&p).ctx("remove", &p)?;
-            }
-        }
+    if meta.mode() & 0o700 != 0o700 {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).ctx("open up", path)?;
     }
-    Ok(())
+    // Depth first, relative to each directory's own descriptor (fsx::walk_tree): a tree
+    // nested deeper than PATH_MAX is removed like any other.
+    let mut mount = None;
+    crate::fsx::walk_tree(
+        path,
+        |dir, name, st| {
+            if !crate::fsx::is_directory(st) {
+                unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
+                return Ok(false);
+            }
+            if st.st_dev != dev {
+                mount = Some(path.join(name));
+                return Err(io::Error::other("a mount point"));
+            }
+            if st.st_mode & 0o700 != 0o700 {
+                // The entry is a directory (stat did not follow links), and its writer is dead.
+                fchmodat(
+                    dir,
+                    name,
+                    Mode::from_bits_truncate(0o700),
+                    FchmodatFlags::FollowSymlink,
+                )?;
+            }
+            Ok(true)
+        },
+        |parent, name| Ok(unlinkat(parent, name, UnlinkatFlags::RemoveDir)?),
+    )
+    .map_err(|e| match mount.take() {
+        Some(path) => WorkspaceError::MountPoint { path },
+        None => IoError::new("remove", path, io::Error::other(e.to_string())).into(),
+    })?;
+    Ok(fs::remove_dir(path).ctx("remove directory", path)?)
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -177,16 +176,13 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
     let deadline = started + opts.timeout;
 
     // The patch, the runtime, the keys: all checked before anything is published.
-    let mut patch = Vec::new();
-    std::fs::File::open(&opts.patch)
-        .and_then(|f| f.take(MAX_PATCH_BYTES as u64 + 1).read_to_end(&mut patch))
-        .map_err(|e| {
-            MeshError::Input(format!("cannot read patch {}: {e}", opts.patch.display()))
-        })?;
-    if patch.len() > MAX_PATCH_BYTES {
+    let read = crate::patch::read_patch_file(&opts.patch, MAX_PATCH_BYTES as u64)
+        .map_err(|e| MeshError::Input(e.to_string()))?;
+    let patch = read.bytes;
+    if read.size > MAX_PATCH_BYTES as u64 {
         return Err(MeshError::TooLarge {
             what: format!("patch {}", opts.patch.display()),
-            size: patch.len(),
+            size: usize::try_from(read.size).unwrap_or(usize::MAX),
             limit: MAX_PATCH_BYTES,
         });
     }

@@ -230,7 +230,19 @@ pub fn run_gates(
 }
 
 fn size_gate(raw: &[u8], policy: &GatePolicy) -> Option<GateOutcome> {
-    let len = raw.len() as u64;
+    size_outcome(raw.len() as u64, policy)
+}
+
+/// The size gate for a patch of `len` bytes (a file's size, when only a bounded prefix of
+/// it was read): the stop when it is over the policy's `max_patch_bytes`.
+pub fn size_stop(len: u64, policy: &GatePolicy) -> Option<GateStop> {
+    match size_outcome(len, policy)? {
+        GateOutcome::Stopped { gate, reason } => Some(GateStop { gate, reason }),
+        GateOutcome::Passed => None,
+    }
+}
+
+fn size_outcome(len: u64, policy: &GatePolicy) -> Option<GateOutcome> {
     (len > policy.max_patch_bytes).then(|| {
         stop(
             Gate::Size,

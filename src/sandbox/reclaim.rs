@@ -26,7 +26,16 @@ pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(IoError::new("remove run directory", path, source).into()),
+        // What a successor left may defeat it (nesting deeper than descriptors or
+        // PATH_MAX allow): remove the rest one directory descriptor at a time.
+        Err(first) => crate::fork::remove_tree(path).map_err(|e| {
+            IoError::new(
+                "remove run directory",
+                path,
+                std::io::Error::other(format!("{first}; then: {e}")),
+            )
+            .into()
+        }),
     }
 }
 
@@ -51,17 +60,22 @@ pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
     PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
 }
 
+/// Hands the tree under `root` to `uid:gid`, never following a link, relative to each
+/// directory's own descriptor (fsx::walk_tree): the successor's nesting cannot make a path
+/// too long for the walk.
 pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).ctx("chown", &p)?;
-        let md = std::fs::symlink_metadata(&p).ctx("stat", &p)?;
-        if md.is_dir() {
-            let rd = std::fs::read_dir(&p).ctx("read dir", &p)?;
-            for e in rd.flatten() {
-                stack.push(e.path());
-            }
-        }
-    }
-    Ok(())
+    use nix::fcntl::AtFlags;
+    use nix::unistd::{fchownat, Gid, Uid};
+    let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+    std::os::unix::fs::lchown(root, uid.map(|u| u.as_raw()), gid.map(|g| g.as_raw()))
+        .ctx("chown", root)?;
+    crate::fsx::walk_tree(
+        root,
+        |dir, name, st| {
+            fchownat(dir, name, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            Ok(crate::fsx::is_directory(st))
+        },
+        |_, _| Ok(()),
+    )
+    .map_err(|e| IoError::new("chown", root, std::io::Error::other(e.to_string())).into())
 }

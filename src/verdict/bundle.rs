@@ -74,7 +74,7 @@ pub struct WrittenBundle {
 }
 
 /// A file name safe for `artifacts/`: letters, digits, `.`, `_`, `-`; not hidden.
-fn sanitize_name(name: &str) -> String {
+pub(crate) fn sanitize_name(name: &str) -> String {
     let mut s: String = name
         .chars()
         .map(|c| {

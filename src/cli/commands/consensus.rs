@@ -49,19 +49,10 @@ pub fn consensus(a: ConsensusArgs) -> Result<i32, CliError> {
         None => None,
     };
     let patch_hash = match &a.patch {
-        Some(p) => {
-            use sha2::Digest;
-            let raw = std::fs::read(p).map_err(|e| {
-                CliError::from((
-                    exit::BAD_INPUT,
-                    format!("cannot read patch {}: {e}", p.display()),
-                ))
-            })?;
-            Some(format!(
-                "sha256:{}",
-                hex::encode(sha2::Sha256::digest(&raw))
-            ))
-        }
+        Some(p) => Some(
+            crate::patch::hash_patch_file(p)
+                .map_err(|e| CliError::from((exit::BAD_INPUT, e.to_string())))?,
+        ),
         None => None,
     };
     let bundles: Vec<PathBuf> = a.verdicts.iter().map(|p| bundle_dir(p)).collect();
