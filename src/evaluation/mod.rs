@@ -95,7 +95,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let exclude = &p.manifest.runtime.exclude;
     let checked = patch::check_patch(
         &p.raw_patch,
-        &p.manifest.runtime.protected,
+        patch::PathRules {
+            protected: &p.manifest.runtime.protected,
+            exclude,
+        },
         &source_dir,
         &p.policy.gates,
     );
@@ -151,6 +154,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 decision,
                 state_hash: key.state_hash.clone(),
                 source_hash,
+                patched_tree_hash: None,
                 outcome: None,
                 gate: gate_report,
                 artifacts: vec![patch_artifact],
@@ -200,6 +204,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 decision,
                 state_hash,
                 source_hash: h,
+                patched_tree_hash: None,
                 outcome: None,
                 gate: GateReport {
                     passed: true,
@@ -215,6 +220,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         }
     };
     let source_hash = first.source_hash.clone();
+    let patched_tree_hash = first.patched_tree_hash.clone();
     // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
     // baseline (interleaved, so drift on the machine hits both sides alike).
     let replicas = p.replicas;
@@ -387,6 +393,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         decision,
         state_hash,
         source_hash,
+        patched_tree_hash,
         outcome: Some(&primary.outcome),
         gate: GateReport {
             passed: true,

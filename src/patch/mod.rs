@@ -6,5 +6,5 @@ pub mod gates;
 pub mod parse;
 
 pub use apply::{apply, ApplyError, ApplySummary};
-pub use gates::{check_patch, run_gates, Gate, GateOutcome, GatePolicy, GateStop};
+pub use gates::{check_patch, run_gates, Gate, GateOutcome, GatePolicy, GateStop, PathRules};
 pub use parse::{parse, ChangeKind, FilePatch, Hunk, HunkLine, LineKind, Patch, PatchError};
