@@ -12,6 +12,8 @@
 //! tmpfs and creates cgroups), as on the project's CI machine.
 
 mod common;
+#[path = "evaluate/deploy.rs"]
+mod deploy;
 use common::lifecycle::*;
 use common::*;
 use serde_json::Value;
@@ -260,11 +262,14 @@ fn hostile_escape_is_contained() {
 // ---------------------------------------------------------------------------------------
 
 fn verify_code(env: &Env, bundle: &Path, trust: &[&str]) -> (i32, String) {
+    let args: Vec<&str> = trust.iter().flat_map(|t| ["--trust", t]).collect();
+    verify_with(env, bundle, &args)
+}
+
+/// `fork verify BUNDLE ARGS...`: its exit code and its stdout and stderr together.
+fn verify_with<A: AsRef<std::ffi::OsStr>>(env: &Env, bundle: &Path, args: &[A]) -> (i32, String) {
     let mut c = env.cmd();
-    c.arg("verify").arg(bundle);
-    for t in trust {
-        c.args(["--trust", t]);
-    }
+    c.arg("verify").arg(bundle).args(args);
     let o = c.output().unwrap();
     (
         o.status.code().unwrap_or(-1),

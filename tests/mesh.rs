@@ -453,6 +453,7 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
         task_hash: task_hash(),
         state_hash: sha256_digest(b"made up state"),
         source_hash: sha256_digest(b"made up source"),
+        patched_tree_hash: None,
         evaluation_summary: "Test suite passed (29/29).".into(),
         caveats: vec![],
         tests: TestCounts {

@@ -20,6 +20,7 @@ use crate::mesh::messages::MeshError;
 use crate::policy::PolicyError;
 use crate::run::RunError;
 use crate::sandbox::SandboxError;
+use crate::verdict::deployed::DeployedError;
 use crate::verdict::verify::VerifyError;
 use crate::verdict::VerdictKind;
 
@@ -88,6 +89,20 @@ pub fn verify(e: &VerifyError) -> i32 {
         | VerifyError::Malformed { .. } => BAD_INPUT,
         VerifyError::Io(_) => INTERNAL,
         _ => INVALID,
+    }
+}
+
+/// `fork verify --patch/--tree`: a patch or tree the verdict does not speak for is the
+/// answer 1 (invalid); input that cannot be read is bad input; a failure to check is
+/// internal.
+pub fn deployed(e: &DeployedError) -> i32 {
+    match e {
+        _ if e.is_mismatch() => INVALID,
+        DeployedError::ReadPatch { .. }
+        | DeployedError::Manifest(_)
+        | DeployedError::NoSource { .. }
+        | DeployedError::MalformedPatch { .. } => BAD_INPUT,
+        _ => INTERNAL,
     }
 }
 

@@ -315,6 +315,8 @@ pub struct Conclusion<'a> {
     pub decision: Decision,
     pub state_hash: String,
     pub source_hash: String,
+    /// The hash of the patched tree the successor ran (none when no patched tree ran).
+    pub patched_tree_hash: Option<String>,
     /// The run that speaks for the verdict (none when no sandbox started).
     pub outcome: Option<&'a Outcome>,
     pub gate: GateReport,
@@ -354,6 +356,7 @@ fn sign(
         decision: d,
         state_hash,
         source_hash,
+        patched_tree_hash,
         outcome,
         gate,
         artifacts,
@@ -409,6 +412,7 @@ fn sign(
         task_hash: p.task_hash.clone(),
         state_hash,
         source_hash,
+        patched_tree_hash,
         evaluation_summary: d.summary,
         caveats: d.caveats,
         tests: counts,

@@ -100,7 +100,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         Some(stop) => Err(stop),
         None => patch::check_patch(
             &p.raw_patch,
-            &p.manifest.runtime.protected,
+            patch::PathRules {
+                protected: &p.manifest.runtime.protected,
+                exclude,
+            },
             &source_dir,
             &p.policy.gates,
         ),
@@ -157,6 +160,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 decision,
                 state_hash: key.state_hash.clone(),
                 source_hash,
+                patched_tree_hash: None,
                 outcome: None,
                 gate: gate_report,
                 artifacts: vec![patch_artifact],
@@ -211,6 +215,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 decision,
                 state_hash,
                 source_hash: h,
+                patched_tree_hash: None,
                 outcome: None,
                 gate: GateReport {
                     passed: true,
@@ -226,6 +231,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         }
     };
     let source_hash = first.source_hash.clone();
+    let patched_tree_hash = first.patched_tree_hash.clone();
     // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
     // baseline (interleaved, so drift on the machine hits both sides alike).
     let replicas = p.replicas;
@@ -409,6 +415,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         decision,
         state_hash,
         source_hash,
+        patched_tree_hash,
         outcome: Some(&primary.outcome),
         gate: GateReport {
             passed: true,

@@ -6,7 +6,7 @@
 use super::collect::{collect, Reading, Stager};
 use super::plan::Plan;
 use super::{check_interrupt, internal, EvaluateError};
-use crate::fork::workspace::{copy_tree, tree_hash, Workspace};
+use crate::fork::workspace::{copy_tree, deploy_tree_hash, tree_hash, Workspace};
 use crate::patch::{self, Patch};
 use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
 use crate::task::results;
@@ -49,6 +49,8 @@ pub struct PreparedSide {
     sb: Sandbox,
     ws: Workspace,
     pub source_hash: String,
+    /// [`deploy_tree_hash`] of the patched tree (the patched side only).
+    pub patched_tree_hash: Option<String>,
 }
 
 impl PreparedSide {
@@ -95,10 +97,19 @@ pub fn prepare_side(
     }
     let source_hash =
         tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    // The tree the successor runs, hashed before it runs (it may write into src/).
+    let patched_tree_hash = match patch {
+        Some(_) => Some(
+            deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
+                .map_err(|e| internal("hashing the patched tree")(e.to_string()))?,
+        ),
+        None => None,
+    };
     Ok(Prepared::Ready(Box::new(PreparedSide {
         sb,
         ws,
         source_hash,
+        patched_tree_hash,
     })))
 }
 

@@ -11,4 +11,6 @@ pub mod workspace;
 pub use snapshot::{
     file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
 };
-pub use workspace::{copy_tree, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError};
+pub use workspace::{
+    copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,
+};

@@ -286,6 +286,78 @@ pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
 /// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it
 /// (special files aside): the hash of the source a successor would get, without copying.
 pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
+    let entries = walk(dir, exclude)?;
+    let mut h = Sha256::new();
+    h.update(b"fork-tree-v1\0");
+    for (rel, m) in &entries {
+        let ft = m.file_type();
+        let abs = dir.join(rel);
+        let tag: &[u8; 1] = if ft.is_dir() {
+            b"D"
+        } else if ft.is_file() {
+            b"F"
+        } else if ft.is_symlink() {
+            b"L"
+        } else if ft.is_fifo() {
+            b"P"
+        } else if ft.is_socket() {
+            b"S"
+        } else if ft.is_char_device() {
+            b"C"
+        } else {
+            b"B"
+        };
+        h.update(tag);
+        put_bytes(&mut h, rel.as_os_str().as_bytes());
+        if ft.is_file() {
+            h.update([u8::from(m.mode() & 0o100 != 0)]);
+            h.update(file_digest(&abs)?);
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&abs).ctx("read link", &abs)?;
+            put_bytes(&mut h, target.as_os_str().as_bytes());
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+/// The patched tree hash (verdict field `patched_tree_hash`): a `sha256:<hex>` of what a
+/// deployment of the tree consists of, the same whether fork's copy or a git checkout is
+/// hashed. Over the tree under `dir` minus the `exclude` globs (matched as [`copy_tree`]
+/// matches them; an excluded directory leaves out all it holds), sorted by relative path
+/// bytes (`/`-separated, no leading `./`), starting from the bytes `fork-deploy-tree-v1\0`:
+///
+/// - each regular file: `F`, its path (u64 big-endian length, then the bytes), one byte
+///   that is 1 when the owner-execute bit is set and 0 otherwise, the 32-byte sha256 of
+///   its contents;
+/// - each symbolic link (never followed): `L`, its path, its target (length, bytes);
+/// - directories are not hashed (an empty directory does not count: git cannot carry
+///   one), nor devices, FIFOs and sockets ([`copy_tree`] never copies them); other mode
+///   bits, owners and timestamps do not count.
+pub fn deploy_tree_hash(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
+    let entries = walk(dir, exclude)?;
+    let mut h = Sha256::new();
+    h.update(b"fork-deploy-tree-v1\0");
+    for (rel, m) in &entries {
+        let ft = m.file_type();
+        let abs = dir.join(rel);
+        if ft.is_file() {
+            h.update(b"F");
+            put_bytes(&mut h, rel.as_os_str().as_bytes());
+            h.update([u8::from(m.mode() & 0o100 != 0)]);
+            h.update(file_digest(&abs)?);
+        } else if ft.is_symlink() {
+            h.update(b"L");
+            put_bytes(&mut h, rel.as_os_str().as_bytes());
+            let target = fs::read_link(&abs).ctx("read link", &abs)?;
+            put_bytes(&mut h, target.as_os_str().as_bytes());
+        }
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+/// Every entry under `dir` (not following links, leaving out what `exclude` matches),
+/// with its metadata, sorted by relative path bytes.
+fn walk(dir: &Path, exclude: &[String]) -> Result<Vec<(PathBuf, fs::Metadata)>, WorkspaceError> {
     let excludes = build_excludes(exclude)?;
     let meta = fs::metadata(dir).ctx("read", dir)?;
     if !meta.is_dir() {
@@ -311,48 +383,22 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
         }
     }
     entries.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+    Ok(entries)
+}
 
-    let mut h = Sha256::new();
-    h.update(b"fork-tree-v1\0");
+/// The sha256 of a file's contents.
+fn file_digest(path: &Path) -> Result<[u8; 32], WorkspaceError> {
+    let mut f = fs::File::open(path).ctx("open", path)?;
+    let mut fh = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
-    for (rel, m) in &entries {
-        let ft = m.file_type();
-        let abs = dir.join(rel);
-        let tag: &[u8; 1] = if ft.is_dir() {
-            b"D"
-        } else if ft.is_file() {
-            b"F"
-        } else if ft.is_symlink() {
-            b"L"
-        } else if ft.is_fifo() {
-            b"P"
-        } else if ft.is_socket() {
-            b"S"
-        } else if ft.is_char_device() {
-            b"C"
-        } else {
-            b"B"
-        };
-        h.update(tag);
-        put_bytes(&mut h, rel.as_os_str().as_bytes());
-        if ft.is_file() {
-            h.update([u8::from(m.mode() & 0o100 != 0)]);
-            let mut f = fs::File::open(&abs).ctx("open", &abs)?;
-            let mut fh = Sha256::new();
-            loop {
-                let n = f.read(&mut buf).ctx("read", &abs)?;
-                if n == 0 {
-                    break;
-                }
-                fh.update(&buf[..n]);
-            }
-            h.update(fh.finalize());
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&abs).ctx("read link", &abs)?;
-            put_bytes(&mut h, target.as_os_str().as_bytes());
+    loop {
+        let n = f.read(&mut buf).ctx("read", path)?;
+        if n == 0 {
+            break;
         }
+        fh.update(&buf[..n]);
     }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    Ok(fh.finalize().into())
 }
 
 /// Deletes `path` and everything under it. Idempotent (a missing path is fine). Never
@@ -649,6 +695,68 @@ mod tests {
         // An empty directory counts.
         fs::create_dir(t.join("empty")).unwrap();
         assert_ne!(tree_hash(&t).unwrap(), base);
+    }
+
+    #[test]
+    fn deploy_tree_hash_definition() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        fs::create_dir_all(t.join("d")).unwrap();
+        fs::create_dir_all(t.join("state")).unwrap();
+        fs::write(t.join("d/f.txt"), b"hello").unwrap();
+        fs::write(t.join("run.sh"), b"#!/bin/sh\n").unwrap();
+        fs::set_permissions(t.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        symlink("d/f.txt", t.join("l")).unwrap();
+        fs::write(t.join("state/db"), b"live").unwrap();
+        let excl = vec!["state".to_string()];
+        let base = deploy_tree_hash(&t, &excl).unwrap();
+
+        // The definition, written out independently.
+        let mut h = Sha256::new();
+        h.update(b"fork-deploy-tree-v1\0");
+        let put = |h: &mut Sha256, b: &[u8]| {
+            h.update((b.len() as u64).to_be_bytes());
+            h.update(b);
+        };
+        h.update(b"F");
+        put(&mut h, b"d/f.txt");
+        h.update([0u8]);
+        h.update(Sha256::digest(b"hello"));
+        h.update(b"L");
+        put(&mut h, b"l");
+        put(&mut h, b"d/f.txt");
+        h.update(b"F");
+        put(&mut h, b"run.sh");
+        h.update([1u8]);
+        h.update(Sha256::digest(b"#!/bin/sh\n"));
+        assert_eq!(base, format!("sha256:{}", hex::encode(h.finalize())));
+
+        // Excluded paths, empty directories, other mode bits and FIFOs do not count.
+        fs::write(t.join("state/db"), b"changed").unwrap();
+        fs::create_dir_all(t.join("empty/deeper")).unwrap();
+        fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+        nix::unistd::mkfifo(
+            &t.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert_eq!(deploy_tree_hash(&t, &excl).unwrap(), base);
+        // Content, the exec bit and a link target do.
+        fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o700)).unwrap();
+        assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+        fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(t.join("d/f.txt"), b"hellO").unwrap();
+        assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+        fs::write(t.join("d/f.txt"), b"hello").unwrap();
+        fs::remove_file(t.join("l")).unwrap();
+        symlink("d/F.txt", t.join("l")).unwrap();
+        assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+        // A copy (minus exclude) hashes alike.
+        fs::remove_file(t.join("l")).unwrap();
+        symlink("d/f.txt", t.join("l")).unwrap();
+        let to = dir.path().join("to");
+        copy_tree(&t, &to, &excl).unwrap();
+        assert_eq!(deploy_tree_hash(&to, &[]).unwrap(), base);
     }
 
     #[test]

@@ -355,6 +355,7 @@ pub(crate) mod tests {
             task_hash: sha256_digest(task.as_bytes()),
             state_hash: sha256_digest(b"state"),
             source_hash: sha256_digest(b"source"),
+            patched_tree_hash: None,
             evaluation_summary: format!("{kind} from {run_id}"),
             caveats: vec![],
             tests: TestCounts {

@@ -10,7 +10,10 @@
 //! - Atomic: every file's new content is computed in memory first; the tree is written
 //!   only when every hunk of every file applied. If a write fails midway, the files
 //!   already written are restored.
-//! - Every path is checked to stay inside the tree and not to pass through a symlink.
+//! - Every path is checked to stay inside the tree and not to pass through a symlink, and
+//!   to be in the one spelling `git apply` also resolves it to (no `//`, `.`, `..` or `.git`
+//!   component; a leading `./` is dropped): the plan is keyed by that spelling, so two
+//!   entries naming one file apply in turn, as with `git apply`, never side by side.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -22,7 +25,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::gates::check_path;
-use super::parse::{ChangeKind, FilePatch, Hunk, LineKind, Patch};
+use super::parse::{tidy, ChangeKind, FilePatch, Hunk, LineKind, Patch};
 
 /// What an applied patch changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -214,6 +217,7 @@ impl Plan<'_> {
         }
         let need = |p: &Option<String>, which: &str| {
             p.clone()
+                .map(tidy)
                 .ok_or_else(|| file_err(format!("the patch gives no {which} path")))
         };
         match f.kind {
@@ -1040,6 +1044,28 @@ index 2222222..5555555 100644
         let binary = fs::read(root().join("fixtures/patches/adds-binary.diff")).unwrap();
         let err = apply(t, &parse(&binary).unwrap()).unwrap_err();
         assert!(err.to_string().contains("binary"), "{err}");
+    }
+
+    #[test]
+    fn one_file_has_one_key_in_the_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        fs::create_dir(t.join("d")).unwrap();
+        fs::write(t.join("d/f"), "a\nb\nc\n").unwrap();
+        // F4: `d//f` would have been planned beside `d/f`, one half overwriting the other.
+        let aliased = "--- a/d//f\n+++ b/d//f\n@@ -1 +1 @@\n-a\n+A\n";
+        let err = apply_text(t, aliased).unwrap_err();
+        assert!(matches!(err, ApplyError::UnsafePath { .. }), "{err}");
+        assert!(err.to_string().contains("empty path component"), "{err}");
+        let dotted = "--- a/d/./f\n+++ b/d/./f\n@@ -1 +1 @@\n-a\n+A\n";
+        assert!(matches!(
+            apply_text(t, dotted).unwrap_err(),
+            ApplyError::UnsafePath { .. }
+        ));
+        // `./d/f` and `d/f` are one file: the two entries apply in turn, as git applies them.
+        let both = "--- a/./d/f\n+++ b/./d/f\n@@ -1,3 +1,3 @@\n-a\n+A\n b\n c\n--- a/d/f\n+++ b/d/f\n@@ -1,3 +1,3 @@\n A\n b\n-c\n+C\n";
+        apply_text(t, both).unwrap();
+        assert_eq!(fs::read_to_string(t.join("d/f")).unwrap(), "A\nb\nC\n");
     }
 
     #[test]

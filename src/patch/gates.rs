@@ -1,8 +1,15 @@
 //! Policy gates run at PLAN time, before anything is cloned (lifecycle step 1).
 //!
-//! In priority order: `size`, `parse`, `path_escape`, `protected_path`, `binary`,
-//! `forbidden_content`. The first gate that stops the patch decides the outcome; a
-//! stopped patch is a REJECT verdict, not an error.
+//! In priority order: `size`, `parse`, `path_escape`, `path_collision`, `protected_path`,
+//! `binary`, `forbidden_content`. The first gate that stops the patch decides the outcome;
+//! a stopped patch is a REJECT verdict, not an error.
+//!
+//! The evaluated tree must be the deployed tree: `path_escape` refuses every path `git
+//! apply` would spell differently (`//`, `.`, `..`, `.git`; see
+//! [`crate::patch::parse::verify_path`]), `path_collision` refuses two entries naming one
+//! path (or two paths one case-insensitive filesystem would merge), and `binary` refuses
+//! opaque bytes however they are carried (a `GIT binary patch`, a text hunk with NUL
+//! bytes or invalid UTF-8, a compiled or packaged file by its extension).
 //!
 //! The gates are a cheap first filter, not the security boundary: a patch can always
 //! spell a forbidden string differently (fixtures/patches/hostile-escape.diff does).
@@ -13,7 +20,7 @@ use std::path::{Component, Path};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::parse::{parse, LineKind, Patch};
+use super::parse::{parse, tidy, verify_path, ChangeKind, FilePatch, LineKind, Patch};
 
 /// The gates, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -22,16 +29,18 @@ pub enum Gate {
     Size,
     Parse,
     PathEscape,
+    PathCollision,
     ProtectedPath,
     Binary,
     ForbiddenContent,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 6] = [
+    pub const ALL: [Gate; 7] = [
         Gate::Size,
         Gate::Parse,
         Gate::PathEscape,
+        Gate::PathCollision,
         Gate::ProtectedPath,
         Gate::Binary,
         Gate::ForbiddenContent,
@@ -43,6 +52,7 @@ impl Gate {
             Gate::Size => "size",
             Gate::Parse => "parse",
             Gate::PathEscape => "path_escape",
+            Gate::PathCollision => "path_collision",
             Gate::ProtectedPath => "protected_path",
             Gate::Binary => "binary",
             Gate::ForbiddenContent => "forbidden_content",
@@ -159,12 +169,21 @@ pub struct GateStop {
     pub reason: String,
 }
 
+/// The manifest's path rules the gates enforce: `protected` globs (the evaluation's own
+/// files) and `exclude` globs (what is never copied into the successor's tree, so never
+/// part of the tree hash: a patch may not write there either).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PathRules<'a> {
+    pub protected: &'a [String],
+    pub exclude: &'a [String],
+}
+
 /// Runs every gate on raw patch bytes: size first (before parsing), then parse, then
 /// [`run_gates`]. The parsed patch when every gate passes; otherwise the gate that
 /// stopped it and why.
 pub fn check_patch(
     raw: &[u8],
-    protected: &[String],
+    rules: PathRules<'_>,
     tree: &Path,
     policy: &GatePolicy,
 ) -> Result<Patch, GateStop> {
@@ -184,17 +203,17 @@ pub fn check_patch(
             })
         }
     };
-    stopped(run_gates(raw, &patch, protected, tree, policy))?;
+    stopped(run_gates(raw, &patch, rules, tree, policy))?;
     Ok(patch)
 }
 
 /// Runs the gates on an already parsed patch (`raw` is the text it was parsed from).
-/// `protected` are the manifest's glob patterns, relative to `tree` (the runtime's
-/// source tree, used to refuse writes through symlinks).
+/// `rules` hold the manifest's glob patterns, relative to `tree` (the runtime's source
+/// tree, used to refuse writes through symlinks and case collisions with its files).
 pub fn run_gates(
     raw: &[u8],
     patch: &Patch,
-    protected: &[String],
+    rules: PathRules<'_>,
     tree: &Path,
     policy: &GatePolicy,
 ) -> GateOutcome {
@@ -207,19 +226,20 @@ pub fn run_gates(
     if let Some(out) = path_escape_gate(patch, tree) {
         return out;
     }
-    if let Some(out) = protected_gate(patch, protected) {
+    if let Some(out) = collision_gate(patch, tree) {
+        return out;
+    }
+    if let Some(out) = protected_gate(patch, rules.protected) {
+        return out;
+    }
+    if let Some(out) = excluded_gate(patch, rules.exclude) {
         return out;
     }
     if !policy.allow_binary {
-        if let Some(f) = patch.files.iter().find(|f| f.binary) {
+        if let Some(why) = patch.files.iter().find_map(binary_reason) {
             return stop(
                 Gate::Binary,
-                format!(
-                    "`{}` (patch line {}) is a binary change; binary patches are refused \
-                     unless the policy sets gates.allow_binary = true",
-                    f.path(),
-                    f.line
-                ),
+                format!("{why}; binary content is refused unless the policy sets gates.allow_binary = true"),
             );
         }
     }
@@ -289,17 +309,14 @@ fn path_escape_gate(patch: &Patch, tree: &Path) -> Option<GateOutcome> {
     None
 }
 
-/// Checks that `rel` (a path from a patch) names a file inside `tree`: relative, no
-/// `..` component, and no existing component that is a symbolic link (a patch may not
+/// Checks that `rel` (a path from a patch; a leading `./` is dropped) names a file inside
+/// `tree` in the one spelling git uses ([`verify_path`]: relative, no empty, `.`, `..` or
+/// `.git` component), and that no existing component is a symbolic link (a patch may not
 /// write through a symlink). Returns what is wrong, for a message.
 pub fn check_path(tree: &Path, rel: &str) -> Result<(), String> {
-    if rel.is_empty() {
-        return Err("empty path".into());
-    }
-    if rel.contains('\0') {
-        return Err("the path contains a NUL byte".into());
-    }
-    let path = Path::new(rel);
+    let rel = tidy(rel.to_string());
+    verify_path(&rel)?;
+    let path = Path::new(&rel);
     if path.is_absolute() {
         return Err("absolute path; a patch may only name paths inside the tree".into());
     }
@@ -354,6 +371,219 @@ fn normalize(rel: &str) -> String {
         .join("/")
 }
 
+/// How a case-insensitive filesystem would see a path.
+fn fold(path: &str) -> String {
+    path.to_lowercase()
+}
+
+/// `path_collision`: each (normalised) path is named by one entry only, no two paths of
+/// the patch differ only in case, and no path the patch creates differs only in case from
+/// a file or directory already in `tree`. Each would deploy otherwise than it was
+/// evaluated (`git apply` applies every entry in turn; a case-insensitive filesystem
+/// merges the two names).
+fn collision_gate(patch: &Patch, tree: &Path) -> Option<GateOutcome> {
+    use std::collections::HashMap;
+    // folded path -> (path as written, entry's patch line, entry index)
+    let mut seen: HashMap<String, (&str, usize, usize)> = HashMap::new();
+    for (i, f) in patch.files.iter().enumerate() {
+        for p in f.paths() {
+            let key = fold(&normalize(p));
+            match seen.get(&key) {
+                Some(&(q, line, j)) if j != i && normalize(q) == normalize(p) => {
+                    return Some(stop(
+                        Gate::PathCollision,
+                        format!(
+                            "`{p}` is named by two entries of the patch (patch lines {line} and \
+                             {}); `git apply` would apply both in turn: send one entry per file",
+                            f.line
+                        ),
+                    ));
+                }
+                Some(&(q, line, _)) if q != p => {
+                    return Some(stop(
+                        Gate::PathCollision,
+                        format!(
+                            "`{p}` (patch line {}) and `{q}` (patch line {line}) differ only in \
+                             case: a case-insensitive filesystem would deploy them as one file",
+                            f.line
+                        ),
+                    ));
+                }
+                _ => {
+                    seen.insert(key, (p, f.line, i));
+                }
+            }
+        }
+        let created = match f.kind {
+            ChangeKind::Create | ChangeKind::Rename | ChangeKind::Copy => f.new_path.as_deref(),
+            ChangeKind::Modify | ChangeKind::Delete => None,
+        };
+        if let Some(p) = created {
+            if let Some(existing) = case_twin(tree, p) {
+                return Some(stop(
+                    Gate::PathCollision,
+                    format!(
+                        "`{p}` (patch line {}) differs only in case from `{existing}` in the \
+                         tree: a case-insensitive filesystem would deploy them as one file",
+                        f.line
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The first existing entry of `tree` along `rel` whose name equals a component of `rel`
+/// but for case (as a path relative to `tree`), if any.
+fn case_twin(tree: &Path, rel: &str) -> Option<String> {
+    let mut dir = tree.to_path_buf();
+    let mut shown: Vec<String> = Vec::new();
+    for c in rel.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if std::fs::symlink_metadata(dir.join(c)).is_ok() {
+            shown.push(c.to_string());
+            dir.push(c);
+            continue;
+        }
+        let twin = std::fs::read_dir(&dir).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name != c && fold(&name) == fold(c)).then_some(name)
+        })?;
+        shown.push(twin);
+        return Some(shown.join("/"));
+    }
+    None
+}
+
+/// Whether `rel` lies in a path the manifest's `exclude` leaves out of the copy (the
+/// path itself or one of its directories matches): the matching pattern's index.
+fn excluded_by(set: &GlobSet, rel: &str) -> Option<usize> {
+    let parts: Vec<&str> = rel.split('/').collect();
+    (1..=parts.len()).find_map(|n| set.matches(parts[..n].join("/")).first().copied())
+}
+
+/// Part of `protected_path`: a patch may not write into a path the manifest excludes
+/// (`state`, `.git`, ...). The successor would run with a file the tree hash leaves out.
+fn excluded_gate(patch: &Patch, exclude: &[String]) -> Option<GateOutcome> {
+    // Spelled as the copy reads them (`state/` and `./state` are `state`).
+    let trimmed: Vec<String> = exclude
+        .iter()
+        .map(|p| {
+            let t = p.trim_end_matches('/');
+            t.strip_prefix("./").unwrap_or(t).to_string()
+        })
+        .collect();
+    let hit = glob_hit(patch, &trimmed, "exclude", excluded_by)?;
+    Some(hit.map_or_else(
+        |out| out,
+        |(p, line, _)| {
+            stop(
+                Gate::ProtectedPath,
+                format!(
+                    "`{p}` (patch line {line}) lies in a path fork.toml [runtime] exclude leaves \
+                     out of the successor's tree; the evaluated tree could not cover it"
+                ),
+            )
+        },
+    ))
+}
+
+/// The first path of `patch` that `hit` finds in the globs `patterns` (fork.toml's
+/// `[runtime] field`): the path, its entry's patch line and the pattern's index; or the
+/// stop when the patterns do not compile (fail closed: a broken list protects nothing).
+fn glob_hit<'p>(
+    patch: &'p Patch,
+    patterns: &[String],
+    field: &str,
+    hit: fn(&GlobSet, &str) -> Option<usize>,
+) -> Option<Result<(&'p str, usize, usize), GateOutcome>> {
+    if patterns.is_empty() {
+        return None;
+    }
+    let set = match protected_set(patterns) {
+        Ok(s) => s,
+        Err(e) => {
+            return Some(Err(stop(
+                Gate::ProtectedPath,
+                format!("{e}; fix fork.toml [runtime] {field}"),
+            )))
+        }
+    };
+    for f in &patch.files {
+        for p in f.paths() {
+            if let Some(i) = hit(&set, &normalize(p)) {
+                return Some(Ok((p, f.line, i)));
+            }
+        }
+    }
+    None
+}
+
+/// Extensions of compiled or packaged files: opaque to review whatever their encoding.
+const OPAQUE_EXTENSIONS: &[&str] = &[
+    "pyc", "pyo", "pyd", "so", "o", "a", "obj", "lib", "dylib", "dll", "exe", "class", "jar",
+    "war", "ear", "whl", "egg", "wasm", "node", "elc", "beam", "zip", "tar", "gz", "tgz", "bz2",
+    "xz", "zst", "7z", "rar",
+];
+
+/// The opaque extension of a file name (`libx.so.1` versions included), if any.
+fn opaque_extension(path: &str) -> Option<&'static str> {
+    let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
+    let (_, last) = name.rsplit_once('.')?;
+    if let Some(ext) = OPAQUE_EXTENSIONS.iter().find(|e| **e == last) {
+        return Some(ext);
+    }
+    name.split('.').skip(1).any(|p| p == "so").then_some("so")
+}
+
+/// Why the `binary` gate stops this entry, if it does: a binary patch, a file left behind
+/// with an opaque extension, or a text hunk line carrying a NUL byte or invalid UTF-8.
+fn binary_reason(f: &FilePatch) -> Option<String> {
+    if f.binary {
+        return Some(format!(
+            "`{}` (patch line {}) is a binary change",
+            f.path(),
+            f.line
+        ));
+    }
+    let mut left: Vec<&str> = f.new_path.iter().map(String::as_str).collect();
+    if matches!(f.kind, ChangeKind::Rename | ChangeKind::Copy) {
+        left.extend(f.old_path.as_deref());
+    }
+    for p in left {
+        if let Some(ext) = opaque_extension(p) {
+            return Some(format!(
+                "`{p}` (patch line {}) has the extension `.{ext}` of compiled or packaged code",
+                f.line
+            ));
+        }
+    }
+    for h in &f.hunks {
+        let mut patch_line = h.line;
+        for l in &h.lines {
+            patch_line += 1;
+            let what = if l.text.contains(&0) {
+                Some("a NUL byte")
+            } else if std::str::from_utf8(&l.text).is_err() {
+                Some("bytes that are not UTF-8")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                return Some(format!(
+                    "a hunk line of `{}` (patch line {patch_line}) carries {what}: binary \
+                     content in a text hunk",
+                    f.path()
+                ));
+            }
+            if l.no_newline {
+                patch_line += 1;
+            }
+        }
+    }
+    None
+}
+
 fn protected_set(protected: &[String]) -> Result<GlobSet, String> {
     let mut b = GlobSetBuilder::new();
     for p in protected {
@@ -367,36 +597,23 @@ fn protected_set(protected: &[String]) -> Result<GlobSet, String> {
 }
 
 fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
-    if protected.is_empty() {
-        return None;
-    }
-    let set = match protected_set(protected) {
-        Ok(s) => s,
-        // Fail closed: a broken protection list protects nothing otherwise.
-        Err(e) => {
-            return Some(stop(
+    let hit = glob_hit(patch, protected, "protected", |set, rel| {
+        set.matches(rel).first().copied()
+    })?;
+    Some(hit.map_or_else(
+        |out| out,
+        |(p, line, i)| {
+            stop(
                 Gate::ProtectedPath,
-                format!("{e}; fix fork.toml [runtime] protected"),
-            ))
-        }
-    };
-    for f in &patch.files {
-        for p in f.paths() {
-            let norm = normalize(p);
-            if let Some(&i) = set.matches(&norm).first() {
-                return Some(stop(
-                    Gate::ProtectedPath,
-                    format!(
-                        "`{p}` (patch line {}) matches the protected pattern `{}`: the \
-                         evaluation's own files (tests, benchmarks, the manifest) may not be \
-                         changed by the patch under evaluation; drop this file from the patch",
-                        f.line, protected[i]
-                    ),
-                ));
-            }
-        }
-    }
-    None
+                format!(
+                    "`{p}` (patch line {line}) matches the protected pattern `{}`: the \
+                     evaluation's own files (tests, benchmarks, the manifest) may not be \
+                     changed by the patch under evaluation; drop this file from the patch",
+                    protected[i]
+                ),
+            )
+        },
+    ))
 }
 
 fn forbidden_gate(patch: &Patch, policy: &GatePolicy) -> Option<GateOutcome> {
@@ -458,6 +675,13 @@ mod tests {
         root().join("fixtures/hermes-demo")
     }
 
+    fn rules(protected: &[String]) -> PathRules<'_> {
+        PathRules {
+            protected,
+            exclude: &[],
+        }
+    }
+
     fn protected() -> Vec<String> {
         ["tests/**", "bench/**", "fork.toml"]
             .iter()
@@ -477,7 +701,7 @@ mod tests {
     }
 
     fn check(raw: &[u8], prot: &[String], policy: &GatePolicy) -> GateOutcome {
-        outcome(&check_patch(raw, prot, &demo(), policy))
+        outcome(&check_patch(raw, rules(prot), &demo(), policy))
     }
 
     fn gate(name: &str, policy: &GatePolicy) -> GateOutcome {
@@ -521,7 +745,7 @@ mod tests {
         );
         // size wins even over a patch that would also fail later gates
         let raw = [fixture("path-traversal.diff"), vec![b'\n'; 1000]].concat();
-        let r = check_patch(&raw, &protected(), &demo(), &policy);
+        let r = check_patch(&raw, rules(&protected()), &demo(), &policy);
         assert_eq!(outcome(&r).gate(), Some(Gate::Size));
         assert!(r.is_err(), "a stopped patch carries no parsed patch");
         assert_eq!(gate("noop-comment.diff", &policy), GateOutcome::Passed);
@@ -531,14 +755,20 @@ mod tests {
     fn parse_gate_reports_the_parser_error() {
         let raw = fixture("swap-compressor.diff");
         let cut = &raw[..raw.len() / 2];
-        let r = check_patch(cut, &protected(), &demo(), &GatePolicy::default());
+        let r = check_patch(cut, rules(&protected()), &demo(), &GatePolicy::default());
         let (out, parsed) = (outcome(&r), r.ok());
         let (g, reason) = stopped_by(&out);
         assert_eq!(g, "parse");
         assert!(reason.contains("patch line"), "{reason}");
         assert!(parsed.is_none());
         let empty = Patch { files: Vec::new() };
-        let out = run_gates(b"", &empty, &protected(), &demo(), &GatePolicy::default());
+        let out = run_gates(
+            b"",
+            &empty,
+            rules(&protected()),
+            &demo(),
+            &GatePolicy::default(),
+        );
         assert_eq!(out.gate(), Some(Gate::Parse));
     }
 
@@ -564,7 +794,7 @@ mod tests {
         std::os::unix::fs::symlink(&real, tree.join("hermes")).unwrap();
         let out = outcome(&check_patch(
             &fixture("swap-compressor.diff"),
-            &protected(),
+            rules(&protected()),
             &tree,
             &GatePolicy::default(),
         ));
@@ -687,6 +917,190 @@ mod tests {
             check(&both, &protected(), &GatePolicy::default()).gate(),
             Some(Gate::Binary)
         );
+    }
+
+    fn hack(name: &str) -> Vec<u8> {
+        fixture(&format!("hacks/{name}"))
+    }
+
+    /// A one-hunk modification of `path` (as written after `a/`/`b/`).
+    fn modify(path: &str, add: &str) -> String {
+        format!(
+            "diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+{add}\n"
+        )
+    }
+
+    #[test]
+    fn path_escape_refuses_every_spelling_git_would_resolve_otherwise() {
+        let policy = GatePolicy::default();
+        // F4: `hermes//compressor.py` beside `hermes/compressor.py`.
+        let (g, reason) = stopped_by(&check(&hack("dup-path.diff"), &protected(), &policy));
+        assert_eq!(g, "path_escape");
+        assert!(
+            reason.contains("`hermes//compressor.py`") && reason.contains("empty path component"),
+            "{reason}"
+        );
+        for (path, why) in [
+            ("hermes/./compressor.py", "`.` component"),
+            ("hermes/sub/../../../x", "`..` component"),
+            ("hermes/", "empty path component"),
+            (".git/hooks/pre-commit", "`.git` component"),
+            ("hermes/.Git/config", "`.git` component"),
+        ] {
+            let (g, reason) = stopped_by(&check(modify(path, "b").as_bytes(), &[], &policy));
+            assert_eq!(g, "path_escape", "{path}");
+            assert!(reason.contains(why), "{path}: {reason}");
+        }
+        // A leading `./` is normalised, not refused: `./hermes/x.py` is `hermes/x.py`.
+        let p = check_patch(
+            modify("./hermes/x.py", "b").as_bytes(),
+            rules(&[]),
+            &demo(),
+            &policy,
+        )
+        .unwrap();
+        assert_eq!(p.files[0].path(), "hermes/x.py");
+    }
+
+    #[test]
+    fn path_collision_gate_on_duplicates_and_case() {
+        let policy = GatePolicy::default();
+        // the same path twice, once spelled with a leading `./`
+        let dup = format!(
+            "{}{}",
+            modify("hermes/compressor.py", "b"),
+            modify("./hermes/compressor.py", "c")
+        );
+        let (g, reason) = stopped_by(&check(dup.as_bytes(), &[], &policy));
+        assert_eq!(g, "path_collision");
+        assert!(
+            reason.contains("named by two entries") && reason.contains("patch lines 1 and 7"),
+            "{reason}"
+        );
+        // two spellings that differ only in case
+        let case = format!(
+            "{}{}",
+            modify("hermes/Foo.py", "b"),
+            modify("hermes/foo.py", "c")
+        );
+        let (g, reason) = stopped_by(&check(case.as_bytes(), &[], &policy));
+        assert_eq!(g, "path_collision");
+        assert!(reason.contains("differ only in case"), "{reason}");
+        // a new file whose name is an existing file's but for case (and a directory's)
+        for path in ["hermes/Compressor.py", "HERMES/new.py"] {
+            let create = format!(
+                "diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
+            );
+            let (g, reason) = stopped_by(&check(create.as_bytes(), &[], &policy));
+            assert_eq!(g, "path_collision", "{path}");
+            assert!(reason.contains("differs only in case from `"), "{reason}");
+        }
+        // a rename that only changes case
+        let rename = b"diff --git a/hermes/state.py b/hermes/State.py\nsimilarity index 100%\nrename from hermes/state.py\nrename to hermes/State.py\n";
+        assert_eq!(
+            check(rename, &[], &policy).gate(),
+            Some(Gate::PathCollision)
+        );
+        // distinct files pass
+        let two = format!(
+            "{}{}",
+            modify("hermes/a.py", "b"),
+            modify("hermes/b.py", "c")
+        );
+        assert!(check(two.as_bytes(), &[], &policy).is_passed());
+    }
+
+    #[test]
+    fn excluded_paths_are_protected() {
+        let excl = vec!["state".to_string(), "__pycache__/".to_string()];
+        let r = PathRules {
+            protected: &[],
+            exclude: &excl,
+        };
+        for path in ["state/evil.py", "__pycache__/x.py", "state"] {
+            let out = outcome(&check_patch(
+                modify(path, "b").as_bytes(),
+                r,
+                &demo(),
+                &GatePolicy::default(),
+            ));
+            let (g, reason) = stopped_by(&out);
+            assert_eq!(g, "protected_path", "{path}");
+            assert!(reason.contains("exclude"), "{reason}");
+        }
+        let ok = check_patch(
+            modify("hermes/state.py", "b").as_bytes(),
+            r,
+            &demo(),
+            &GatePolicy::default(),
+        );
+        assert!(ok.is_ok());
+    }
+
+    #[test]
+    fn binary_content_in_a_text_hunk_is_binary() {
+        let policy = GatePolicy::default();
+        // F6: NUL bytes and invalid UTF-8 in `+` lines, creating hermes/turbo.pyc.
+        let (g, reason) = stopped_by(&check(&hack("binary-as-text.diff"), &protected(), &policy));
+        assert_eq!(g, "binary");
+        assert!(reason.contains("hermes/turbo.pyc"), "{reason}");
+        // the content alone, under a harmless name
+        let raw = hack("binary-as-text.diff");
+        let text = replace_all(&raw, b"hermes/turbo.pyc", b"hermes/turbo.txt");
+        let (g, reason) = stopped_by(&check(&text, &[], &policy));
+        assert_eq!(g, "binary");
+        assert!(
+            reason.contains("not UTF-8") && reason.contains("patch line 7"),
+            "{reason}"
+        );
+        let nul = b"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+a\x00b\n";
+        let (g, reason) = stopped_by(&check(nul, &[], &policy));
+        assert_eq!(g, "binary");
+        assert!(
+            reason.contains("NUL byte") && reason.contains("patch line 5"),
+            "{reason}"
+        );
+        let latin1 = b"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+caf\xe9\n";
+        let (g, reason) = stopped_by(&check(latin1, &[], &policy));
+        assert_eq!(g, "binary");
+        assert!(reason.contains("not UTF-8"), "{reason}");
+        // removed and context lines count too: the file is binary either way
+        let ctx = b"--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n \x00\n-a\n+b\n";
+        assert_eq!(check(ctx, &[], &policy).gate(), Some(Gate::Binary));
+        // an opaque extension, with perfectly textual content; also as a rename target
+        for path in ["hermes/fast.so", "lib/libz.so.1", "pkg/tool.WHL", "x.class"] {
+            let (g, reason) = stopped_by(&check(modify(path, "b").as_bytes(), &[], &policy));
+            assert_eq!(g, "binary", "{path}");
+            assert!(reason.contains("compiled or packaged"), "{reason}");
+        }
+        let rename = b"diff --git a/hermes/registry.py b/hermes/registry.pyc\nsimilarity index 100%\nrename from hermes/registry.py\nrename to hermes/registry.pyc\n";
+        assert_eq!(check(rename, &[], &policy).gate(), Some(Gate::Binary));
+        // deleting an opaque file is not adding one; `.solution.py` is not `.so`
+        let del = b"diff --git a/old.pyc b/old.pyc\ndeleted file mode 100644\n--- a/old.pyc\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n";
+        assert!(check(del, &[], &policy).is_passed());
+        assert!(check(modify("hermes/so.py", "b").as_bytes(), &[], &policy).is_passed());
+        // the switch lets all of it through
+        let allow = GatePolicy {
+            allow_binary: true,
+            ..GatePolicy::default()
+        };
+        assert!(check(&hack("binary-as-text.diff"), &protected(), &allow).is_passed());
+        assert!(check(latin1, &[], &allow).is_passed());
+    }
+
+    fn replace_all(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < hay.len() {
+            if hay[i..].starts_with(from) {
+                out.extend_from_slice(to);
+                i += from.len();
+            } else {
+                out.push(hay[i]);
+                i += 1;
+            }
+        }
+        out
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod input;
 pub mod parse;
 
 pub use apply::{apply, ApplyError, ApplySummary};
-pub use gates::{check_patch, run_gates, size_stop, Gate, GateOutcome, GatePolicy, GateStop};
+pub use gates::{
+    check_patch, run_gates, size_stop, Gate, GateOutcome, GatePolicy, GateStop, PathRules,
+};
 pub use input::{hash_patch_file, read_patch_file, PatchFile, PatchFileError};
 pub use parse::{parse, ChangeKind, FilePatch, Hunk, HunkLine, LineKind, Patch, PatchError};

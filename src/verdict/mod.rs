@@ -14,6 +14,7 @@
 
 pub mod bundle;
 pub mod decide;
+pub mod deployed;
 pub mod kind;
 pub mod report;
 pub mod sign;
@@ -238,6 +239,12 @@ pub struct Verdict {
     pub task_hash: String,
     pub state_hash: String,
     pub source_hash: String,
+    /// The hash of the tree the successor ran: the patched source as fork copied it,
+    /// minus the manifest's `exclude` ([`crate::fork::deploy_tree_hash`]), taken after the
+    /// patch applied and before the task ran. Absent when no patched tree ran (a gate
+    /// stopped the patch, or it did not apply) and in bundles before schema 1.2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patched_tree_hash: Option<String>,
     pub evaluation_summary: String,
     #[serde(default)]
     pub caveats: Vec<String>,
@@ -393,6 +400,15 @@ impl Verdict {
                 ));
             }
         }
+        if let Some(h) = self
+            .patched_tree_hash
+            .as_deref()
+            .filter(|h| !is_sha256_digest(h))
+        {
+            errs.push(format!(
+                "patched_tree_hash `{h}` is not sha256:<64 lowercase hex digits>"
+            ));
+        }
         if self.evaluation_summary.trim().is_empty() {
             errs.push("evaluation_summary is empty".to_string());
         }
@@ -487,6 +503,7 @@ pub(crate) mod tests {
             task_hash: sha256_digest(b"task"),
             state_hash: sha256_digest(b"state"),
             source_hash: sha256_digest(b"source"),
+            patched_tree_hash: None,
             evaluation_summary: "Test suite passed (312/312). p99 latency improved 18%."
                 .to_string(),
             caveats: vec!["One flaky test (test_gateway_reconnect) required 3 retries.".into()],
@@ -601,6 +618,28 @@ pub(crate) mod tests {
         extra["surprise"] = serde_json::json!(1);
         let err = serde_json::from_value::<Verdict>(extra).unwrap_err();
         assert!(err.to_string().contains("surprise"), "{err}");
+    }
+
+    #[test]
+    fn patched_tree_hash_is_optional_and_checked() {
+        let k = EphemeralKey::generate();
+        let mut v = sample_verdict(&k.public());
+        assert_eq!(v.header.schema.version, "1.2");
+        // absent: not written, still valid (1.0 and 1.1 documents have none)
+        let doc = serde_json::to_value(&v).unwrap();
+        assert!(doc.get("patched_tree_hash").is_none());
+        assert!(v.validate().is_ok());
+        v.patched_tree_hash = Some(sha256_digest(b"tree"));
+        let doc = serde_json::to_value(&v).unwrap();
+        assert_eq!(doc["patched_tree_hash"], sha256_digest(b"tree").as_str());
+        assert_eq!(serde_json::from_value::<Verdict>(doc).unwrap(), v);
+        assert!(v.validate().is_ok());
+        v.patched_tree_hash = Some("sha256:nothex".into());
+        let errs = v.validate().unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.contains("patched_tree_hash")),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `fork verify`: signatures, endorsement chain, schema and artifact hashes of a bundle.
+//! `fork verify`: signatures, endorsement chain, schema and artifact hashes of a bundle;
+//! with `--patch`/`--tree`, that the verdict speaks for that patch and tree.
 
 use crate::cli::args::parse_keys;
 use crate::cli::exit::{self, CliError};
@@ -16,6 +17,15 @@ pub struct VerifyArgs {
     /// Print the verified verdict as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The patch to deploy: its sha256 must be the verdict's patch_hash. With --tree, it is
+    /// applied (by fork's applier) to a scratch copy of that tree first.
+    #[arg(long)]
+    pub patch: Option<PathBuf>,
+    /// A runtime directory (with fork.toml): the tree the patch is to be applied to (with
+    /// --patch), or the deployed, already patched tree (without). Its hash must be the
+    /// verdict's patched_tree_hash.
+    #[arg(long)]
+    pub tree: Option<PathBuf>,
 }
 
 /// `fork verify` from the command line.
@@ -32,6 +42,21 @@ pub fn verify_cmd(a: VerifyArgs) -> Result<i32, CliError> {
     }
     match crate::verdict::verify_bundle(&a.path, &trusted) {
         Ok(v) => {
+            let check = crate::verdict::deployed::DeployedCheck {
+                patch: a.patch.clone(),
+                tree: a.tree.clone(),
+            };
+            let matched = match crate::verdict::deployed::check_deployed(&v.verdict, &check) {
+                Ok(m) => m,
+                Err(e) => {
+                    let code = exit::deployed(&e);
+                    if code == exit::INVALID {
+                        println!("invalid: {e}");
+                        return Ok(1);
+                    }
+                    return Err(CliError::from((code, e)));
+                }
+            };
             if a.json {
                 let doc = v
                     .verdict
@@ -47,6 +72,12 @@ pub fn verify_cmd(a: VerifyArgs) -> Result<i32, CliError> {
                     v.successor_key,
                     v.node_key
                 );
+                if let Some(h) = &matched.patch_hash {
+                    println!("  patch matches: {h}");
+                }
+                if let Some(h) = &matched.tree_hash {
+                    println!("  tree matches the patched tree evaluated: {h}");
+                }
             }
             Ok(0)
         }

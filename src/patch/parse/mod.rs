@@ -21,7 +21,7 @@ mod hunks;
 mod paths;
 mod plain;
 
-pub use paths::strip_prefix;
+pub use paths::{strip_prefix, tidy, verify_path};
 use plain::is_plain_noise;
 
 use thiserror::Error;

@@ -1,5 +1,6 @@
 //! File names in a patch: C-style quoted names, the `a/`/`b/` prefixes, `/dev/null`, the
-//! two names of `diff --git A B`, and UTF-8 checking.
+//! two names of `diff --git A B`, UTF-8 checking, and the normal form of a path
+//! ([`tidy`], [`verify_path`]): what fork evaluates must be what `git apply` deploys.
 
 use super::{err, find, Parser, PatchError};
 
@@ -80,7 +81,7 @@ pub(super) fn path_text(rest: &[u8], line: usize) -> Result<String, PatchError> 
     if bytes.is_empty() {
         return err(line, "empty path");
     }
-    utf8(&bytes, line)
+    Ok(tidy(utf8(&bytes, line)?))
 }
 
 /// A `--- `/`+++ `/`Binary files` name: quoted or cut at a tab; `/dev/null` is `None`;
@@ -101,16 +102,68 @@ pub(super) fn marker_name(rest: &[u8], line: usize) -> Result<Option<String>, Pa
     Ok(Some(strip_prefix(&utf8(&bytes, line)?)))
 }
 
-/// Strips the first component (`a/`, `b/`, `old/`) as `git apply -p1` does. Absolute
-/// paths and paths starting with `..` are kept whole so the gates can see them.
+/// Strips the first component (`a/`, `b/`, `old/`) as `git apply -p1` does, then
+/// [`tidy`]. Absolute paths and paths starting with `..` are kept whole so the gates can
+/// see them.
 pub fn strip_prefix(path: &str) -> String {
     if path.starts_with('/') {
         return path.to_string();
     }
     match path.split_once('/') {
         Some(("..", _)) | None => path.to_string(),
-        Some((_, rest)) => rest.to_string(),
+        Some((_, rest)) => tidy(rest.to_string()),
     }
+}
+
+/// The one normalisation fork does: a leading `./` (repeated) is dropped, so `./x` and
+/// `x` are one path (and two entries naming them are caught as duplicates). Nothing else
+/// is rewritten: `//`, inner `.` and `..` components are left for [`verify_path`] to
+/// refuse (`git apply` squashes `//`, so normalising it here would hide an alias).
+pub fn tidy(path: String) -> String {
+    let mut rest = path.as_str();
+    while let Some(r) = rest.strip_prefix("./") {
+        rest = r;
+    }
+    if rest.is_empty() || rest.starts_with('/') || rest.len() == path.len() {
+        // Nothing to drop, or dropping would leave an empty or absolute path: keep it
+        // whole so that `verify_path` refuses it.
+        return path;
+    }
+    rest.to_string()
+}
+
+/// Checks that a (tidied) patch path is in the one spelling git would also use, as
+/// git's `verify_path` does: relative, no NUL byte, no empty component (`//` or a
+/// trailing `/`), no `.` or `..` component, and no `.git` component in any case.
+/// Returns what is wrong, for a gate's message.
+pub fn verify_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("empty path".into());
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte".into());
+    }
+    if path.starts_with('/') {
+        return Err("absolute path; a patch may only name paths inside the tree".into());
+    }
+    for c in path.split('/') {
+        match c {
+            "" => {
+                return Err(
+                    "empty path component (`//` or a trailing `/`): `git apply` would squash \
+                     it into another path than the one evaluated"
+                        .into(),
+                )
+            }
+            "." => return Err("`.` component: name the path without it".into()),
+            ".." => return Err("`..` component: the path escapes the tree".into()),
+            c if c.eq_ignore_ascii_case(".git") => {
+                return Err("`.git` component: a patch may not write git's own files".into())
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The two names of `diff --git A B` when they can be told apart, prefixes stripped.
@@ -173,5 +226,40 @@ mod tests {
         assert_eq!(strip_prefix("../x"), "../x");
         assert_eq!(strip_prefix("a/../x"), "../x");
         assert_eq!(strip_prefix("file"), "file");
+        assert_eq!(strip_prefix("a/./x"), "x");
+        assert_eq!(strip_prefix("a/././x/y"), "x/y");
+        assert_eq!(strip_prefix("a/.//x"), ".//x");
+        assert_eq!(strip_prefix("a/x//y"), "x//y");
+    }
+
+    #[test]
+    fn verify_path_refuses_what_git_would_spell_otherwise() {
+        assert!(verify_path("hermes/compressor.py").is_ok());
+        assert!(verify_path(".github/ci.yml").is_ok());
+        for (p, why) in [
+            ("", "empty path"),
+            ("hermes//compressor.py", "empty path component"),
+            ("hermes/", "empty path component"),
+            ("hermes/./x.py", "`.` component"),
+            (".", "`.` component"),
+            ("hermes/../../x", "`..` component"),
+            ("/etc/passwd", "absolute path"),
+            (".git/hooks/post-checkout", "`.git` component"),
+            ("sub/.GIT/config", "`.git` component"),
+            ("a\0b", "NUL byte"),
+        ] {
+            let e = verify_path(p).expect_err(p);
+            assert!(e.contains(why), "{p}: {e}");
+        }
+    }
+
+    #[test]
+    fn tidy_drops_only_a_leading_dot_slash() {
+        assert_eq!(tidy("./x".into()), "x");
+        assert_eq!(tidy("././x".into()), "x");
+        assert_eq!(tidy("x/./y".into()), "x/./y");
+        assert_eq!(tidy("./".into()), "./");
+        assert_eq!(tidy(".//x".into()), ".//x");
+        assert_eq!(tidy(".x".into()), ".x");
     }
 }
