@@ -72,7 +72,7 @@ pub fn collect(
     let evidence = reading == Reading::Evidence;
     if let Some(r) = p.task.results.as_ref().filter(|_| evidence) {
         match results::read_report_file(
-            &disk,
+            disk,
             &in_reports(&r.path),
             results::DEFAULT_MAX_REPORT_BYTES,
         ) {
@@ -93,7 +93,7 @@ pub fn collect(
     let mut metrics = None;
     let mut metrics_error = None;
     if let Some(m) = p.task.metrics.as_ref().filter(|_| evidence) {
-        match results::read_report_file(&disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
+        match results::read_report_file(disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
             Ok(bytes) => {
                 match results::parse_metrics(&bytes) {
                     Ok(v) => metrics = Some(v),
@@ -134,7 +134,7 @@ pub fn collect(
                 if room == 0 {
                     break;
                 }
-                if let Ok(bytes) = results::read_report_file(&disk, &in_reports(&name), room) {
+                if let Ok(bytes) = results::read_report_file(disk, &in_reports(&name), room) {
                     room = room.saturating_sub(bytes.len() as u64);
                     let dest = stage(staged_report_name(&name), &bytes)?;
                     artifacts.push((ArtifactType::Other, dest));
