@@ -5,8 +5,8 @@
 //! replaced its workspace or reports directory with one.
 
 use super::plan::Plan;
-use super::side::staged_report_name;
 use super::{internal, EvaluateError};
+use crate::sandbox::Outcome;
 use crate::task::results;
 use crate::verdict::ArtifactType;
 use std::collections::BTreeMap;
@@ -16,6 +16,40 @@ use std::path::{Path, PathBuf};
 const MAX_EXTRA_REPORTS: usize = 32;
 /// Bytes of undeclared report files kept per run, in all (what does not fit is left out).
 const MAX_EXTRA_REPORT_BYTES: u64 = 16 << 20;
+
+/// What one run of the task (after its reruns) produced.
+pub struct RunResult {
+    pub outcome: Outcome,
+    /// The run was ended by the evaluation's own wall budget (its per-run wall had been
+    /// lowered to what the evaluation had left).
+    pub over_evaluation_wall: bool,
+    pub tests: Option<results::TestReport>,
+    pub results_error: Option<String>,
+    pub metrics: Option<std::collections::BTreeMap<String, f64>>,
+    pub metrics_error: Option<String>,
+    /// Copies of the report files and the output log, in the staging directory.
+    pub artifacts: Vec<(ArtifactType, PathBuf)>,
+    /// What fork could not do with what the successor left (a rerun it could not prepare),
+    /// for the verdict's caveats.
+    pub notes: Vec<String>,
+}
+
+/// Longest staged artifact name kept from a name the successor chose (well below NAME_MAX,
+/// with room for the side and retry prefixes).
+const MAX_STAGED_NAME: usize = 96;
+
+/// A staging file name for a report file the successor named: only `[A-Za-z0-9._-]` (as
+/// the bundle names artifacts), at most [`MAX_STAGED_NAME`] bytes (a longer name is cut and
+/// keeps a digest of the whole, so two long names stay apart).
+fn staged_report_name(name: &str) -> String {
+    let safe = crate::verdict::bundle::sanitize_name(name);
+    let full = format!("report-{safe}");
+    if full.len() <= MAX_STAGED_NAME {
+        return full;
+    }
+    let digest = &super::sha256_hex(name.as_bytes())[..16];
+    format!("{}-{digest}", &full[..MAX_STAGED_NAME - 17])
+}
 
 /// Where a run's artifacts are staged: `<dir>/<prefix><name>`.
 pub struct Stager<'a> {

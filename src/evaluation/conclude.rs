@@ -2,8 +2,8 @@
 //! agreement, the verdict signed into a bundle, recorded in the ledger, CI outputs; and
 //! the cache, which answers from an earlier bundle when it still verifies.
 
+use super::collect::RunResult;
 use super::plan::Plan;
-use super::side::RunResult;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
 use crate::budget::Exceeded;
 use crate::fork::workspace::{copy_tree, tree_hash};

@@ -13,9 +13,9 @@
 //! judge gets a per-run secret seed (`FORK_SEED`) the subject never sees. When the judge
 //! ends, the subject is stopped. The subject's environment holds no `FORK_*` variable.
 
-use super::collect::{collect, Reading, Stager};
+use super::collect::{collect, Reading, RunResult, Stager};
 use super::plan::Plan;
-use super::side::{doors_for, prepare_side, Prepared, RunResult};
+use super::prepare::{doors_for, prepare_side, Prepared};
 use super::{internal, EvaluateError};
 use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
 use crate::verdict::ArtifactType;
@@ -26,16 +26,6 @@ use std::sync::Arc;
 /// The descriptor numbers the judge reads the subject's stdout on, and writes its stdin on.
 pub const FROM_SUBJECT_FD: i32 = 3;
 pub const TO_SUBJECT_FD: i32 = 4;
-
-/// A fresh 128-bit secret, hex, for the judges of one evaluation alone: every run of the
-/// evaluation (repeats, reruns, replicas, the baseline) gets the same one, so that the two
-/// sides are judged on the same inputs and a rerun is a real rerun, not new inputs.
-pub fn new_seed() -> String {
-    use rand::RngCore;
-    let mut b = [0u8; 16];
-    rand::rngs::OsRng.fill_bytes(&mut b);
-    hex::encode(b)
-}
 
 /// A judged subject's environment: the successor's, without any `FORK_*` variable.
 pub fn subject_env(env: &[(String, String)]) -> Vec<(String, String)> {

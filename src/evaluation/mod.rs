@@ -17,6 +17,7 @@ pub mod collect;
 pub mod conclude;
 pub mod judge;
 pub mod plan;
+pub mod prepare;
 pub mod request;
 pub mod reverify;
 pub mod side;
@@ -203,9 +204,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 3 PATCH: the first patched workspace.
-    let first = match side::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
-        side::Prepared::Ready(side) => side,
-        side::Prepared::DidNotApply(msg, h) => {
+    let first = match prepare::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
+        prepare::Prepared::Ready(side) => side,
+        prepare::Prepared::DidNotApply(msg, h) => {
             let evidence = Evidence {
                 apply_error: Some(msg),
                 ..Default::default()
@@ -236,16 +237,16 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // baseline (interleaved, so drift on the machine hits both sides alike).
     let replicas = p.replicas;
     let repeat = p.task.repeat.max(1) as usize;
-    let mut patched: Vec<Vec<side::RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
-    let mut baseline: Vec<side::RunResult> = Vec::new();
+    let mut patched: Vec<Vec<collect::RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
+    let mut baseline: Vec<collect::RunResult> = Vec::new();
     let mut first = Some(first);
     for round in 0..repeat {
         for (r, runs) in patched.iter_mut().enumerate() {
             let prepared = match first.take() {
                 Some(f) => *f,
-                None => match side::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
-                    side::Prepared::Ready(side) => *side,
-                    side::Prepared::DidNotApply(msg, _) => {
+                None => match prepare::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
+                    prepare::Prepared::Ready(side) => *side,
+                    prepare::Prepared::DidNotApply(msg, _) => {
                         return Err(EvaluateError::Internal(format!(
                             "the patch applied once and then not: {msg}"
                         )))
@@ -265,8 +266,8 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             .flatten()
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some());
         if p.task.baseline && !decided {
-            if let side::Prepared::Ready(side) =
-                side::prepare_side(&p, &source_dir, &snap_dir, None)?
+            if let prepare::Prepared::Ready(side) =
+                prepare::prepare_side(&p, &source_dir, &snap_dir, None)?
             {
                 baseline.push(side::run_side(
                     &p,

@@ -69,6 +69,16 @@ impl Plan {
     }
 }
 
+/// A fresh 128-bit secret, hex, for the judges of one evaluation alone: every run of the
+/// evaluation (repeats, reruns, replicas, the baseline) gets the same one, so that the two
+/// sides are judged on the same inputs and a rerun is a real rerun, not new inputs.
+fn new_seed() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    hex::encode(b)
+}
+
 pub fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
     match path {
         Some(p) => {
@@ -203,7 +213,7 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         ci: a.ci.clone(),
         spec,
         deadline,
-        judge_seed: zeroize::Zeroizing::new(super::judge::new_seed()),
+        judge_seed: zeroize::Zeroizing::new(new_seed()),
         proposal_id: a.proposal.clone(),
         gateway,
         forwards,

@@ -3,32 +3,15 @@
 //! failing tests), and what the successor left read back with care. Each side's sandbox
 //! is destroyed before the next starts.
 
-use super::collect::{collect, Reading, Stager};
+use super::collect::{collect, Reading, RunResult, Stager};
 use super::plan::Plan;
+use super::prepare::{doors_for, PreparedSide};
 use super::{check_interrupt, internal, EvaluateError};
-use crate::fork::workspace::{copy_tree, deploy_tree_hash, tree_hash, Workspace};
-use crate::patch::{self, Patch};
-use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
+use crate::fork::workspace::Workspace;
+use crate::sandbox::{Command, Sandbox, WORKSPACE};
 use crate::task::results;
 use crate::verdict::ArtifactType;
 use std::path::{Path, PathBuf};
-
-/// What one run of the task (after its reruns) produced.
-pub struct RunResult {
-    pub outcome: Outcome,
-    /// The run was ended by the evaluation's own wall budget (its per-run wall had been
-    /// lowered to what the evaluation had left).
-    pub over_evaluation_wall: bool,
-    pub tests: Option<results::TestReport>,
-    pub results_error: Option<String>,
-    pub metrics: Option<std::collections::BTreeMap<String, f64>>,
-    pub metrics_error: Option<String>,
-    /// Copies of the report files and the output log, in the staging directory.
-    pub artifacts: Vec<(ArtifactType, PathBuf)>,
-    /// What fork could not do with what the successor left (a rerun it could not prepare),
-    /// for the verdict's caveats.
-    pub notes: Vec<String>,
-}
 
 /// `patched`, `patched.r2`, `replica2`, `replica2.r3`, `baseline`, `baseline.r2`.
 pub fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> String {
@@ -42,75 +25,6 @@ pub fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> 
     } else {
         format!("{base}.r{}", round + 1)
     }
-}
-
-/// A sandbox with its workspace populated (and patched, on the patched side).
-pub struct PreparedSide {
-    sb: Sandbox,
-    ws: Workspace,
-    pub source_hash: String,
-    /// [`deploy_tree_hash`] of the patched tree (the patched side only).
-    pub patched_tree_hash: Option<String>,
-}
-
-impl PreparedSide {
-    /// The sandbox alone (its workspace stays populated on its disk).
-    pub fn into_sandbox(self) -> Sandbox {
-        self.sb
-    }
-}
-
-pub enum Prepared {
-    Ready(Box<PreparedSide>),
-    /// The patch did not apply (message), with the unpatched tree hash.
-    DidNotApply(String, String),
-}
-
-/// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
-/// `patch` is given), the tools and the state snapshot.
-pub fn prepare_side(
-    p: &Plan,
-    source_dir: &Path,
-    snap_dir: &Path,
-    patch: Option<&Patch>,
-) -> Result<Prepared, EvaluateError> {
-    let sb = Sandbox::prepare(&p.spec)?;
-    let ws = Workspace::create(&sb.workspace())
-        .map_err(|e| internal("creating the workspace")(e.to_string()))?;
-    copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
-        .map_err(|e| internal("copying the source tree")(e.to_string()))?;
-    if let Some(t) = &p.manifest.runtime.tools {
-        copy_tree(&p.runtime.join(t), &ws.tools(), &[])
-            .map_err(|e| internal("copying the tools")(e.to_string()))?;
-    }
-    copy_tree(snap_dir, &ws.state(), &[])
-        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
-    check_interrupt()?;
-    // 3 PATCH (the patched side only).
-    if let Some(patch) = patch {
-        if let Err(e) = patch::apply(&ws.src(), patch) {
-            let h =
-                tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
-            sb.destroy()?;
-            return Ok(Prepared::DidNotApply(e.to_string(), h));
-        }
-    }
-    let source_hash =
-        tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
-    // The tree the successor runs, hashed before it runs (it may write into src/).
-    let patched_tree_hash = match patch {
-        Some(_) => Some(
-            deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
-                .map_err(|e| internal("hashing the patched tree")(e.to_string()))?,
-        ),
-        None => None,
-    };
-    Ok(Prepared::Ready(Box::new(PreparedSide {
-        sb,
-        ws,
-        source_hash,
-        patched_tree_hash,
-    })))
 }
 
 /// EVALUATE one prepared side (with reruns of failing tests), read its results, destroy it.
@@ -227,23 +141,6 @@ fn fresh_reports(sb: &Sandbox, ws: &Workspace) -> Result<(), String> {
     sb.chown_workspace().map_err(|e| e.to_string())
 }
 
-/// Longest staged artifact name kept from a name the successor chose (well below NAME_MAX,
-/// with room for the side and retry prefixes).
-const MAX_STAGED_NAME: usize = 96;
-
-/// A staging file name for a report file the successor named: only `[A-Za-z0-9._-]` (as
-/// the bundle names artifacts), at most [`MAX_STAGED_NAME`] bytes (a longer name is cut and
-/// keeps a digest of the whole, so two long names stay apart).
-pub(super) fn staged_report_name(name: &str) -> String {
-    let safe = crate::verdict::bundle::sanitize_name(name);
-    let full = format!("report-{safe}");
-    if full.len() <= MAX_STAGED_NAME {
-        return full;
-    }
-    let digest = &super::sha256_hex(name.as_bytes())[..16];
-    format!("{}-{digest}", &full[..MAX_STAGED_NAME - 17])
-}
-
 /// One run of the task in a prepared sandbox, and what it left in its reports directory.
 fn run_attempt(
     p: &Plan,
@@ -295,37 +192,6 @@ fn run_attempt(
         artifacts,
         notes: Vec::new(),
     })
-}
-
-/// The doors of one run: the forwards and, with a gateway, the metered model door (a
-/// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
-pub fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
-    let mut doors = crate::sandbox::Doors {
-        doors: p
-            .forwards
-            .iter()
-            .map(|a| crate::sandbox::Door::forward(*a))
-            .collect(),
-        cost: None,
-    };
-    if let Some(g) = &p.gateway {
-        let gw =
-            crate::gateway::Gateway::new(g.cfg.clone(), g.credentials.clone(), g.meter.clone())
-                .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.cfg.port()));
-        if p.forwards.contains(&addr) {
-            return Err(EvaluateError::Input(format!(
-                "the model gateway's port {} is also forwarded: choose another gateway.port",
-                g.cfg.port()
-            )));
-        }
-        doors.doors.push(crate::sandbox::Door {
-            addr,
-            serve: Box::new(move |l| Box::pin(gw.serve(l))),
-        });
-        doors.cost = Some(g.meter.clone());
-    }
-    Ok(doors)
 }
 
 /// Folds the attempts of one run (the first, then reruns after failing tests) into one

@@ -61,12 +61,7 @@ impl Arch {
     }
 }
 
-/// One classic BPF instruction (code, jt, jf, k), laid out exactly as the kernel's
-/// `struct sock_filter` (asserted where it is handed to the kernel, in `sys`); serialized
-/// as a 4-element array.
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Insn(pub(super) u16, pub(super) u8, pub(super) u8, pub(super) u32);
+use super::sys::Insn;
 
 /// The compiled BPF programs, in install order (a newtype so `Debug` stays short).
 #[derive(Clone, Serialize, Deserialize)]

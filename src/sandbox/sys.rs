@@ -426,7 +426,12 @@ pub fn seccomp_mode() -> nix::Result<i32> {
 // seccomp(2) and landlock(7) (neither in nix)
 // ---------------------------------------------------------------------------------------
 
-use super::seccomp::Insn;
+/// One classic BPF instruction (code, jt, jf, k), laid out exactly as the kernel's
+/// `struct sock_filter` (asserted below, where it is handed to the kernel); serialized as a
+/// 4-element array.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct Insn(pub(super) u16, pub(super) u8, pub(super) u8, pub(super) u32);
 
 // `seccomp_set_mode_filter` hands a `[Insn]` to the kernel as a `[libc::sock_filter]`.
 const _: () = assert!(std::mem::size_of::<Insn>() == std::mem::size_of::<libc::sock_filter>());

@@ -1,0 +1,110 @@
+//! Phases 2 and 3 for one side: FORK (a sandbox whose workspace holds the source, the
+//! tools and the state snapshot) and PATCH (the patched side only), and the doors a run of
+//! the plan gets.
+
+use super::plan::Plan;
+use super::{check_interrupt, internal, EvaluateError};
+use crate::fork::workspace::{copy_tree, deploy_tree_hash, tree_hash, Workspace};
+use crate::patch::{self, Patch};
+use crate::sandbox::Sandbox;
+use std::path::Path;
+
+/// A sandbox with its workspace populated (and patched, on the patched side).
+pub struct PreparedSide {
+    pub sb: Sandbox,
+    pub ws: Workspace,
+    pub source_hash: String,
+    /// [`deploy_tree_hash`] of the patched tree (the patched side only).
+    pub patched_tree_hash: Option<String>,
+}
+
+impl PreparedSide {
+    /// The sandbox alone (its workspace stays populated on its disk).
+    pub fn into_sandbox(self) -> Sandbox {
+        self.sb
+    }
+}
+
+pub enum Prepared {
+    Ready(Box<PreparedSide>),
+    /// The patch did not apply (message), with the unpatched tree hash.
+    DidNotApply(String, String),
+}
+
+/// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
+/// `patch` is given), the tools and the state snapshot.
+pub fn prepare_side(
+    p: &Plan,
+    source_dir: &Path,
+    snap_dir: &Path,
+    patch: Option<&Patch>,
+) -> Result<Prepared, EvaluateError> {
+    let sb = Sandbox::prepare(&p.spec)?;
+    let ws = Workspace::create(&sb.workspace())
+        .map_err(|e| internal("creating the workspace")(e.to_string()))?;
+    copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
+        .map_err(|e| internal("copying the source tree")(e.to_string()))?;
+    if let Some(t) = &p.manifest.runtime.tools {
+        copy_tree(&p.runtime.join(t), &ws.tools(), &[])
+            .map_err(|e| internal("copying the tools")(e.to_string()))?;
+    }
+    copy_tree(snap_dir, &ws.state(), &[])
+        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    check_interrupt()?;
+    // 3 PATCH (the patched side only).
+    if let Some(patch) = patch {
+        if let Err(e) = patch::apply(&ws.src(), patch) {
+            let h =
+                tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+            sb.destroy()?;
+            return Ok(Prepared::DidNotApply(e.to_string(), h));
+        }
+    }
+    let source_hash =
+        tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    // The tree the successor runs, hashed before it runs (it may write into src/).
+    let patched_tree_hash = match patch {
+        Some(_) => Some(
+            deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
+                .map_err(|e| internal("hashing the patched tree")(e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(Prepared::Ready(Box::new(PreparedSide {
+        sb,
+        ws,
+        source_hash,
+        patched_tree_hash,
+    })))
+}
+
+/// The doors of one run: the forwards and, with a gateway, the metered model door (a
+/// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
+pub fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
+    let mut doors = crate::sandbox::Doors {
+        doors: p
+            .forwards
+            .iter()
+            .map(|a| crate::sandbox::Door::forward(*a))
+            .collect(),
+        cost: None,
+    };
+    if let Some(g) = &p.gateway {
+        let gw =
+            crate::gateway::Gateway::new(g.cfg.clone(), g.credentials.clone(), g.meter.clone())
+                .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.cfg.port()));
+        if p.forwards.contains(&addr) {
+            return Err(EvaluateError::Input(format!(
+                "the model gateway's port {} is also forwarded: choose another gateway.port",
+                g.cfg.port()
+            )));
+        }
+        doors.doors.push(crate::sandbox::Door {
+            addr,
+            serve: Box::new(move |l| Box::pin(gw.serve(l))),
+        });
+        doors.cost = Some(g.meter.clone());
+    }
+    Ok(doors)
+}
