@@ -53,7 +53,7 @@ impl HierDir {
     /// `root_control_group` address the real hierarchy root: fork never calls them.
     pub(super) fn sandbox(&self, version: CgroupVersion, name: &str) -> (PathBuf, Cgroup) {
         let hierarchy: Box<dyn Hierarchy> = match version {
-            CgroupVersion::V1 => Box::new(V1::new()),
+            CgroupVersion::V1 => Box::new(v1_hierarchy()),
             CgroupVersion::V2 => Box::new(V2::new()),
         };
         let controllers = self.controllers.iter().map(|c| c.to_string()).collect();
@@ -200,8 +200,16 @@ pub(super) fn detect_layout() -> Result<Layout, CgroupError> {
             cgroup2_mount_root(&mountinfo, UNIFIED_MOUNTPOINT).unwrap_or_else(|| "/".into());
         return plan_v2(&own, &mount_root);
     }
-    let v1 = V1::new();
+    let v1 = v1_hierarchy();
     Ok(plan_v1(&own, |ctl| v1.get_mount_point(ctl)))
+}
+
+/// cgroups-rs's v1 hierarchy, read from /proc/self/mountinfo once per process (its
+/// constructor parses the whole mount table; the cgroup mounts do not change under us,
+/// while the run directories' mounts come and go).
+fn v1_hierarchy() -> V1 {
+    static V1_MOUNTS: std::sync::OnceLock<V1> = std::sync::OnceLock::new();
+    V1_MOUNTS.get_or_init(V1::new).clone()
 }
 
 /// The error for required v1 controllers that are not mounted or not listed for us.
