@@ -11,6 +11,7 @@
 //! evaluation as a whole (its repeats, reruns, replicas and baseline together) is bounded
 //! by `evaluation_wall`, recorded beside them.
 
+use crate::sandbox::watchdog::{ser_opt_secs, ser_secs};
 use crate::sandbox::{BudgetKind, Limits, Usage};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
@@ -115,16 +116,6 @@ pub struct Budgets {
     /// The whole evaluation's wall-clock time (every run of it together).
     #[serde(serialize_with = "ser_secs")]
     pub evaluation_wall: Duration,
-}
-
-fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
 }
 
 impl Default for Budgets {

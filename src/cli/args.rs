@@ -90,3 +90,10 @@ pub fn bundle_dir(p: &Path) -> PathBuf {
         p.to_path_buf()
     }
 }
+
+/// Prints `value` as pretty JSON on stdout (`--json`); exit 70 if it cannot be encoded.
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let doc = serde_json::to_string_pretty(value).map_err(|e| CliError::new(exit::INTERNAL, e))?;
+    println!("{doc}");
+    Ok(())
+}

@@ -231,8 +231,12 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             return Ok(ev);
         }
     };
-    let source_hash = first.source_hash.clone();
-    let patched_tree_hash = first.patched_tree_hash.clone();
+    let Some(tree) = first.patched.clone() else {
+        return Err(EvaluateError::Internal(
+            "the patched side was prepared without its tree hashes".into(),
+        ));
+    };
+    let (source_hash, patched_tree_hash) = (tree.source_hash, Some(tree.deploy_hash));
     // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
     // baseline (interleaved, so drift on the machine hits both sides alike).
     let replicas = p.replicas;

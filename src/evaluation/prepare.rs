@@ -13,9 +13,18 @@ use std::path::Path;
 pub struct PreparedSide {
     pub sb: Sandbox,
     pub ws: Workspace,
+    /// The patched tree's hashes (the patched side only: the baseline's and a judge's
+    /// unpatched copies are never hashed again).
+    pub patched: Option<PatchedTree>,
+}
+
+/// What the verdict says of the tree the successor ran.
+#[derive(Debug, Clone)]
+pub struct PatchedTree {
+    /// [`tree_hash`] of `src/` after the patch.
     pub source_hash: String,
-    /// [`deploy_tree_hash`] of the patched tree (the patched side only).
-    pub patched_tree_hash: Option<String>,
+    /// [`deploy_tree_hash`] of the same tree (what a deployer's `git apply` must give).
+    pub deploy_hash: String,
 }
 
 impl PreparedSide {
@@ -60,22 +69,17 @@ pub fn prepare_side(
             return Ok(Prepared::DidNotApply(e.to_string(), h));
         }
     }
-    let source_hash =
-        tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
     // The tree the successor runs, hashed before it runs (it may write into src/).
-    let patched_tree_hash = match patch {
-        Some(_) => Some(
-            deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
+    let patched = match patch {
+        Some(_) => Some(PatchedTree {
+            source_hash: tree_hash(&ws.src())
+                .map_err(|e| internal("hashing the source")(e.to_string()))?,
+            deploy_hash: deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
                 .map_err(|e| internal("hashing the patched tree")(e.to_string()))?,
-        ),
+        }),
         None => None,
     };
-    Ok(Prepared::Ready(Box::new(PreparedSide {
-        sb,
-        ws,
-        source_hash,
-        patched_tree_hash,
-    })))
+    Ok(Prepared::Ready(Box::new(PreparedSide { sb, ws, patched })))
 }
 
 /// The doors of one run: the forwards and, with a gateway, the metered model door (a

@@ -25,10 +25,12 @@ pub struct Limits {
     pub cpu_time: Option<Duration>,
 }
 
-fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+/// A duration serialized as seconds (reports and verdicts spell limits so).
+pub fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
 }
-fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+/// An optional duration serialized as seconds, or null.
+pub fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_some(&d.as_secs_f64()),
         None => s.serialize_none(),

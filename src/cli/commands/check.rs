@@ -1,5 +1,6 @@
 //! `fork check`: what isolation this host offers, layer by layer.
 
+use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
 use crate::policy::Policy;
 use clap::Args;
@@ -19,11 +20,7 @@ pub fn check(a: CheckArgs) -> Result<i32, CliError> {
     let policy = Policy::load(a.policy.as_deref())?;
     let report = crate::check::check(&policy);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report)
-                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
+        print_json(&report)?;
     } else {
         print!("{}", report.render());
     }

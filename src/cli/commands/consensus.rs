@@ -1,5 +1,6 @@
 //! `fork consensus`: count several nodes' votes on one patch.
 
+use crate::cli::args::print_json;
 use crate::cli::args::{bundle_dir, parse_keys};
 use crate::cli::exit::{self, CliError};
 use clap::Args;
@@ -67,10 +68,7 @@ pub fn consensus(a: ConsensusArgs) -> Result<i32, CliError> {
     };
     let rep = consensus(&bundles, &cfg);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
+        print_json(&rep)?;
     } else {
         print!("{}", rep.render());
     }

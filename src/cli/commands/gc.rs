@@ -1,5 +1,6 @@
 //! `fork gc`: reclaim what crashed runs left behind.
 
+use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
 use clap::Args;
 
@@ -13,11 +14,7 @@ pub struct GcArgs {
 pub fn gc(a: GcArgs) -> Result<i32, CliError> {
     let report = crate::gc::collect();
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report)
-                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
+        print_json(&report)?;
     } else {
         print!("{}", report.render());
     }

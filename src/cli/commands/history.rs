@@ -1,6 +1,7 @@
 //! `fork history` and `fork ledger verify`: the verdict ledger.
 
-use crate::cli::exit::{self, CliError};
+use crate::cli::args::print_json;
+use crate::cli::exit::CliError;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -44,11 +45,7 @@ pub fn history(a: HistoryArgs) -> Result<i32, CliError> {
     let l = crate::ledger::Ledger::open_existing(&ledger_path(a.ledger))?;
     let entries = l.history(a.limit)?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&entries)
-                .map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
+        print_json(&entries)?;
     } else {
         for e in &entries {
             println!(
@@ -74,10 +71,7 @@ pub fn ledger_verify(path: Option<PathBuf>, json: bool) -> Result<i32, CliError>
     let l = crate::ledger::Ledger::open_existing(&ledger_path(path))?;
     let rep = l.verify()?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| CliError::from((exit::INTERNAL, e)))?
-        );
+        print_json(&rep)?;
     } else if rep.ok {
         println!("ledger ok: {} rows, hash chain intact", rep.rows);
     } else {

@@ -1,6 +1,7 @@
 //! `fork mesh serve|propose`: mesh re-verification over NATS.
 
-use crate::cli::exit::{self, CliError};
+use crate::cli::args::print_json;
+use crate::cli::exit::CliError;
 use crate::mesh::consensus::Quorum;
 use crate::mesh::propose::ProposeOptions;
 use crate::mesh::serve::ServeOptions;
@@ -117,10 +118,7 @@ pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
                 staging: a.staging,
             })?;
             if json {
-                let doc = serde_json::to_string_pretty(&report).map_err(|e| {
-                    CliError::new(exit::INTERNAL, format!("encoding the report: {e}"))
-                })?;
-                println!("{doc}");
+                print_json(&report)?;
             } else {
                 print!("{}", report.render());
             }

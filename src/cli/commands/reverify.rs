@@ -2,6 +2,7 @@
 //! whether the two agree.
 
 use crate::cli::args::parse_keys;
+use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
 use crate::evaluation::reverify::{reverify, ReverifyRequest};
 use clap::Args;
@@ -48,10 +49,7 @@ pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
     let (report, ours) = reverify(&req)?;
     let (agree, their_node_trusted) = (report.agree, report.their_node_trusted);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| CliError::new(exit::INTERNAL, e))?
-        );
+        print_json(&report)?;
     } else {
         println!(
             "{}: theirs {} (node {}{}), ours {} (confidence {:.2})",
