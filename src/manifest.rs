@@ -122,6 +122,11 @@ pub struct TaskSpec {
     /// A JSON file `{"name": number, ...}`, relative to `$FORK_REPORTS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// Part of the evaluation plan: `fork evaluate` without `--task` runs every gating
+    /// task, in file order, into one verdict (a manifest that marks none runs its first
+    /// task). Not part of the task's hash: it chooses the plan, it does not change the task.
+    #[serde(default, skip_serializing)]
+    pub gate: bool,
     /// Also run the task on the unpatched clone and compare.
     #[serde(default)]
     pub baseline: bool,
@@ -238,6 +243,35 @@ impl Manifest {
                 name: name.unwrap_or_default().to_string(),
                 available: self.tasks.iter().map(|(k, _)| k.clone()).collect(),
             })
+    }
+
+    /// The evaluation plan: the named tasks (each once, in the order given), or, when no
+    /// name is given, every task marked `gate = true` in file order, or the first task
+    /// when none is marked.
+    pub fn plan(&self, names: &[String]) -> Result<Vec<(&str, &TaskSpec)>, ManifestError> {
+        if names.is_empty() {
+            let gating: Vec<(&str, &TaskSpec)> = self
+                .tasks
+                .iter()
+                .filter(|(_, t)| t.gate)
+                .map(|(k, v)| (k.as_str(), v))
+                .collect();
+            if !gating.is_empty() {
+                return Ok(gating);
+            }
+            return Ok(vec![self.task(None)?]);
+        }
+        let mut plan: Vec<(&str, &TaskSpec)> = Vec::new();
+        for n in names {
+            if plan.iter().any(|(k, _)| k == n) {
+                return Err(self.invalid(
+                    format!("tasks.{n}"),
+                    "named twice in the plan: name each task once",
+                ));
+            }
+            plan.push(self.task(Some(n))?);
+        }
+        Ok(plan)
     }
 
     /// The names of the tasks, in file order.

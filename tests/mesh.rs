@@ -470,6 +470,17 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
         patch_gate: None,
         proposal_id: Some(p.proposal_id.clone()),
         provenance: None,
+        plan: vec![plan::TaskVerdict {
+            task: "tests".into(),
+            task_hash: task_hash(),
+            verdict: Some(VerdictKind::Approve),
+            confidence: Some(0.99),
+            summary: "Test suite passed (29/29).".into(),
+            provenance: None,
+            tests: TestCounts::default(),
+            metrics: vec![],
+            budget: None,
+        }],
     };
     let node = fork::identity::load_node_key(node_key).unwrap();
     let eph = fork::identity::EphemeralKey::generate();

@@ -4,7 +4,6 @@
 //! `task::results::read_report_file`, never following a link: the successor may have
 //! replaced its workspace or reports directory with one.
 
-use super::plan::Plan;
 use super::{internal, EvaluateError};
 use crate::sandbox::Outcome;
 use crate::task::results;
@@ -92,7 +91,7 @@ pub struct Collected {
 /// Reads what a run left on `disk` (its capped filesystem) and its output `log` (through
 /// the descriptor fork opened, the path may have been replaced).
 pub fn collect(
-    p: &Plan,
+    task: &crate::manifest::TaskSpec,
     disk: &Path,
     log: &std::fs::File,
     stage: &Stager<'_>,
@@ -104,7 +103,7 @@ pub fn collect(
     let mut tests = None;
     let mut results_error = None;
     let evidence = reading == Reading::Evidence;
-    if let Some(r) = p.task.results.as_ref().filter(|_| evidence) {
+    if let Some(r) = task.results.as_ref().filter(|_| evidence) {
         match results::read_report_file(
             disk,
             &in_reports(&r.path),
@@ -126,7 +125,7 @@ pub fn collect(
     }
     let mut metrics = None;
     let mut metrics_error = None;
-    if let Some(m) = p.task.metrics.as_ref().filter(|_| evidence) {
+    if let Some(m) = task.metrics.as_ref().filter(|_| evidence) {
         match results::read_report_file(disk, &in_reports(m), results::DEFAULT_MAX_REPORT_BYTES) {
             Ok(bytes) => {
                 match results::parse_metrics(&bytes) {
@@ -139,12 +138,11 @@ pub fn collect(
         }
     }
     // Any other report files (top level, regular, bounded in count and size) travel too.
-    let declared: Vec<&str> = p
-        .task
+    let declared: Vec<&str> = task
         .results
         .iter()
         .map(|r| r.path.as_str())
-        .chain(p.task.metrics.as_deref())
+        .chain(task.metrics.as_deref())
         .filter(|_| evidence)
         .collect();
     let reports_dir = disk.join("successor/reports");

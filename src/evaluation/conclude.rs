@@ -3,7 +3,8 @@
 //! the cache, which answers from an earlier bundle when it still verifies.
 
 use super::collect::RunResult;
-use super::plan::Plan;
+use super::plan::{Plan, TaskPlan};
+use super::task_run::TaskRun;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
 use crate::budget::Exceeded;
 use crate::fork::workspace::{copy_tree, tree_hash};
@@ -11,6 +12,7 @@ use crate::identity::{EphemeralKey, NodeKey};
 use crate::sandbox::{BudgetKind, Outcome};
 use crate::task::results;
 use crate::verdict::decide::{Decision, Evidence};
+use crate::verdict::plan::TaskVerdict;
 use crate::verdict::{
     ArtifactType, BudgetLimits, BudgetReport, BudgetUsed, GateReport, Header, TestCounts, Verdict,
 };
@@ -33,6 +35,7 @@ pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64
 /// start, failing tests, else the first), metric medians and their statistics.
 pub fn evidence_for(
     p: &Plan,
+    t: &TaskPlan,
     runs: &[RunResult],
     baseline: &[RunResult],
     baseline_samples: &std::collections::BTreeMap<String, Vec<f64>>,
@@ -71,11 +74,11 @@ pub fn evidence_for(
                     p.policy.budgets.evaluation_wall.as_secs_f64()
                 )
             } else {
-                crate::budget::describe(b, &p.policy.budgets, &o.usage)
+                crate::budget::describe(b, &t.budgets, &o.usage)
             }
         }),
         run_error: o.exec_error.clone(),
-        provenance: Some(p.provenance()),
+        provenance: Some(t.provenance()),
         tests: r.tests.clone(),
         results_error: r.results_error.clone(),
         metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
@@ -188,10 +191,7 @@ pub fn cached(
         .find(|art| art.kind == ArtifactType::TestReport)
         .and_then(|art| std::fs::read(ev.out_dir.join(&art.path)).ok())
         .and_then(|b| results::parse_junit(&b).ok());
-    let mut rules = p.policy.decision.clone();
-    rules
-        .lower_is_better
-        .extend(p.task.lower_is_better.iter().cloned());
+    let rules = plan_rules(p);
     crate::verdict::report::write_ci_outputs(
         &ev.verdict,
         tests.as_ref(),
@@ -312,20 +312,120 @@ fn record(
 
 /// What a verdict is made of, besides the plan: the decision and the evidence behind it.
 pub struct Conclusion<'a> {
+    /// The plan's decision (its tasks' combined).
     pub decision: Decision,
     pub state_hash: String,
     pub source_hash: String,
     /// The hash of the patched tree the successor ran (none when no patched tree ran).
     pub patched_tree_hash: Option<String>,
-    /// The run that speaks for the verdict (none when no sandbox started).
-    pub outcome: Option<&'a Outcome>,
     pub gate: GateReport,
     pub artifacts: Vec<(ArtifactType, PathBuf)>,
-    pub tests: Option<&'a results::TestReport>,
-    /// The budget that ended the evaluation, as the evidence named it.
-    pub exceeded: Option<Exceeded>,
-    /// The decision rules the metrics were judged by (the CI outputs word them).
-    pub rules: &'a crate::verdict::decide::DecisionRules,
+    /// Every task of the plan, in order: what it gave, or why it did not run.
+    pub tasks: Vec<(&'a TaskPlan, Result<&'a TaskRun, String>)>,
+}
+
+impl<'a> Conclusion<'a> {
+    /// The task whose run speaks for the verdict's budget and isolation: the first whose
+    /// decision is the verdict's.
+    fn speaking(&self) -> Option<&'a TaskRun> {
+        let runs = self.tasks.iter().filter_map(|(_, r)| r.as_ref().ok());
+        runs.clone()
+            .find(|r| r.decision.verdict == self.decision.verdict)
+            .or_else(|| runs.clone().next())
+            .copied()
+    }
+}
+
+/// The rules the plan's metrics are judged by, as the CI outputs word them: the policy's,
+/// with each task's lower-is-better metrics (named `task/metric` in a plan of several).
+fn plan_rules(p: &Plan) -> crate::verdict::decide::DecisionRules {
+    let mut rules = p.policy.decision.clone();
+    for t in &p.tasks {
+        for m in &t.spec.lower_is_better {
+            let m = if p.tasks.len() > 1 {
+                format!("{}/{m}", t.name)
+            } else {
+                m.clone()
+            };
+            rules.lower_is_better.push(m);
+        }
+    }
+    rules
+}
+
+/// The plan's tests as one report for the CI outputs (cases named `task/case` in a plan
+/// of several).
+fn plan_tests(c: &Conclusion<'_>) -> Option<results::TestReport> {
+    let multi = c.tasks.len() > 1;
+    let mut out: Option<results::TestReport> = None;
+    for (t, run) in &c.tasks {
+        let Some(tests) = run.as_ref().ok().and_then(|r| r.primary.tests.as_ref()) else {
+            continue;
+        };
+        let report = out.get_or_insert_with(Default::default);
+        report.cases.extend(tests.cases.iter().map(|case| {
+            let mut case = case.clone();
+            if multi {
+                case.name = format!("{}/{}", t.name, case.name);
+            }
+            case
+        }));
+    }
+    out
+}
+
+/// A task's budget: its limits and what the run that speaks for it used.
+fn budget_report(
+    p: &Plan,
+    b: &crate::budget::Budgets,
+    outcome: Option<&Outcome>,
+    exceeded: Option<Exceeded>,
+) -> BudgetReport {
+    let limits = BudgetLimits {
+        wall_s: Some(b.wall.as_secs_f64()),
+        cpu_percent: Some(b.cpu_percent),
+        memory_bytes: Some(b.memory_bytes),
+        disk_bytes: Some(b.disk_bytes),
+        pids: Some(b.pids),
+        api_cost_usd: Some(b.api_cost_usd),
+        cpu_time_s: b.cpu_time.map(|d| d.as_secs_f64()),
+        evaluation_wall_s: Some(b.evaluation_wall.as_secs_f64()),
+    };
+    let mut used = outcome
+        .map(|o| BudgetUsed {
+            wall_s: o.usage.wall_s,
+            cpu_s: o.usage.cpu_s,
+            memory_peak_bytes: o.usage.memory_peak_bytes,
+            disk_bytes: o.usage.disk_bytes,
+            pids_peak: o.usage.pids_peak,
+            api_cost_usd: o.usage.api_cost_usd,
+        })
+        .unwrap_or_default();
+    let mut exceeded =
+        exceeded.or_else(|| outcome.and_then(|o| o.budget_exceeded.map(Exceeded::Run)));
+    // API cost: what the whole evaluation spent (every run shares the meter).
+    if let Some(g) = &p.gateway {
+        used.api_cost_usd = g.meter.spent_usd();
+        if g.meter.exceeded() && exceeded.is_none() {
+            exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
+        }
+    }
+    BudgetReport {
+        limits,
+        used,
+        exceeded: exceeded.map(|e| e.name().to_string()),
+    }
+}
+
+fn counts(tests: Option<&results::TestReport>) -> TestCounts {
+    tests
+        .map(|t| TestCounts {
+            passed: t.passed() as u64,
+            failed: t.failed() as u64,
+            flaky: t.flaky() as u64,
+            skipped: t.skipped() as u64,
+        })
+        .unwrap_or_default()
 }
 
 /// The one way an evaluation ends with a verdict: sign it into the bundle with the
@@ -338,11 +438,12 @@ pub fn seal(
     ephemeral: EphemeralKey,
     node: &NodeKey,
 ) -> Result<Evaluation, EvaluateError> {
-    let (rules, tests) = (c.rules, c.tests);
+    let rules = plan_rules(p);
+    let tests = plan_tests(&c);
     let signed = sign(p, c, &ephemeral, node);
     ephemeral.destroy();
     let ev = signed?;
-    record(p, &ev, cache_key, rules, tests)?;
+    record(p, &ev, cache_key, &rules, tests.as_ref())?;
     Ok(ev)
 }
 
@@ -352,86 +453,104 @@ fn sign(
     ephemeral: &EphemeralKey,
     node: &NodeKey,
 ) -> Result<Evaluation, EvaluateError> {
-    let Conclusion {
-        decision: d,
-        state_hash,
-        source_hash,
-        patched_tree_hash,
-        outcome,
-        gate,
-        artifacts,
-        tests,
-        exceeded,
-        ..
-    } = c;
-    let b = &p.policy.budgets;
-    let limits = BudgetLimits {
-        wall_s: Some(b.wall.as_secs_f64()),
-        cpu_percent: Some(b.cpu_percent),
-        memory_bytes: Some(b.memory_bytes),
-        disk_bytes: Some(b.disk_bytes),
-        pids: Some(b.pids),
-        api_cost_usd: Some(b.api_cost_usd),
-        cpu_time_s: b.cpu_time.map(|d| d.as_secs_f64()),
-        evaluation_wall_s: Some(b.evaluation_wall.as_secs_f64()),
-    };
-    let used = outcome
-        .map(|o| BudgetUsed {
-            wall_s: o.usage.wall_s,
-            cpu_s: o.usage.cpu_s,
-            memory_peak_bytes: o.usage.memory_peak_bytes,
-            disk_bytes: o.usage.disk_bytes,
-            pids_peak: o.usage.pids_peak,
-            api_cost_usd: o.usage.api_cost_usd,
+    let speaking = c.speaking();
+    let ran: Vec<&TaskRun> = c
+        .tasks
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok().copied())
+        .collect();
+    let plan: Vec<TaskVerdict> = c
+        .tasks
+        .iter()
+        .map(|(t, run)| match run {
+            Ok(r) => TaskVerdict {
+                task: t.name.clone(),
+                task_hash: t.hash.clone(),
+                verdict: Some(r.decision.verdict),
+                confidence: Some(r.decision.confidence),
+                summary: r.decision.summary.clone(),
+                provenance: Some(t.provenance()),
+                tests: counts(r.primary.tests.as_ref()),
+                metrics: r.decision.metrics.clone(),
+                budget: Some(budget_report(
+                    p,
+                    &t.budgets,
+                    Some(&r.primary.outcome),
+                    r.exceeded,
+                )),
+            },
+            Err(why) => TaskVerdict {
+                task: t.name.clone(),
+                task_hash: t.hash.clone(),
+                verdict: None,
+                confidence: None,
+                summary: why.clone(),
+                provenance: None,
+                tests: TestCounts::default(),
+                metrics: vec![],
+                budget: None,
+            },
         })
-        .unwrap_or_default();
-    // API cost: what the whole evaluation spent (every run shares the meter).
-    let mut used = used;
-    let mut exceeded =
-        exceeded.or_else(|| outcome.and_then(|o| o.budget_exceeded.map(Exceeded::Run)));
-    if let Some(g) = &p.gateway {
-        used.api_cost_usd = g.meter.spent_usd();
-        if g.meter.exceeded() && exceeded.is_none() {
-            exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
-        }
+        .collect();
+    let mut tests = TestCounts::default();
+    for t in &plan {
+        tests.passed += t.tests.passed;
+        tests.failed += t.tests.failed;
+        tests.flaky += t.tests.flaky;
+        tests.skipped += t.tests.skipped;
     }
-    let exceeded = exceeded.map(|e| e.name().to_string());
-    let counts = tests
-        .map(|t| TestCounts {
-            passed: t.passed() as u64,
-            failed: t.failed() as u64,
-            flaky: t.flaky() as u64,
-            skipped: t.skipped() as u64,
-        })
-        .unwrap_or_default();
+    // Judged only when every task that ran was judged.
+    let provenance = (!ran.is_empty()).then(|| {
+        if c.tasks
+            .iter()
+            .any(|(t, r)| r.is_ok() && t.provenance() == crate::verdict::Provenance::SelfReported)
+        {
+            crate::verdict::Provenance::SelfReported
+        } else {
+            crate::verdict::Provenance::Judge
+        }
+    });
+    let speaking_task = c
+        .tasks
+        .iter()
+        .find(|(_, r)| matches!((r, speaking), (Ok(a), Some(b)) if std::ptr::eq(*a, b)))
+        .map(|(t, _)| *t)
+        .or_else(|| p.tasks.first());
+    let budget = match speaking_task {
+        Some(t) => budget_report(
+            p,
+            &t.budgets,
+            speaking.map(|r| &r.primary.outcome),
+            speaking.and_then(|r| r.exceeded),
+        ),
+        None => budget_report(p, &p.policy.budgets, None, None),
+    };
+    let d = c.decision;
     let verdict = Verdict {
         header: Header::new(),
         verdict: d.verdict,
         confidence: d.confidence,
         patch_hash: p.patch_hash.clone(),
         task_hash: p.task_hash.clone(),
-        state_hash,
-        source_hash,
-        patched_tree_hash,
+        state_hash: c.state_hash,
+        source_hash: c.source_hash,
+        patched_tree_hash: c.patched_tree_hash,
         evaluation_summary: d.summary,
         caveats: d.caveats,
-        tests: counts,
+        tests,
         metrics: d.metrics,
-        budget: BudgetReport {
-            limits,
-            used,
-            exceeded,
-        },
-        isolation: outcome
-            .and_then(|o| serde_json::to_value(&o.isolation).ok())
+        budget,
+        isolation: speaking
+            .and_then(|r| serde_json::to_value(&r.primary.outcome.isolation).ok())
             .unwrap_or_else(|| serde_json::json!({ "sandbox_started": false })),
         artifacts: vec![],
         successor_key: ephemeral.public().to_string(),
         run_id: p.run_id.clone(),
-        task: p.task_name.clone(),
-        patch_gate: Some(gate),
+        task: crate::verdict::plan::plan_name(p.tasks.iter().map(|t| t.name.as_str())),
+        patch_gate: Some(c.gate),
         proposal_id: p.proposal_id.clone(),
-        provenance: outcome.map(|_| p.provenance()),
+        provenance,
+        plan,
     };
     if let Some(parent) = p.out_dir.parent() {
         if !parent.as_os_str().is_empty() {
@@ -439,9 +558,8 @@ fn sign(
                 .map_err(|e| EvaluateError::Usage(format!("--out {}: {e}", p.out_dir.display())))?;
         }
     }
-    let written =
-        crate::verdict::write_bundle(&p.out_dir, &verdict, &artifacts, ephemeral, node)
-            .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))?;
+    let written = crate::verdict::write_bundle(&p.out_dir, &verdict, &c.artifacts, ephemeral, node)
+        .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))?;
     Ok(Evaluation {
         out_dir: written.dir,
         verdict: written.verdict,

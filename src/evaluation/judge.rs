@@ -14,7 +14,7 @@
 //! ends, the subject is stopped. The subject's environment holds no `FORK_*` variable.
 
 use super::collect::{collect, Reading, RunResult, Stager};
-use super::plan::Plan;
+use super::plan::{Plan, TaskPlan};
 use super::prepare::{doors_for, prepare_side, Prepared};
 use super::{internal, EvaluateError};
 use crate::sandbox::{Command, Outcome, Sandbox, WORKSPACE};
@@ -54,18 +54,19 @@ fn log_file(sb: &Sandbox, role: &str) -> Result<std::fs::File, EvaluateError> {
 /// this returns.
 pub fn run_judged(
     p: &Plan,
+    t: &TaskPlan,
     subject: &mut Sandbox,
     subject_env: &[(String, String)],
     staging: &Path,
     stage: &Stager<'_>,
 ) -> Result<RunResult, EvaluateError> {
-    let judge_argv = p
-        .task
+    let judge_argv = t
+        .spec
         .judge
         .clone()
         .ok_or_else(|| EvaluateError::Internal("a judged run without a judge".into()))?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
-    let mut judge_sb = match prepare_side(p, &source_dir, &staging.join("state"), None)? {
+    let mut judge_sb = match prepare_side(p, t, &source_dir, &staging.join("state"), None)? {
         Prepared::Ready(side) => side.into_sandbox(),
         Prepared::DidNotApply(m, _) => {
             return Err(EvaluateError::Internal(format!(
@@ -78,7 +79,7 @@ pub fn run_judged(
         ("FORK_STATE".to_string(), format!("{WORKSPACE}/state")),
         ("FORK_TOOLS".to_string(), format!("{WORKSPACE}/tools")),
         ("FORK_RUN_ID".to_string(), p.run_id.clone()),
-        ("FORK_TASK".to_string(), p.task_name.clone()),
+        ("FORK_TASK".to_string(), t.name.clone()),
         ("FORK_SEED".to_string(), p.judge_seed.to_string()),
     ]);
     let subject_log = log_file(subject, "subject")?;
@@ -95,14 +96,14 @@ pub fn run_judged(
     judge_sb.clamp_wall(remaining);
     let stop_subject = Arc::new(AtomicBool::new(false));
     let subject_cmd = Command {
-        argv: p.task.command.clone(),
+        argv: t.spec.command.clone(),
         env: subject_env.to_vec(),
         cwd: PathBuf::from(WORKSPACE).join("src"),
         output: Some(&subject_log),
         stdin: Some(to_subject_r),
         stdout: Some(from_subject_w),
         cancel: Some(stop_subject.clone()),
-        doors: doors_for(p)?,
+        doors: doors_for(p, t)?,
         ..Command::new(Vec::new(), Vec::new())
     };
     let (judge_out, subject_out) = std::thread::scope(|s| {
@@ -134,14 +135,20 @@ pub fn run_judged(
         return Err(EvaluateError::Interrupted);
     }
     // Evidence: the judge's reports alone. The subject's reports and log: artifacts.
-    let judged = collect(p, &judge_sb.disk(), &judge_log, stage, Reading::Evidence)?;
+    let judged = collect(
+        &t.spec,
+        &judge_sb.disk(),
+        &judge_log,
+        stage,
+        Reading::Evidence,
+    )?;
     let subject_prefix = format!("{}subject-", stage.prefix);
     let subject_stage = Stager {
         dir: stage.dir,
         prefix: &subject_prefix,
     };
     let own = collect(
-        p,
+        &t.spec,
         &subject.disk(),
         &subject_log,
         &subject_stage,
@@ -155,7 +162,7 @@ pub fn run_judged(
         artifacts.push((ArtifactType::Other, stage.put(name, &json)?));
     }
     let (outcome, over_evaluation_wall, judge_failed) =
-        speaking_outcome(p, subject, subject_out, judge_out);
+        speaking_outcome(t, subject, subject_out, judge_out);
     Ok(RunResult {
         over_evaluation_wall,
         outcome,
@@ -174,13 +181,13 @@ pub fn run_judged(
 /// passed). A judge that blew a budget or could not start is the judge's failure, named
 /// (the third value): no evidence, never an APPROVE. The usage is the subject's.
 fn speaking_outcome(
-    p: &Plan,
+    t: &TaskPlan,
     subject_sb: &Sandbox,
     subject: Outcome,
     judge: Outcome,
 ) -> (Outcome, bool, Option<String>) {
     let over = |o: &Outcome, wall: std::time::Duration| {
-        o.budget_exceeded == Some(crate::sandbox::BudgetKind::Wall) && wall < p.policy.budgets.wall
+        o.budget_exceeded == Some(crate::sandbox::BudgetKind::Wall) && wall < t.budgets.wall
     };
     // A subject that only ran out of wall time while its judge did too was waiting on the
     // judge (a judge bounds every call it makes): that is the judge's failure.

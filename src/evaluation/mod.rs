@@ -22,16 +22,17 @@ pub mod request;
 pub mod reverify;
 pub mod side;
 pub mod staging;
+pub mod task_run;
 
 pub use request::{CiOutputs, LedgerChoice, Request};
 
-use crate::budget::Exceeded;
 use crate::fork::snapshot::file_sha256;
 use crate::fork::workspace::tree_hash_excluding;
 use crate::identity::EphemeralKey;
 use crate::patch::{self, Gate, GateStop};
-use crate::sandbox::{BudgetKind, SandboxError};
-use crate::verdict::decide::{decide, Decision, Evidence};
+use crate::sandbox::SandboxError;
+use crate::verdict::decide::combine::{combine, TaskDecision};
+use crate::verdict::decide::{decide, Evidence};
 use crate::verdict::{ArtifactType, GateReport, Verdict, VerdictKind};
 use conclude::Conclusion;
 use sha2::{Digest, Sha256};
@@ -162,12 +163,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 state_hash: key.state_hash.clone(),
                 source_hash,
                 patched_tree_hash: None,
-                outcome: None,
                 gate: gate_report,
                 artifacts: vec![patch_artifact],
-                tests: None,
-                exceeded: None,
-                rules: &p.policy.decision,
+                tasks: not_run(&p, &format!("the {gate} gate stopped the patch")),
             };
             let ev = conclude::seal(&p, c, &key, ephemeral, &node)?;
             return Ok(ev);
@@ -204,7 +202,12 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 3 PATCH: the first patched workspace.
-    let first = match prepare::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
+    let first_task = p
+        .tasks
+        .first()
+        .ok_or_else(|| EvaluateError::Internal("an empty evaluation plan".into()))?;
+    let first = match prepare::prepare_side(&p, first_task, &source_dir, &snap_dir, Some(&parsed))?
+    {
         prepare::Prepared::Ready(side) => side,
         prepare::Prepared::DidNotApply(msg, h) => {
             let evidence = Evidence {
@@ -217,15 +220,12 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 state_hash,
                 source_hash: h,
                 patched_tree_hash: None,
-                outcome: None,
                 gate: GateReport {
                     passed: true,
                     violations: vec![],
                 },
                 artifacts: vec![patch_artifact],
-                tests: None,
-                exceeded: None,
-                rules: &p.policy.decision,
+                tasks: not_run(&p, "the patch did not apply"),
             };
             let ev = conclude::seal(&p, c, &cache_key, ephemeral, &node)?;
             return Ok(ev);
@@ -237,166 +237,45 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         ));
     };
     let (source_hash, patched_tree_hash) = (tree.source_hash, Some(tree.deploy_hash));
-    // 4 EVALUATE: `repeat` rounds; in each, every replica of the patched side, then the
-    // baseline (interleaved, so drift on the machine hits both sides alike).
-    let replicas = p.replicas;
-    let repeat = p.task.repeat.max(1) as usize;
-    let mut patched: Vec<Vec<collect::RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
-    let mut baseline: Vec<collect::RunResult> = Vec::new();
+    // 4 EVALUATE every task of the plan, in order. A task that rejects the patch ends the
+    // plan: a metric gain never approves a patch that fails a correctness check.
+    let sources = task_run::Sources {
+        source_dir: &source_dir,
+        snap_dir: &snap_dir,
+        patch: &parsed,
+        staging: staging.path(),
+    };
+    let any_judged = p.tasks.iter().any(|t| t.spec.judge.is_some());
     let mut first = Some(first);
-    for round in 0..repeat {
-        for (r, runs) in patched.iter_mut().enumerate() {
-            let prepared = match first.take() {
-                Some(f) => *f,
-                None => match prepare::prepare_side(&p, &source_dir, &snap_dir, Some(&parsed))? {
-                    prepare::Prepared::Ready(side) => *side,
-                    prepare::Prepared::DidNotApply(msg, _) => {
-                        return Err(EvaluateError::Internal(format!(
-                            "the patch applied once and then not: {msg}"
-                        )))
-                    }
-                },
-            };
-            runs.push(side::run_side(
-                &p,
-                prepared,
-                staging.path(),
-                &side::side_label("patched", r, round, replicas),
-            )?);
-            check_interrupt()?;
+    let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();
+    let mut stopped_by: Option<String> = None;
+    for t in &p.tasks {
+        if let Some(by) = &stopped_by {
+            runs.push(Err(format!("task `{by}` already rejects the patch")));
+            continue;
         }
-        let decided = patched
-            .iter()
-            .flatten()
-            .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some());
-        if p.task.baseline && !decided {
-            if let prepare::Prepared::Ready(side) =
-                prepare::prepare_side(&p, &source_dir, &snap_dir, None)?
-            {
-                baseline.push(side::run_side(
-                    &p,
-                    *side,
-                    staging.path(),
-                    &side::side_label("baseline", 0, round, 1),
-                )?);
-            }
-            check_interrupt()?;
+        let run = task_run::run_task(&p, t, &sources, first.take(), any_judged)?;
+        if run.decision.verdict == VerdictKind::Reject {
+            stopped_by = Some(t.name.clone());
         }
-        // A run that blew a budget or could not start ends the repeats: the answer is known.
-        if patched
-            .iter()
-            .flatten()
-            .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
-        {
-            break;
-        }
+        runs.push(Ok(run));
     }
 
-    // 5 VERDICT: a decision per replica, then agreement.
-    let mut rules = p.policy.decision.clone();
-    rules
-        .lower_is_better
-        .extend(p.task.lower_is_better.iter().cloned());
-    let baseline_samples = conclude::samples(&baseline);
-    let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
-    for (r, runs) in patched.iter().enumerate() {
-        let (mut evidence, chosen) =
-            conclude::evidence_for(&p, runs, &baseline, &baseline_samples, &rules, r as u64);
-        // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
-        // it is blown for the verdict.
-        if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
-            if evidence.budget_exceeded.is_none() {
-                evidence.budget_exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
-                evidence.usage_summary = Some(format!(
-                    "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs",
-                    g.meter.spent_usd(),
-                    g.meter.budget_usd()
-                ));
-            }
-        }
-        decisions.push((decide(&evidence, &rules), chosen, evidence.budget_exceeded));
-    }
-    let severity = |k: VerdictKind| match k {
-        VerdictKind::Reject => 2,
-        VerdictKind::NeedsRevision => 1,
-        VerdictKind::Approve => 0,
-    };
-    // The most severe replica's decision stands (a security tool errs towards "no").
-    let (pick, _) = decisions
+    // 5 VERDICT: the plan's decisions combined into one.
+    let decisions: Vec<TaskDecision<'_>> = p
+        .tasks
         .iter()
-        .enumerate()
-        .max_by_key(|(i, (d, ..))| (severity(d.verdict), std::cmp::Reverse(*i)))
-        .map(|(i, (d, ..))| (i, d.verdict))
-        .unwrap_or((0, VerdictKind::Reject));
-    let mut decision = decisions[pick].0.clone();
-    let chosen_run = decisions[pick].1;
-    if replicas > 1 {
-        let agree = decisions
-            .iter()
-            .filter(|(d, ..)| d.verdict == decision.verdict)
-            .count();
-        if agree < replicas {
-            let counts: Vec<String> = [
-                VerdictKind::Approve,
-                VerdictKind::NeedsRevision,
-                VerdictKind::Reject,
-            ]
-            .iter()
-            .filter_map(|k| {
-                let n = decisions.iter().filter(|(d, ..)| d.verdict == *k).count();
-                (n > 0).then(|| format!("{n} {k}"))
-            })
-            .collect();
-            decision.caveats.push(format!(
-                "The {replicas} replicas disagree ({}); the most severe verdict stands and the confidence is scaled by the agreement ({agree}/{replicas}).",
-                counts.join(", ")
-            ));
-            decision.confidence =
-                ((decision.confidence * agree as f64 / replicas as f64) * 1000.0).round() / 1000.0;
-        } else {
-            decision.caveats.push(format!(
-                "All {replicas} independent replicas agree ({}).",
-                decision.verdict
-            ));
-        }
-    }
-    if let Some(b) = baseline
-        .iter()
-        .find(|b| b.outcome.exit_code != 0 || b.outcome.budget_exceeded.is_some())
-    {
-        decision.caveats.push(format!(
-            "the baseline (unpatched) run itself ended with exit {}{}",
-            b.outcome.exit_code,
-            b.outcome
-                .budget_exceeded
-                .map(|k| format!(" ({} budget)", k.as_str()))
-                .unwrap_or_default()
-        ));
-    }
-    // What fork could not do with what a successor left is said, never an error.
-    for note in patched
-        .iter()
-        .flatten()
-        .chain(&baseline)
-        .flat_map(|r| &r.notes)
-    {
-        if !decision.caveats.contains(note) {
-            decision.caveats.push(note.clone());
-        }
-    }
+        .zip(&runs)
+        .map(|(t, r)| TaskDecision {
+            task: &t.name,
+            decision: r.as_ref().map(|r| &r.decision).map_err(|e| e.as_str()),
+        })
+        .collect();
+    let decision = combine(&decisions)
+        .ok_or_else(|| EvaluateError::Internal("no task of the plan ran".into()))?;
     let mut artifacts = vec![patch_artifact];
-    for run in patched.iter().flatten() {
-        artifacts.extend(run.artifacts.iter().cloned());
-    }
-    for b in &baseline {
-        for (t, path) in &b.artifacts {
-            let t = match t {
-                ArtifactType::TestReport => ArtifactType::BaselineTestReport,
-                ArtifactType::Metrics => ArtifactType::BaselineMetrics,
-                other => *other,
-            };
-            artifacts.push((t, path.clone()));
-        }
+    for r in runs.iter().flatten() {
+        artifacts.extend(r.artifacts.iter().cloned());
     }
     if let Some(g) = &p.gateway {
         let path = staging.path().join("gateway-calls.jsonl");
@@ -415,24 +294,33 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         std::fs::write(&path, text).map_err(|e| internal("gateway log")(e.to_string()))?;
         artifacts.push((ArtifactType::Log, path));
     }
-    let primary = &patched[pick][chosen_run];
     let c = Conclusion {
         decision,
         state_hash,
         source_hash,
         patched_tree_hash,
-        outcome: Some(&primary.outcome),
         gate: GateReport {
             passed: true,
             violations: vec![],
         },
         artifacts,
-        tests: primary.tests.as_ref(),
-        exceeded: decisions[pick].2,
-        rules: &rules,
+        tasks: p
+            .tasks
+            .iter()
+            .zip(&runs)
+            .map(|(t, r)| (t, r.as_ref().map_err(|e| e.clone())))
+            .collect(),
     };
     // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,
     // the ephemeral secret is zeroized as soon as the verdict is signed, the node key when
     // `node` drops.
     conclude::seal(&p, c, &cache_key, ephemeral, &node)
+}
+
+/// Every task of the plan, none run, and why.
+fn not_run<'a>(
+    p: &'a plan::Plan,
+    why: &str,
+) -> Vec<(&'a plan::TaskPlan, Result<&'a task_run::TaskRun, String>)> {
+    p.tasks.iter().map(|t| (t, Err(why.to_string()))).collect()
 }

@@ -15,8 +15,10 @@ pub struct Plan {
     pub run_id: String,
     pub manifest: Manifest,
     pub runtime: PathBuf,
-    pub task_name: String,
-    pub task: TaskSpec,
+    /// The evaluation plan: the tasks this evaluation runs, in order, into one verdict.
+    pub tasks: Vec<TaskPlan>,
+    /// The policy, with the request's budgets over its own (each task's budgets are in its
+    /// [`TaskPlan`]).
     pub policy: Policy,
     /// The patch as read: the whole file, or its first `max_patch_bytes + 1` bytes when it
     /// is larger (it is then REJECTed by the size gate; nothing more is ever read or kept).
@@ -25,6 +27,7 @@ pub struct Plan {
     pub patch_size: u64,
     /// sha256 of `raw_patch`.
     pub patch_hash: String,
+    /// The plan's hash ([`plan_hash`]): a one-task plan's is its task's hash.
     pub task_hash: String,
     /// The conditions the verdict is reached under ([`conditions_hash`]): fork's version,
     /// the resolved policy and the isolation in force. The cache keys on it.
@@ -36,15 +39,11 @@ pub struct Plan {
     pub use_cache: bool,
     pub replicas: usize,
     pub ci: CiOutputs,
-    /// The sandbox every run of this evaluation gets.
-    pub spec: crate::sandbox::Spec,
     /// When the evaluation's own wall budget runs out.
     pub deadline: std::time::Instant,
     /// The secret seed the judges of this evaluation get (never the subject), zeroized
     /// with the plan.
     pub judge_seed: zeroize::Zeroizing<String>,
-    /// Host loopback services forwarded into every sandbox (policy and task).
-    pub forwards: Vec<std::net::SocketAddr>,
     pub proposal_id: Option<String>,
     /// The metered model gateway (fork.toml's `[gateway]`, else the policy's): its
     /// configuration and credentials, and the meter every run of this evaluation shares
@@ -52,21 +51,38 @@ pub struct Plan {
     pub gateway: Option<GatewayPlan>,
 }
 
-pub struct GatewayPlan {
-    pub cfg: crate::gateway::GatewayConfig,
-    pub credentials: Option<zeroize::Zeroizing<String>>,
-    pub meter: std::sync::Arc<crate::gateway::Meter>,
+/// One task of the plan, resolved: its budgets through the one pipeline (the policy's,
+/// then the task's, then the request's), the sandbox its runs get, its forwards.
+pub struct TaskPlan {
+    pub name: String,
+    pub spec: TaskSpec,
+    /// sha256 over the task's name and definition.
+    pub hash: String,
+    pub budgets: crate::budget::Budgets,
+    /// The sandbox every run of this task gets.
+    pub sandbox: crate::sandbox::Spec,
+    /// Host loopback services forwarded into every sandbox (policy and task).
+    pub forwards: Vec<std::net::SocketAddr>,
+    /// What this task's artifacts and staging directories are prefixed with: nothing in a
+    /// one-task plan (the bundle's layout is unchanged), `<task>-` otherwise.
+    pub prefix: String,
 }
 
-impl Plan {
-    /// Who produces this evaluation's evidence: the task's judge, or the task itself.
+impl TaskPlan {
+    /// Who produces this task's evidence: its judge, or the task itself.
     pub fn provenance(&self) -> crate::verdict::Provenance {
-        if self.task.judge.is_some() {
+        if self.spec.judge.is_some() {
             crate::verdict::Provenance::Judge
         } else {
             crate::verdict::Provenance::SelfReported
         }
     }
+}
+
+pub struct GatewayPlan {
+    pub cfg: crate::gateway::GatewayConfig,
+    pub credentials: Option<zeroize::Zeroizing<String>>,
+    pub meter: std::sync::Arc<crate::gateway::Meter>,
 }
 
 /// A fresh 128-bit secret, hex, for the judges of one evaluation alone: every run of the
@@ -104,25 +120,17 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     })?;
     let manifest =
         crate::manifest::load(&a.runtime).map_err(|e| EvaluateError::Input(e.to_string()))?;
-    let (task_name, task) = manifest
-        .task(a.task.as_deref())
-        .map_err(|e| EvaluateError::Input(e.to_string()))?;
-    let (task_name, task) = (task_name.to_string(), task.clone());
+    let chosen = manifest
+        .plan(&a.tasks)
+        .map_err(|e| EvaluateError::Input(e.to_string()))?
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect::<Vec<_>>();
     let mut policy =
         Policy::load(a.policy.as_deref()).map_err(|e| EvaluateError::Input(e.to_string()))?;
-    // Budgets: the policy's, then the task's, then the request's, one pipeline.
-    let task_budget = task.budget.parse().map_err(|e| {
-        EvaluateError::Input(format!(
-            "{}: task `{task_name}`: {e}",
-            manifest.file.display()
-        ))
-    })?;
-    policy.budgets.apply(&task_budget).map_err(|e| {
-        EvaluateError::Input(format!(
-            "{}: task `{task_name}`: {e}",
-            manifest.file.display()
-        ))
-    })?;
+    // Budgets: the policy's, then the task's, then the request's, one pipeline. The
+    // request's are checked once here, over the policy's.
+    let policy_budgets = policy.budgets.clone();
     policy
         .budgets
         .apply(&a.budget)
@@ -141,9 +149,6 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         )));
     }
     let patch_hash = patch.hash();
-    let task_doc = serde_json::to_vec(&(&task_name, &task))
-        .map_err(|e| EvaluateError::Internal(e.to_string()))?;
-    let task_hash = format!("sha256:{}", sha256_hex(&task_doc));
     let runtime = std::fs::canonicalize(&a.runtime)
         .map_err(|e| EvaluateError::Input(format!("--runtime {}: {e}", a.runtime.display())))?;
     // The parent's live state files (and their journals) are invisible in the sandbox.
@@ -164,17 +169,6 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
             EvaluateError::Input(format!("{}: network.forward: {m}", policy.origin))
         })?;
         forwards.push(a);
-    }
-    for f in &task.forward {
-        let a = crate::policy::parse_forward(f).map_err(|m| {
-            EvaluateError::Input(format!(
-                "{}: tasks.{task_name}.forward: {m}",
-                manifest.file.display()
-            ))
-        })?;
-        if !forwards.contains(&a) {
-            forwards.push(a);
-        }
     }
     let gateway = match manifest.gateway.clone().or_else(|| policy.gateway.clone()) {
         None => None,
@@ -205,25 +199,36 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         String::new()
     };
     let policy_hash = conditions_hash(&policy, &isolation)?;
-    let spec = policy.sandbox_spec();
+    let multi = chosen.len() > 1;
+    let mut tasks = Vec::with_capacity(chosen.len());
+    for (name, spec) in chosen {
+        tasks.push(plan_task(
+            &manifest,
+            &policy,
+            &policy_budgets,
+            a,
+            &forwards,
+            name,
+            spec,
+            multi,
+        )?);
+    }
+    let task_hash = plan_hash(&tasks);
     let deadline = std::time::Instant::now() + policy.budgets.evaluation_wall;
     Ok(Plan {
         use_cache: a.use_cache,
         replicas: a.replicas.max(1) as usize,
         ci: a.ci.clone(),
-        spec,
         deadline,
         judge_seed: zeroize::Zeroizing::new(new_seed()),
         proposal_id: a.proposal.clone(),
         gateway,
-        forwards,
         policy_hash,
         ledger,
         run_id,
         manifest,
         runtime,
-        task_name,
-        task,
+        tasks,
         policy,
         raw_patch: patch.bytes,
         patch_size: patch.size,
@@ -231,6 +236,93 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         task_hash,
         out_dir,
     })
+}
+
+/// One task of the plan: its budgets (the policy's own, then the task's, then the
+/// request's), its sandbox, its forwards (the policy's and its own) and its hash.
+#[allow(clippy::too_many_arguments)]
+fn plan_task(
+    manifest: &Manifest,
+    policy: &Policy,
+    policy_budgets: &crate::budget::Budgets,
+    a: &Request,
+    policy_forwards: &[std::net::SocketAddr],
+    name: String,
+    spec: TaskSpec,
+    multi: bool,
+) -> Result<TaskPlan, EvaluateError> {
+    let bad = |e: String| {
+        EvaluateError::Input(format!("{}: task `{name}`: {e}", manifest.file.display()))
+    };
+    let task_budget = spec.budget.parse().map_err(|e| bad(e.to_string()))?;
+    let mut budgets = policy_budgets.clone();
+    budgets
+        .apply(&task_budget)
+        .map_err(|e| bad(e.to_string()))?;
+    budgets
+        .apply(&a.budget)
+        .map_err(|e| EvaluateError::Usage(format!("the requested budget: {e}")))?;
+    for (_, o) in a.task_budgets.iter().filter(|(n, _)| *n == name) {
+        budgets
+            .apply(o)
+            .map_err(|e| EvaluateError::Usage(format!("the requested budget of `{name}`: {e}")))?;
+    }
+    // The evaluation's wall is the evaluation's, whatever a task says.
+    budgets.evaluation_wall = policy.budgets.evaluation_wall;
+    let mut forwards = policy_forwards.to_vec();
+    for f in &spec.forward {
+        let addr = crate::policy::parse_forward(f).map_err(|m| {
+            EvaluateError::Input(format!(
+                "{}: tasks.{name}.forward: {m}",
+                manifest.file.display()
+            ))
+        })?;
+        if !forwards.contains(&addr) {
+            forwards.push(addr);
+        }
+    }
+    let mut task_policy = policy.clone();
+    task_policy.budgets = budgets.clone();
+    let sandbox = task_policy.sandbox_spec();
+    Ok(TaskPlan {
+        hash: task_hash(&name, &spec)?,
+        prefix: if multi {
+            format!("{name}-")
+        } else {
+            String::new()
+        },
+        name,
+        spec,
+        budgets,
+        sandbox,
+        forwards,
+    })
+}
+
+/// sha256 over a task's name and definition (as the manifest resolves it; `gate` is not
+/// part of it).
+pub fn task_hash(name: &str, spec: &TaskSpec) -> Result<String, EvaluateError> {
+    let doc =
+        serde_json::to_vec(&(name, spec)).map_err(|e| EvaluateError::Internal(e.to_string()))?;
+    Ok(format!("sha256:{}", sha256_hex(&doc)))
+}
+
+/// The plan's hash: a one-task plan's is that task's hash (so verdicts, the cache and
+/// consensus of one task are unchanged); a plan of several hashes their names and hashes
+/// in order.
+pub fn plan_hash(tasks: &[TaskPlan]) -> String {
+    if let [one] = tasks {
+        return one.hash.clone();
+    }
+    let mut h = Sha256::new();
+    h.update(b"fork-plan-v1\0");
+    for t in tasks {
+        h.update(t.name.as_bytes());
+        h.update([0]);
+        h.update(t.hash.as_bytes());
+        h.update([b'\n']);
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
 }
 
 /// The ledger's `policy_hash`: sha256 over the conditions a verdict was reached under, which

@@ -2,7 +2,7 @@
 //! tools and the state snapshot) and PATCH (the patched side only), and the doors a run of
 //! the plan gets.
 
-use super::plan::Plan;
+use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{copy_tree, deploy_tree_hash, tree_hash, Workspace};
 use crate::patch::{self, Patch};
@@ -44,11 +44,12 @@ pub enum Prepared {
 /// `patch` is given), the tools and the state snapshot.
 pub fn prepare_side(
     p: &Plan,
+    t: &TaskPlan,
     source_dir: &Path,
     snap_dir: &Path,
     patch: Option<&Patch>,
 ) -> Result<Prepared, EvaluateError> {
-    let sb = Sandbox::prepare(&p.spec)?;
+    let sb = Sandbox::prepare(&t.sandbox)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
     copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
@@ -84,9 +85,9 @@ pub fn prepare_side(
 
 /// The doors of one run: the forwards and, with a gateway, the metered model door (a
 /// fresh gateway per run, on that run's runtime, sharing the evaluation's meter).
-pub fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
+pub fn doors_for(p: &Plan, t: &TaskPlan) -> Result<crate::sandbox::Doors, EvaluateError> {
     let mut doors = crate::sandbox::Doors {
-        doors: p
+        doors: t
             .forwards
             .iter()
             .map(|a| crate::sandbox::Door::forward(*a))
@@ -98,7 +99,7 @@ pub fn doors_for(p: &Plan) -> Result<crate::sandbox::Doors, EvaluateError> {
             crate::gateway::Gateway::new(g.cfg.clone(), g.credentials.clone(), g.meter.clone())
                 .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.cfg.port()));
-        if p.forwards.contains(&addr) {
+        if t.forwards.contains(&addr) {
             return Err(EvaluateError::Input(format!(
                 "the model gateway's port {} is also forwarded: choose another gateway.port",
                 g.cfg.port()

@@ -33,8 +33,9 @@ pub struct Request {
     pub patch: PathBuf,
     /// The runtime's root, holding fork.toml.
     pub runtime: PathBuf,
-    /// The task to run (default: the manifest's first).
-    pub task: Option<String>,
+    /// The tasks to run, in order, into one verdict (default, when empty: the manifest's
+    /// plan, its gating tasks or else its first task).
+    pub tasks: Vec<String>,
     /// Policy file (default: the built-in policy).
     pub policy: Option<PathBuf>,
     /// Where the verdict bundle goes (default: `./fork-out/<run-id>`); must not exist.
@@ -44,6 +45,9 @@ pub struct Request {
     pub key: Option<PathBuf>,
     /// Budget limits over the policy's and the task's (the last word).
     pub budget: BudgetOverrides,
+    /// Budget limits for one task of the plan, over `budget` (re-verification replays each
+    /// task's exact budget).
+    pub task_budgets: Vec<(String, BudgetOverrides)>,
     /// Independent patched successors; disagreement lowers the confidence.
     pub replicas: u32,
     /// Whether a verdict the ledger holds for the same inputs may answer.
@@ -61,11 +65,12 @@ impl Request {
         Request {
             patch,
             runtime,
-            task: None,
+            tasks: Vec::new(),
             policy: None,
             out: None,
             key: None,
             budget: BudgetOverrides::default(),
+            task_budgets: Vec::new(),
             replicas: 1,
             use_cache: true,
             ledger: LedgerChoice::Default,

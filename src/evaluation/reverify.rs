@@ -91,8 +91,7 @@ fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
 }
 
 /// The budget that reproduces a verdict's limits, typed: no round trip through text.
-fn budgets_of(v: &Verdict) -> BudgetOverrides {
-    let l = &v.budget.limits;
+fn budgets_of(l: &crate::verdict::BudgetLimits) -> BudgetOverrides {
     let secs = |s: Option<f64>| {
         s.filter(|s| s.is_finite() && *s > 0.0)
             .map(Duration::from_secs_f64)
@@ -198,11 +197,23 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
     }
     // 3. This node's own evaluation: the same task and budgets, never from the cache.
     let mut req = Request::new(a.patch.clone(), a.runtime.clone());
-    req.task = Some(theirs.verdict.task.clone());
+    // The plan they ran (a verdict before plans names its one task), each task with the
+    // exact budget it had.
+    let v = &theirs.verdict;
+    req.tasks = if v.plan.is_empty() {
+        vec![v.task.clone()]
+    } else {
+        v.plan.iter().map(|t| t.task.clone()).collect()
+    };
+    req.task_budgets = v
+        .plan
+        .iter()
+        .filter_map(|t| Some((t.task.clone(), budgets_of(&t.budget.as_ref()?.limits))))
+        .collect();
     req.policy = a.policy.clone();
     req.out = a.out.clone();
     req.key = a.key.clone();
-    req.budget = budgets_of(&theirs.verdict);
+    req.budget = budgets_of(&theirs.verdict.budget.limits);
     req.use_cache = false;
     req.ledger = LedgerChoice::Default;
     req.proposal = theirs.verdict.proposal_id.clone();
@@ -303,7 +314,7 @@ mod tests {
         v.budget.limits.memory_bytes = Some(1 << 30);
         v.budget.limits.pids = Some(64);
         v.budget.limits.cpu_time_s = Some(90.0);
-        let b = budgets_of(&v);
+        let b = budgets_of(&v.budget.limits);
         assert_eq!(b.wall, Some(Duration::from_secs(600)));
         assert_eq!(b.memory_bytes, Some(1 << 30));
         assert_eq!(b.pids, Some(64));

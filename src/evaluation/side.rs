@@ -4,7 +4,7 @@
 //! is destroyed before the next starts.
 
 use super::collect::{collect, Reading, RunResult, Stager};
-use super::plan::Plan;
+use super::plan::{Plan, TaskPlan};
 use super::prepare::{doors_for, PreparedSide};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::Workspace;
@@ -30,6 +30,7 @@ pub fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> 
 /// EVALUATE one prepared side (with reruns of failing tests), read its results, destroy it.
 pub fn run_side(
     p: &Plan,
+    t: &TaskPlan,
     prepared: PreparedSide,
     staging: &Path,
     side: &str,
@@ -41,30 +42,30 @@ pub fn run_side(
         ("FORK_STATE".to_string(), format!("{WORKSPACE}/state")),
         ("FORK_TOOLS".to_string(), format!("{WORKSPACE}/tools")),
         ("FORK_RUN_ID".to_string(), p.run_id.clone()),
-        ("FORK_TASK".to_string(), p.task_name.clone()),
+        ("FORK_TASK".to_string(), t.name.clone()),
         ("FORK_SIDE".to_string(), side.to_string()),
     ];
     if let Some(g) = &p.gateway {
         extra.push(("FORK_MODEL_URL".to_string(), g.cfg.task_url()));
     }
-    for (k, v) in &p.task.env {
+    for (k, v) in &t.spec.env {
         extra.push((k.clone(), v.clone()));
     }
     let env = p.policy.successor_env(&extra);
     // A judged subject sees no FORK_* variable: nothing tells it that it is being judged.
-    let env = if p.task.judge.is_some() {
+    let env = if t.spec.judge.is_some() {
         super::judge::subject_env(&env)
     } else {
         env
     };
-    let side_dir = staging.join(side);
+    let side_dir = staging.join(format!("{}{side}", t.prefix));
     std::fs::create_dir_all(&side_dir).map_err(|e| internal("staging")(e.to_string()))?;
     // Artifact names: tests.xml, metrics.json, ... for the first patched run; `<side>-*` for
     // the others; `-retryN` for reruns of a run whose tests failed.
     let base_prefix = if side == "patched" {
-        String::new()
+        t.prefix.clone()
     } else {
-        format!("{side}-")
+        format!("{}{side}-", t.prefix)
     };
     // The output log: created before the successor first runs, under a name it cannot
     // predict, and read back and emptied through our own descriptor for every attempt.
@@ -89,14 +90,14 @@ pub fn run_side(
                 break;
             }
         }
-        let r = if p.task.judge.is_some() {
+        let r = if t.spec.judge.is_some() {
             let stage = Stager {
                 dir: &side_dir,
                 prefix: &prefix,
             };
-            super::judge::run_judged(p, &mut sb, &env, staging, &stage)?
+            super::judge::run_judged(p, t, &mut sb, &env, staging, &stage)?
         } else {
-            run_attempt(p, &mut sb, &env, &side_dir, &prefix, &log)?
+            run_attempt(p, t, &mut sb, &env, &side_dir, &prefix, &log)?
         };
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
@@ -144,6 +145,7 @@ fn fresh_reports(sb: &Sandbox, ws: &Workspace) -> Result<(), String> {
 /// One run of the task in a prepared sandbox, and what it left in its reports directory.
 fn run_attempt(
     p: &Plan,
+    t: &TaskPlan,
     sb: &mut Sandbox,
     env: &[(String, String)],
     side_dir: &Path,
@@ -160,11 +162,11 @@ fn run_attempt(
             .saturating_duration_since(std::time::Instant::now()),
     );
     let outcome = sb.run(Command {
-        argv: p.task.command.clone(),
+        argv: t.spec.command.clone(),
         env: env.to_vec(),
         cwd: PathBuf::from(WORKSPACE).join("src"),
         output: Some(log),
-        doors: doors_for(p)?,
+        doors: doors_for(p, t)?,
         ..Command::new(Vec::new(), Vec::new())
     })?;
     if outcome.interrupted {
@@ -175,13 +177,13 @@ fn run_attempt(
         dir: side_dir,
         prefix,
     };
-    let c = collect(p, &sb.disk(), log, &stage, Reading::Evidence)?;
+    let c = collect(&t.spec, &sb.disk(), log, &stage, Reading::Evidence)?;
     let json =
         serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?;
     let mut artifacts = c.artifacts;
     artifacts.push((ArtifactType::Other, stage.put("sandbox.json", &json)?));
     let over_evaluation_wall = outcome.budget_exceeded == Some(crate::sandbox::BudgetKind::Wall)
-        && sb.limits().wall < p.policy.budgets.wall;
+        && sb.limits().wall < t.budgets.wall;
     Ok(RunResult {
         over_evaluation_wall,
         outcome,

@@ -378,6 +378,17 @@ pub(crate) mod tests {
             patch_gate: None,
             proposal_id: None,
             provenance: None,
+            plan: vec![crate::verdict::plan::TaskVerdict {
+                task: "tests".to_string(),
+                task_hash: sha256_digest(task.as_bytes()),
+                verdict: Some(kind),
+                confidence: Some(0.9),
+                summary: format!("{kind} from {run_id}"),
+                provenance: None,
+                tests: TestCounts::default(),
+                metrics: vec![],
+                budget: None,
+            }],
         }
     }
 

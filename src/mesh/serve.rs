@@ -424,7 +424,7 @@ async fn evaluate(
         .ctx("create a patch file in", &node.bundles)?;
     std::fs::write(patch_file.path(), &patch).ctx("write", patch_file.path())?;
     let mut args = Request::new(patch_file.path().to_path_buf(), node.opts.runtime.clone());
-    args.task = p.task.clone();
+    args.tasks = p.task.iter().cloned().collect();
     args.policy = node.opts.policy.clone();
     args.out = Some(out.clone());
     args.key = Some(node.key_path.clone());

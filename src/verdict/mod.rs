@@ -16,6 +16,7 @@ pub mod bundle;
 pub mod decide;
 pub mod deployed;
 pub mod kind;
+pub mod plan;
 pub mod report;
 pub mod sign;
 pub mod stats;
@@ -34,7 +35,7 @@ use std::time::SystemTime;
 /// The schema generation this code writes and the only one it reads.
 pub const SCHEMA_GENERATION: u32 = 1;
 /// The schema version this code writes; any `1.x` is read.
-pub const SCHEMA_VERSION: &str = "1.2";
+pub const SCHEMA_VERSION: &str = "1.3";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
 
@@ -272,6 +273,10 @@ pub struct Verdict {
     /// under test itself (schema 1.2; absent in older verdicts: self-reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// The evaluation plan: every task planned, in order, and what each decided; the
+    /// verdict combines them (schema 1.3; absent before, when `task` was the one task).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plan: Vec<plan::TaskVerdict>,
 }
 
 /// Who produced a verdict's evidence.
@@ -364,6 +369,22 @@ impl Verdict {
         if !version_ok || major != "1" {
             errs.push(format!(
                 "header.schema.version `{}` is not 1.x",
+                h.schema.version
+            ));
+        }
+        // Schema 1.3 lists the plan; before, `task` was the one task and no plan was written.
+        let minor: u32 = h
+            .schema
+            .version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if version_ok && minor >= 3 {
+            errs.extend(plan::check_plan(&self.plan, &self.task, &self.task_hash));
+        } else if !self.plan.is_empty() {
+            errs.push(format!(
+                "plan is written by schema 1.3 and later, but header.schema.version is `{}`",
                 h.schema.version
             ));
         }
@@ -549,6 +570,22 @@ pub(crate) mod tests {
             patch_gate: None,
             proposal_id: None,
             provenance: None,
+            plan: vec![plan::TaskVerdict {
+                task: "tests".into(),
+                task_hash: sha256_digest(b"task"),
+                verdict: Some(VerdictKind::Approve),
+                confidence: Some(0.94),
+                summary: "Test suite passed (312/312). p99 latency improved 18%.".into(),
+                provenance: None,
+                tests: TestCounts {
+                    passed: 312,
+                    failed: 0,
+                    flaky: 1,
+                    skipped: 0,
+                },
+                metrics: vec![],
+                budget: None,
+            }],
         }
     }
 
@@ -624,7 +661,7 @@ pub(crate) mod tests {
     fn patched_tree_hash_is_optional_and_checked() {
         let k = EphemeralKey::generate();
         let mut v = sample_verdict(&k.public());
-        assert_eq!(v.header.schema.version, "1.2");
+        assert_eq!(v.header.schema.version, "1.3");
         // absent: not written, still valid (1.0 and 1.1 documents have none)
         let doc = serde_json::to_value(&v).unwrap();
         assert!(doc.get("patched_tree_hash").is_none());

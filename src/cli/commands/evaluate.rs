@@ -13,7 +13,8 @@ pub struct EvaluateArgs {
     /// The runtime's root, holding fork.toml.
     #[arg(long, default_value = ".")]
     pub runtime: PathBuf,
-    /// The task to run (default: the first in fork.toml).
+    /// Run this one task (default: the manifest's plan, every `gate = true` task in file
+    /// order into one verdict, or the first task when none is marked).
     #[arg(long)]
     pub task: Option<String>,
     /// Policy file (default: the built-in policies/default.toml).
@@ -55,7 +56,7 @@ pub struct EvaluateArgs {
 impl EvaluateArgs {
     pub fn request(&self) -> Result<Request, CliError> {
         let mut r = Request::new(self.patch.clone(), self.runtime.clone());
-        r.task = self.task.clone();
+        r.tasks = self.task.iter().cloned().collect();
         r.policy = self.policy.clone();
         r.out = self.out.clone();
         r.key = self.key.clone();
@@ -84,11 +85,21 @@ pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
             .map_err(|e| CliError::new(exit::INTERNAL, e))?;
         println!("{}", String::from_utf8_lossy(&doc));
     } else {
+        let what = if v.plan.len() > 1 { "plan" } else { "task" };
         println!(
-            "{} (confidence {:.2})  task `{}`  run {}",
+            "{} (confidence {:.2})  {what} `{}`  run {}",
             v.verdict, v.confidence, v.task, v.run_id
         );
         println!("  {}", v.evaluation_summary);
+        if v.plan.len() > 1 {
+            for t in &v.plan {
+                let said = t
+                    .verdict
+                    .map(|k| k.to_string())
+                    .unwrap_or_else(|| "NOT RUN".into());
+                println!("  task {}: {said}", t.task);
+            }
+        }
         for c in &v.caveats {
             println!("  caveat: {c}");
         }

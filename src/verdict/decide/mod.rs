@@ -39,6 +39,7 @@
 //! Deterministic rejections have confidence 1.0; every other verdict's confidence comes from
 //! the strengths of its evidence (see the `confidence` module for the formula).
 
+pub mod combine;
 mod confidence;
 mod evidence;
 mod rules;
@@ -57,7 +58,7 @@ use confidence::{
 };
 pub use evidence::Evidence;
 pub(in crate::verdict) use rules::MetricClass;
-pub use rules::{DecisionRules, RulesError};
+pub use rules::{DecisionRules, RulesError, SelfReported};
 
 /// One metric, as reported in the verdict's `metrics` array (the verdict's own type).
 pub use crate::verdict::Metric as MetricChange;

@@ -30,8 +30,9 @@ pub struct DecisionRules {
     /// The significance level (default 0.05).
     pub alpha: f64,
     /// What evidence the code under test produced about itself (a task without a judge)
-    /// may earn: `accept` (an APPROVE, with a caveat and lower confidence) or
-    /// `needs_revision` (at most NEEDS_REVISION, saying why).
+    /// may earn: `needs_revision` (the default: at most NEEDS_REVISION, saying why) or
+    /// `accept` (an APPROVE, with a caveat and lower confidence: for CI gating of patches
+    /// written by people).
     pub self_reported: SelfReported,
 }
 
@@ -187,7 +188,9 @@ impl Default for DecisionRules {
             reruns: Self::DEFAULT_RERUNS,
             method: crate::verdict::stats::Method::Bootstrap,
             alpha: 0.05,
-            self_reported: SelfReported::Accept,
+            // The code under test does not approve itself by default (it did before verdict
+            // schema 1.3; policies/human-patches.toml restores that).
+            self_reported: SelfReported::NeedsRevision,
         }
     }
 }

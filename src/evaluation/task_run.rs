@@ -1,0 +1,238 @@
+//! Phase 4 and the first half of phase 5 for one task of the plan: `repeat` rounds of
+//! every patched replica and the baseline, then a decision per replica and their
+//! agreement. The plan's tasks are combined into one verdict by the caller.
+
+use super::collect::RunResult;
+use super::plan::{Plan, TaskPlan};
+use super::prepare::{self, PreparedSide};
+use super::{check_interrupt, conclude, side, EvaluateError};
+use crate::budget::Exceeded;
+use crate::patch::Patch;
+use crate::sandbox::BudgetKind;
+use crate::verdict::decide::{decide, Decision, DecisionRules};
+use crate::verdict::{ArtifactType, VerdictKind};
+use std::path::{Path, PathBuf};
+
+/// What one task of the plan gave.
+pub struct TaskRun {
+    /// The task's decision (the most severe replica's, with their agreement).
+    pub decision: Decision,
+    /// The run that speaks for the decision.
+    pub primary: RunResult,
+    /// The budget that ended the task, as the evidence named it.
+    pub exceeded: Option<Exceeded>,
+    /// Every run's artifacts (the baseline's typed as such).
+    pub artifacts: Vec<(ArtifactType, PathBuf)>,
+    /// The rules the task was decided by (the policy's, with the task's lower-is-better
+    /// metrics).
+    pub rules: DecisionRules,
+}
+
+/// Where the task's sides come from.
+pub struct Sources<'a> {
+    pub source_dir: &'a Path,
+    pub snap_dir: &'a Path,
+    pub patch: &'a Patch,
+    pub staging: &'a Path,
+}
+
+fn prepare_patched(
+    p: &Plan,
+    t: &TaskPlan,
+    s: &Sources<'_>,
+) -> Result<Box<PreparedSide>, EvaluateError> {
+    match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch))? {
+        prepare::Prepared::Ready(side) => Ok(side),
+        prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Internal(format!(
+            "the patch applied once and then not: {msg}"
+        ))),
+    }
+}
+
+/// Runs one task: `repeat` rounds; in each, every replica of the patched side, then the
+/// baseline (interleaved, so drift on the machine hits both sides alike). `first` is a
+/// patched side already prepared (the evaluation's first, where the patch was tried).
+/// `accept_self_reported`: another task of the plan is judged, so this task's
+/// self-reported evidence is not the plan's only evidence.
+pub fn run_task(
+    p: &Plan,
+    t: &TaskPlan,
+    s: &Sources<'_>,
+    mut first: Option<Box<PreparedSide>>,
+    accept_self_reported: bool,
+) -> Result<TaskRun, EvaluateError> {
+    let replicas = p.replicas;
+    let repeat = t.spec.repeat.max(1) as usize;
+    let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
+    let mut baseline: Vec<RunResult> = Vec::new();
+    let decided = |patched: &[Vec<RunResult>]| {
+        patched
+            .iter()
+            .flatten()
+            .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
+    };
+    for round in 0..repeat {
+        for (r, runs) in patched.iter_mut().enumerate() {
+            let prepared = match first.take() {
+                Some(f) => f,
+                None => prepare_patched(p, t, s)?,
+            };
+            runs.push(side::run_side(
+                p,
+                t,
+                *prepared,
+                s.staging,
+                &side::side_label("patched", r, round, replicas),
+            )?);
+            check_interrupt()?;
+        }
+        if t.spec.baseline && !decided(&patched) {
+            if let prepare::Prepared::Ready(side) =
+                prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None)?
+            {
+                baseline.push(side::run_side(
+                    p,
+                    t,
+                    *side,
+                    s.staging,
+                    &side::side_label("baseline", 0, round, 1),
+                )?);
+            }
+            check_interrupt()?;
+        }
+        // A run that blew a budget or could not start ends the repeats: the answer is known.
+        if decided(&patched) {
+            break;
+        }
+    }
+    if let Some(unused) = first {
+        unused.into_sandbox().destroy()?;
+    }
+
+    // A decision per replica, then agreement.
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(t.spec.lower_is_better.iter().cloned());
+    if accept_self_reported {
+        rules.self_reported = crate::verdict::decide::SelfReported::Accept;
+    }
+    let baseline_samples = conclude::samples(&baseline);
+    let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
+    for (r, runs) in patched.iter().enumerate() {
+        let (mut evidence, chosen) =
+            conclude::evidence_for(p, t, runs, &baseline, &baseline_samples, &rules, r as u64);
+        // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
+        // it is blown for the verdict.
+        if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
+            if evidence.budget_exceeded.is_none() {
+                evidence.budget_exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
+                evidence.usage_summary = Some(format!(
+                    "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs",
+                    g.meter.spent_usd(),
+                    g.meter.budget_usd()
+                ));
+            }
+        }
+        decisions.push((decide(&evidence, &rules), chosen, evidence.budget_exceeded));
+    }
+    let severity = |k: VerdictKind| match k {
+        VerdictKind::Reject => 2,
+        VerdictKind::NeedsRevision => 1,
+        VerdictKind::Approve => 0,
+    };
+    // The most severe replica's decision stands (a security tool errs towards "no").
+    let pick = decisions
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, (d, ..))| (severity(d.verdict), std::cmp::Reverse(*i)))
+        .map(|(i, _)| i)
+        .unwrap_or(0);
+    let mut decision = decisions[pick].0.clone();
+    let (chosen_run, exceeded) = (decisions[pick].1, decisions[pick].2);
+    if replicas > 1 {
+        agreement(&mut decision, &decisions, replicas);
+    }
+    if let Some(b) = baseline
+        .iter()
+        .find(|b| b.outcome.exit_code != 0 || b.outcome.budget_exceeded.is_some())
+    {
+        decision.caveats.push(format!(
+            "the baseline (unpatched) run itself ended with exit {}{}",
+            b.outcome.exit_code,
+            b.outcome
+                .budget_exceeded
+                .map(|k| format!(" ({} budget)", k.as_str()))
+                .unwrap_or_default()
+        ));
+    }
+    // What fork could not do with what a successor left is said, never an error.
+    for note in patched
+        .iter()
+        .flatten()
+        .chain(&baseline)
+        .flat_map(|r| &r.notes)
+    {
+        if !decision.caveats.contains(note) {
+            decision.caveats.push(note.clone());
+        }
+    }
+    let mut artifacts = Vec::new();
+    for run in patched.iter().flatten() {
+        artifacts.extend(run.artifacts.iter().cloned());
+    }
+    for b in &baseline {
+        for (kind, path) in &b.artifacts {
+            let kind = match kind {
+                ArtifactType::TestReport => ArtifactType::BaselineTestReport,
+                ArtifactType::Metrics => ArtifactType::BaselineMetrics,
+                other => *other,
+            };
+            artifacts.push((kind, path.clone()));
+        }
+    }
+    let primary = patched.swap_remove(pick).swap_remove(chosen_run);
+    Ok(TaskRun {
+        decision,
+        primary,
+        exceeded,
+        artifacts,
+        rules,
+    })
+}
+
+/// The replicas' agreement: a caveat, and the confidence scaled by it when they disagree.
+fn agreement(
+    decision: &mut Decision,
+    decisions: &[(Decision, usize, Option<Exceeded>)],
+    replicas: usize,
+) {
+    let agree = decisions
+        .iter()
+        .filter(|(d, ..)| d.verdict == decision.verdict)
+        .count();
+    if agree < replicas {
+        let counts: Vec<String> = [
+            VerdictKind::Approve,
+            VerdictKind::NeedsRevision,
+            VerdictKind::Reject,
+        ]
+        .iter()
+        .filter_map(|k| {
+            let n = decisions.iter().filter(|(d, ..)| d.verdict == *k).count();
+            (n > 0).then(|| format!("{n} {k}"))
+        })
+        .collect();
+        decision.caveats.push(format!(
+            "The {replicas} replicas disagree ({}); the most severe verdict stands and the confidence is scaled by the agreement ({agree}/{replicas}).",
+            counts.join(", ")
+        ));
+        decision.confidence =
+            ((decision.confidence * agree as f64 / replicas as f64) * 1000.0).round() / 1000.0;
+    } else {
+        decision.caveats.push(format!(
+            "All {replicas} independent replicas agree ({}).",
+            decision.verdict
+        ));
+    }
+}
