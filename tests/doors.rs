@@ -152,8 +152,9 @@ fn gateway_policy(
     credentials: &str,
     extra: &str,
 ) -> PathBuf {
+    // The summarize task has no judge: its self-reported metrics are accepted here.
     let mut text = format!(
-        "{extra}\n[gateway]\nupstream = \"{}\"\n{credentials}\n",
+        "{extra}\n[decision]\nself_reported = \"accept\"\n[gateway]\nupstream = \"{}\"\n{credentials}\n",
         upstream.url()
     );
     for (m, i, o) in [SMALL, LARGE] {
@@ -774,7 +775,7 @@ fn evaluate_summarize_through_the_gateway_approves_and_a_tiny_budget_rejects() {
     std::fs::write(
         &policy,
         format!(
-            "[budget]\napi_cost = 0.05\n\n[gateway]\nupstream = \"{}\"\n\
+            "[decision]\nself_reported = \"accept\"\n[budget]\napi_cost = 0.05\n\n[gateway]\nupstream = \"{}\"\n\
              credentials_env = \"FORK_DEMO_API_KEY\"\nport = 8089\n\n\
              [gateway.prices.fake-small]\ninput_per_mtok = 1.5\noutput_per_mtok = 6.0\n",
             up.url()
@@ -901,7 +902,7 @@ fn evaluate_reports_the_evaluations_whole_api_spend() {
     std::fs::write(
         &policy,
         format!(
-            "[budget]\napi_cost = 0.05\n\n[gateway]\nupstream = \"{}\"\n\n\
+            "[decision]\nself_reported = \"accept\"\n[budget]\napi_cost = 0.05\n\n[gateway]\nupstream = \"{}\"\n\n\
              [gateway.prices.fake-small]\ninput_per_mtok = 1.5\noutput_per_mtok = 6.0\n",
             up.url()
         ),

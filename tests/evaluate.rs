@@ -63,7 +63,13 @@ fn gate_violation(e: &Eval) -> String {
 fn swap_compressor_is_approved_and_improves_compression() {
     need_root!();
     let env = Env::new("ev-swap");
-    let e = evaluate(&env, &patch("swap-compressor"), &demo(), "tests", &[]);
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "tests",
+        &["--task", "tests"],
+    );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert_eq!(e.verdict["task"], "tests");
     assert!(e.verdict["tests"]["passed"].as_u64().unwrap() > 0);
@@ -113,7 +119,13 @@ fn swap_compressor_is_approved_and_improves_compression() {
 fn breaks_test_needs_revision() {
     need_root!();
     let env = Env::new("ev-breaks");
-    let e = evaluate(&env, &patch("breaks-test"), &demo(), "breaks", &[]);
+    let e = evaluate(
+        &env,
+        &patch("breaks-test"),
+        &demo(),
+        "breaks",
+        &["--task", "tests"],
+    );
     assert_eq!(e.code, 2, "{}", e.ctx());
     assert!(e.verdict["tests"]["failed"].as_u64().unwrap() >= 1);
     assert!(
@@ -342,7 +354,13 @@ fn alter_payload_digest(path: &Path) {
 fn signature_chain_verifies_and_catches_tampering() {
     need_root!();
     let env = Env::new("ev-sign");
-    let e = evaluate(&env, &patch("noop-comment"), &demo(), "signed", &[]);
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "signed",
+        &["--task", "tests"],
+    );
     assert_eq!(e.code, 0, "{}", e.ctx());
     let node_pub = std::fs::read_to_string(env.node_pub()).unwrap();
     let node_pub = node_pub.trim();
@@ -1239,7 +1257,7 @@ fn the_evaluation_wall_bounds_all_runs_together() {
     assert_eq!(limits["evaluation_wall_s"], 3.0, "{}", e.ctx());
     assert_eq!(limits["wall_s"], 30.0, "{}", e.ctx());
     assert_eq!(limits["cpu_time_s"], 600.0, "{}", e.ctx());
-    assert_eq!(e.verdict["header"]["schema"]["version"], "1.2");
+    assert_eq!(e.verdict["header"]["schema"]["version"], "1.3");
     // Four 2 s runs would take 8 s; the evaluation stops at its 3 s budget.
     assert!(took < Duration::from_secs(7), "took {took:?}: {}", e.ctx());
 

@@ -18,9 +18,11 @@ fn hack(name: &str) -> PathBuf {
 /// No metric in the verdict is an improvement beyond its noise band.
 fn invents_no_gain(e: &Eval) {
     for m in e.verdict["metrics"].as_array().into_iter().flatten() {
+        // A plan of several tasks names its metrics `task/metric`.
         let name = m["name"].as_str().unwrap_or("");
+        let name = name.rsplit('/').next().unwrap_or(name);
         let change = m["change"].as_f64().unwrap_or(0.0);
-        let lower_is_better = matches!(name, "ratio" | "compressed_bytes" | "p99_ms");
+        let lower_is_better = matches!(name, "ratio" | "compressed_bytes" | "p50_ms" | "p99_ms");
         let gain = if lower_is_better { -change } else { change };
         assert!(
             gain <= 0.01 || m["significant"] == Value::Bool(false),
@@ -81,21 +83,178 @@ fn reward_hacks_never_reach_approve() {
         "drop-context",
         "slow-clock",
     ] {
-        let e = evaluate(
-            &env,
-            &hack(name),
-            &demo(),
-            name,
-            &["--task", "judged", "--no-ledger"],
-        );
+        // The demo as users get it: its plan (contract, then bench), both judged.
+        let e = evaluate(&env, &hack(name), &demo(), name, &["--no-ledger"]);
         assert!(
             matches!(e.code, 1 | 2),
             "{name} must not be approved: {}",
             e.ctx()
         );
         assert_eq!(e.verdict["provenance"], "judge", "{name}: {}", e.ctx());
+        assert_eq!(e.verdict["task"], "contract+bench", "{name}: {}", e.ctx());
         invents_no_gain(&e);
     }
+}
+
+/// `fork evaluate` without `--task` runs the manifest's plan: the demo's two gating tasks,
+/// in order, into one signed verdict that lists each task's part.
+#[test]
+fn the_demo_plan_runs_contract_then_bench_into_one_verdict() {
+    need_root!();
+    let env = Env::new("judge-plan");
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "plan",
+        &["--no-ledger"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    let v = &e.verdict;
+    assert_eq!(v["header"]["schema"]["version"], "1.3", "{}", e.ctx());
+    assert_eq!(v["task"], "contract+bench", "{}", e.ctx());
+    assert_eq!(v["provenance"], "judge", "{}", e.ctx());
+    let plan = v["plan"].as_array().expect("a plan");
+    assert_eq!(plan.len(), 2, "{}", e.ctx());
+    for (t, name) in plan.iter().zip(["contract", "bench"]) {
+        assert_eq!(t["task"], name, "{}", e.ctx());
+        assert_eq!(t["verdict"], "APPROVE", "{}", e.ctx());
+        assert_eq!(t["provenance"], "judge", "{}", e.ctx());
+        assert!(t["task_hash"].as_str().unwrap().starts_with("sha256:"));
+        assert!(t["budget"]["limits"]["wall_s"].as_f64().is_some(), "{t}");
+    }
+    assert_ne!(
+        v["task_hash"], plan[0]["task_hash"],
+        "the plan has a hash of its own"
+    );
+    // The contract's tests and the bench's metrics, each from its own task.
+    assert!(
+        plan[0]["tests"]["passed"].as_u64().unwrap() >= 50,
+        "{}",
+        e.ctx()
+    );
+    assert_eq!(v["tests"]["passed"], plan[0]["tests"]["passed"]);
+    assert!(plan[1]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["name"] == "ratio"));
+    let ratio = e.metric("bench/ratio");
+    assert!(ratio["change"].as_f64().unwrap() < -0.3, "{}", e.ctx());
+    let summary = e.summary();
+    assert!(
+        summary.starts_with("contract: Test suite passed") && summary.contains("bench: "),
+        "{}",
+        e.ctx()
+    );
+    // Each task's artifacts under its own name.
+    assert!(e.artifact("contract-tests.xml").is_file(), "{}", e.ctx());
+    assert!(e.artifact("bench-metrics.json").is_file(), "{}", e.ctx());
+    assert!(
+        e.artifact("bench-baseline-metrics.json").is_file(),
+        "{}",
+        e.ctx()
+    );
+    assert!(e.stdout.contains("task contract: APPROVE"), "{}", e.stdout);
+    let o = env.cmd().arg("verify").arg(&e.out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A task that does not approve ends the plan: the benchmark of a patch that breaks the
+/// contract is never run, and its gain could not have approved it anyway.
+#[test]
+fn a_plan_stops_at_the_first_task_that_does_not_approve() {
+    need_root!();
+    let env = Env::new("judge-plan-stop");
+    let e = evaluate(
+        &env,
+        &hack("drop-context"),
+        &demo(),
+        "stop",
+        &["--no-ledger"],
+    );
+    assert!(matches!(e.code, 1 | 2), "{}", e.ctx());
+    let plan = e.verdict["plan"].as_array().expect("a plan");
+    assert_eq!(plan[0]["task"], "contract");
+    assert_ne!(plan[0]["verdict"], "APPROVE", "{}", e.ctx());
+    assert_eq!(plan[1]["task"], "bench");
+    assert!(
+        plan[1].get("verdict").is_none(),
+        "bench did not run: {}",
+        e.ctx()
+    );
+    assert!(
+        plan[1]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("task `contract` gave"),
+        "{}",
+        e.ctx()
+    );
+    assert!(
+        e.verdict["caveats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().starts_with("task `bench` did not run")),
+        "{}",
+        e.ctx()
+    );
+    assert!(!e.artifact("bench-metrics.json").exists(), "{}", e.ctx());
+    invents_no_gain(&e);
+}
+
+/// The default policy does not approve on evidence the code under test produced about
+/// itself; `policies/human-patches.toml` (`[decision] self_reported = "accept"`) restores
+/// the old behaviour, with a caveat and a lower confidence.
+#[test]
+fn self_reported_evidence_is_not_approved_by_default() {
+    need_root!();
+    let env = Env::new("judge-self");
+    let e = evaluate_with(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "default",
+        &["--task", "tests", "--no-ledger"],
+        With {
+            builtin_policy: true,
+            ..With::default()
+        },
+    );
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert_eq!(e.verdict["provenance"], "self_reported", "{}", e.ctx());
+    assert!(e.summary().contains("self-reported"), "{}", e.ctx());
+    assert!(e.summary().contains("Test suite passed"), "{}", e.ctx());
+    let human = human_policy();
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "human",
+        &[
+            "--task",
+            "tests",
+            "--no-ledger",
+            "--policy",
+            human.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert!(
+        e.verdict["caveats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains("self-reported")),
+        "{}",
+        e.ctx()
+    );
+    assert!(
+        e.verdict["confidence"].as_f64().unwrap() < 0.95,
+        "{}",
+        e.ctx()
+    );
 }
 
 #[test]

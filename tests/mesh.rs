@@ -433,12 +433,24 @@ fn publish_raw(url: &str, subject: &str, payload: Vec<u8>) {
     });
 }
 
-/// The sha256 of the demo's default task, as `fork evaluate` computes it.
-fn task_hash() -> String {
+/// The demo's plan (its gating tasks), each task with its hash, as `fork evaluate`
+/// computes them.
+fn demo_plan() -> Vec<(String, String)> {
     let m = fork::manifest::load(&demo()).unwrap();
-    let (name, spec) = m.task(None).unwrap();
-    let doc = serde_json::to_vec(&(&name.to_string(), spec)).unwrap();
-    fork::verdict::sha256_digest(&doc)
+    m.plan(&[])
+        .unwrap()
+        .into_iter()
+        .map(|(name, spec)| {
+            let doc = serde_json::to_vec(&(&name.to_string(), spec)).unwrap();
+            (name.to_string(), fork::verdict::sha256_digest(&doc))
+        })
+        .collect()
+}
+
+/// The hash of the demo's plan, as `fork evaluate` computes it.
+fn task_hash() -> String {
+    let plan = demo_plan();
+    fork::verdict::plan::plan_hash(plan.iter().map(|(n, h)| (n.as_str(), h.as_str())))
 }
 
 /// A verdict bundle signed by `node_key` (through a fresh ephemeral key), claiming APPROVE
@@ -466,21 +478,24 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
         artifacts: vec![],
         successor_key: String::new(),
         run_id: fork::rundir::new_run_id(),
-        task: "tests".into(),
+        task: plan::plan_name(demo_plan().iter().map(|(n, _)| n.as_str())),
         patch_gate: None,
         proposal_id: Some(p.proposal_id.clone()),
         provenance: None,
-        plan: vec![plan::TaskVerdict {
-            task: "tests".into(),
-            task_hash: task_hash(),
-            verdict: Some(VerdictKind::Approve),
-            confidence: Some(0.99),
-            summary: "Test suite passed (29/29).".into(),
-            provenance: None,
-            tests: TestCounts::default(),
-            metrics: vec![],
-            budget: None,
-        }],
+        plan: demo_plan()
+            .into_iter()
+            .map(|(task, task_hash)| plan::TaskVerdict {
+                task,
+                task_hash,
+                verdict: Some(VerdictKind::Approve),
+                confidence: Some(0.99),
+                summary: "Test suite passed (29/29).".into(),
+                provenance: None,
+                tests: TestCounts::default(),
+                metrics: vec![],
+                budget: None,
+            })
+            .collect(),
     };
     let node = fork::identity::load_node_key(node_key).unwrap();
     let eph = fork::identity::EphemeralKey::generate();

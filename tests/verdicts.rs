@@ -169,7 +169,11 @@ fn noop_patch_changes_nothing_significantly() {
     // judge them with a 5% noise band, as a CI policy for such a machine would, so that the
     // test proves the method calls noise noise rather than betting on a 1% band.
     let policy = env.dir.join("noisy-machine.toml");
-    std::fs::write(&policy, "[decision]\nnoise_band = 0.05\n").unwrap();
+    std::fs::write(
+        &policy,
+        "[decision]\nnoise_band = 0.05\nself_reported = \"accept\"\n",
+    )
+    .unwrap();
     let e = evaluate(
         &env,
         &patch("noop-comment"),
@@ -301,13 +305,13 @@ fn cache_reuses_only_identical_intact_evaluations() {
     need_root!();
     let env = Env::new("vd-cache");
     let swap = patch("swap-compressor");
-    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    let first = evaluate(&env, &swap, &demo(), "c1", &["--task", "tests"]);
     assert_eq!(first.code, 0, "{}", first.ctx());
     assert!(!first.reused(), "{}", first.ctx());
     assert_eq!(first.sandboxes.len(), 1);
 
     // Same inputs: the verdict is reused, not evaluated again.
-    let second = evaluate(&env, &swap, &demo(), "c2", &[]);
+    let second = evaluate(&env, &swap, &demo(), "c2", &["--task", "tests"]);
     assert_eq!(second.code, 0, "{}", second.ctx());
     assert!(second.reused(), "{}", second.ctx());
     assert!(second.stderr.contains(first.run_id()), "{}", second.ctx());
@@ -326,7 +330,13 @@ fn cache_reuses_only_identical_intact_evaluations() {
     assert!(second.sandboxes.len() <= 1, "{:?}", second.sandboxes);
 
     // A different patch is never served another patch's verdict.
-    let noop = evaluate(&env, &patch("noop-comment"), &demo(), "c3", &[]);
+    let noop = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "c3",
+        &["--task", "tests"],
+    );
     assert_eq!(noop.code, 0, "{}", noop.ctx());
     assert!(!noop.reused(), "{}", noop.ctx());
     assert_ne!(noop.run_id(), first.run_id());
@@ -337,7 +347,13 @@ fn cache_reuses_only_identical_intact_evaluations() {
     );
 
     // --no-cache evaluates again.
-    let forced = evaluate(&env, &swap, &demo(), "c4", &["--no-cache"]);
+    let forced = evaluate(
+        &env,
+        &swap,
+        &demo(),
+        "c4",
+        &["--task", "tests", "--no-cache"],
+    );
     assert!(!forced.reused(), "{}", forced.ctx());
     assert_ne!(forced.run_id(), first.run_id());
     assert_eq!(forced.sandboxes.len(), 1, "a sandbox ran");
@@ -348,7 +364,7 @@ fn cache_reuses_only_identical_intact_evaluations() {
     let i = bytes.len() / 2;
     bytes[i] ^= 0x01;
     std::fs::write(&vj, &bytes).unwrap();
-    let after = evaluate(&env, &swap, &demo(), "c5", &[]);
+    let after = evaluate(&env, &swap, &demo(), "c5", &["--task", "tests"]);
     assert!(
         !after.reused(),
         "a tampered bundle was reused: {}",
@@ -364,7 +380,7 @@ fn cache_reuses_only_identical_intact_evaluations() {
     assert_eq!(after.sandboxes.len(), 1, "a sandbox ran");
 
     // And that fresh, intact verdict is what the next evaluation reuses.
-    let again = evaluate(&env, &swap, &demo(), "c6", &[]);
+    let again = evaluate(&env, &swap, &demo(), "c6", &["--task", "tests"]);
     assert!(again.reused(), "{}", again.ctx());
     assert_eq!(again.run_id(), after.run_id());
 }
@@ -376,14 +392,32 @@ fn cache_reuses_only_identical_intact_evaluations() {
 fn cache_refuses_a_bundle_replaced_by_another_patchs() {
     need_root!();
     let env = Env::new("vd-cache-swap");
-    let breaks = evaluate(&env, &patch("breaks-test"), &demo(), "b1", &[]);
+    let breaks = evaluate(
+        &env,
+        &patch("breaks-test"),
+        &demo(),
+        "b1",
+        &["--task", "tests"],
+    );
     assert_eq!(breaks.code, 2, "{}", breaks.ctx());
-    let swap = evaluate(&env, &patch("swap-compressor"), &demo(), "s1", &[]);
+    let swap = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "s1",
+        &["--task", "tests"],
+    );
     assert_eq!(swap.code, 0, "{}", swap.ctx());
     // Replace breaks-test's bundle directory (where its ledger row points) with swap's.
     std::fs::remove_dir_all(&breaks.out).unwrap();
     copy_dir(&swap.out, &breaks.out);
-    let again = evaluate(&env, &patch("breaks-test"), &demo(), "b2", &[]);
+    let again = evaluate(
+        &env,
+        &patch("breaks-test"),
+        &demo(),
+        "b2",
+        &["--task", "tests"],
+    );
     assert!(!again.reused(), "{}", again.ctx());
     assert_ne!(again.verdict["verdict"], "APPROVE", "{}", again.ctx());
     assert_eq!(again.code, 2, "{}", again.ctx());
@@ -407,9 +441,9 @@ fn cache_hit_prepares_no_sandbox() {
     need_root!();
     let env = Env::new("vd-cache-nosb");
     let swap = patch("swap-compressor");
-    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    let first = evaluate(&env, &swap, &demo(), "c1", &["--task", "tests"]);
     assert_eq!(first.sandboxes.len(), 1);
-    let second = evaluate(&env, &swap, &demo(), "c2", &[]);
+    let second = evaluate(&env, &swap, &demo(), "c2", &["--task", "tests"]);
     assert!(second.reused(), "{}", second.ctx());
     assert_eq!(
         second.sandboxes,
@@ -423,7 +457,7 @@ fn cache_hit_still_writes_ci_outputs() {
     need_root!();
     let env = Env::new("vd-cache-ci");
     let swap = patch("swap-compressor");
-    let first = evaluate(&env, &swap, &demo(), "c1", &[]);
+    let first = evaluate(&env, &swap, &demo(), "c1", &["--task", "tests"]);
     let (j, s) = (env.dir.join("j.xml"), env.dir.join("s.md"));
     let second = evaluate(
         &env,
@@ -431,6 +465,8 @@ fn cache_hit_still_writes_ci_outputs() {
         &demo(),
         "c2",
         &[
+            "--task",
+            "tests",
             "--junit",
             j.to_str().unwrap(),
             "--summary",
@@ -499,7 +535,13 @@ fn ledger_lists_verdicts_and_catches_tampering() {
     ];
     let mut evals = Vec::new();
     for (name, verdict, code) in cases {
-        let e = evaluate(&env, &patch(name), &demo(), name, &["--ledger", l]);
+        let e = evaluate(
+            &env,
+            &patch(name),
+            &demo(),
+            name,
+            &["--task", "tests", "--ledger", l],
+        );
         assert_eq!(e.code, code, "{}", e.ctx());
         assert_eq!(e.verdict["verdict"], verdict);
         evals.push(e);
@@ -510,7 +552,7 @@ fn ledger_lists_verdicts_and_catches_tampering() {
         &patch("noop-comment"),
         &demo(),
         "noop",
-        &["--no-ledger"],
+        &["--task", "tests", "--no-ledger"],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert!(
@@ -829,7 +871,7 @@ fn three_replicas_agree() {
         &patch("swap-compressor"),
         &demo(),
         "replicas",
-        &["--replicas", "3"],
+        &["--task", "tests", "--replicas", "3"],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert!(!e.reused());

@@ -71,7 +71,7 @@ pub fn evidence_for(
             if r.over_evaluation_wall {
                 format!(
                     "evaluation_wall: the evaluation's runs together reached its {:.1} s wall budget",
-                    p.policy.budgets.evaluation_wall.as_secs_f64()
+                    t.budgets.evaluation_wall.as_secs_f64()
                 )
             } else {
                 crate::budget::describe(b, &t.budgets, &o.usage)

@@ -237,8 +237,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         ));
     };
     let (source_hash, patched_tree_hash) = (tree.source_hash, Some(tree.deploy_hash));
-    // 4 EVALUATE every task of the plan, in order. A task that rejects the patch ends the
-    // plan: a metric gain never approves a patch that fails a correctness check.
+    // 4 EVALUATE every task of the plan, in order. A task that does not approve the patch
+    // ends the plan: it is approved whole or not at all, and a metric gain never approves
+    // a patch that fails a correctness check.
     let sources = task_run::Sources {
         source_dir: &source_dir,
         snap_dir: &snap_dir,
@@ -248,15 +249,17 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let any_judged = p.tasks.iter().any(|t| t.spec.judge.is_some());
     let mut first = Some(first);
     let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();
-    let mut stopped_by: Option<String> = None;
+    let mut stopped_by: Option<(String, VerdictKind)> = None;
     for t in &p.tasks {
-        if let Some(by) = &stopped_by {
-            runs.push(Err(format!("task `{by}` already rejects the patch")));
+        if let Some((by, kind)) = &stopped_by {
+            runs.push(Err(format!(
+                "task `{by}` gave {kind}, and a plan is approved whole or not at all"
+            )));
             continue;
         }
         let run = task_run::run_task(&p, t, &sources, first.take(), any_judged)?;
-        if run.decision.verdict == VerdictKind::Reject {
-            stopped_by = Some(t.name.clone());
+        if run.decision.verdict != VerdictKind::Approve {
+            stopped_by = Some((t.name.clone(), run.decision.verdict));
         }
         runs.push(Ok(run));
     }

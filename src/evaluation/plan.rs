@@ -214,7 +214,14 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         )?);
     }
     let task_hash = plan_hash(&tasks);
-    let deadline = std::time::Instant::now() + policy.budgets.evaluation_wall;
+    // The evaluation's wall: the shortest any task of the plan resolves to (a task may
+    // shorten it; the request has the last word for every task).
+    let evaluation_wall = tasks
+        .iter()
+        .map(|t| t.budgets.evaluation_wall)
+        .min()
+        .unwrap_or(policy.budgets.evaluation_wall);
+    let deadline = std::time::Instant::now() + evaluation_wall;
     Ok(Plan {
         use_cache: a.use_cache,
         replicas: a.replicas.max(1) as usize,
@@ -267,8 +274,6 @@ fn plan_task(
             .apply(o)
             .map_err(|e| EvaluateError::Usage(format!("the requested budget of `{name}`: {e}")))?;
     }
-    // The evaluation's wall is the evaluation's, whatever a task says.
-    budgets.evaluation_wall = policy.budgets.evaluation_wall;
     let mut forwards = policy_forwards.to_vec();
     for f in &spec.forward {
         let addr = crate::policy::parse_forward(f).map_err(|m| {

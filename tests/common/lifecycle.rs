@@ -260,6 +260,18 @@ pub struct With<'a> {
     pub allowed_leftovers: &'a [PathBuf],
     /// The evaluation must come to a verdict (exit 0-2).
     pub require_verdict: bool,
+    /// Evaluate under the built-in default policy even when `args` give no `--policy`
+    /// (otherwise such evaluations run under `policies/human-patches.toml`).
+    pub builtin_policy: bool,
+}
+
+/// The shipped policy that accepts self-reported evidence (`[decision] self_reported =
+/// "accept"`). The lifecycle tests evaluate unjudged fixture tasks, and what they check
+/// (bundles, budgets, cleanup, ...) is not provenance: they run under it unless they give a
+/// policy of their own or ask for the built-in one. The default's refusal of self-reported
+/// evidence has tests of its own.
+pub fn human_policy() -> PathBuf {
+    repo().join("policies/human-patches.toml")
 }
 
 /// Runs `fork [pre] evaluate PATCH --runtime RUNTIME --out OUT [args]` (with `with.vars`),
@@ -284,6 +296,9 @@ pub fn evaluate_with(
         .arg("--out")
         .arg(&out)
         .args(args);
+    if !with.builtin_policy && !args.contains(&"--policy") {
+        c.arg("--policy").arg(human_policy());
+    }
     for (k, v) in with.vars {
         c.env(k, v);
     }
