@@ -632,7 +632,23 @@ env = { MODE = "fast" }
             m.runtime.protected,
             ["tests/**", "bench/**", "judge/**", "fork.toml"]
         );
-        assert_eq!(m.task_names(), ["tests", "compress", "judged", "summarize"]);
+        assert_eq!(
+            m.task_names(),
+            ["tests", "compress", "judged", "contract", "bench", "summarize"]
+        );
+        // The plan: the gating tasks in file order; a named task alone; each once.
+        let plan: Vec<&str> = m.plan(&[]).unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(plan, ["contract", "bench"]);
+        let one: Vec<&str> = m
+            .plan(&["tests".to_string()])
+            .unwrap()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        assert_eq!(one, ["tests"]);
+        let twice = m.plan(&["tests".into(), "tests".into()]).unwrap_err();
+        assert!(twice.to_string().contains("named twice"), "{twice}");
+        assert!(m.plan(&["nope".into()]).is_err());
         let (_, judged) = m.task(Some("judged")).unwrap();
         assert_eq!(
             judged.judge.as_deref(),
@@ -830,9 +846,9 @@ env = { MODE = "fast" }
     #[test]
     fn unknown_task_lists_the_tasks() {
         let m = load(&demo()).unwrap();
-        let s = m.task(Some("bench")).unwrap_err().to_string();
+        let s = m.task(Some("benchmark")).unwrap_err().to_string();
         assert!(
-            s.contains("no task named `bench`") && s.contains("tests, compress"),
+            s.contains("no task named `benchmark`") && s.contains("tests, compress"),
             "{s}"
         );
     }

@@ -102,12 +102,14 @@ fn reward_hacks_never_reach_approve() {
 fn the_demo_plan_runs_contract_then_bench_into_one_verdict() {
     need_root!();
     let env = Env::new("judge-plan");
+    let ledger = env.dir.join("ledger.db");
+    let l = ledger.to_str().unwrap();
     let e = evaluate(
         &env,
         &patch("swap-compressor"),
         &demo(),
         "plan",
-        &["--no-ledger"],
+        &["--ledger", l],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     let v = &e.verdict;
@@ -158,6 +160,31 @@ fn the_demo_plan_runs_contract_then_bench_into_one_verdict() {
     assert!(e.stdout.contains("task contract: APPROVE"), "{}", e.stdout);
     let o = env.cmd().arg("verify").arg(&e.out).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The cache keys on the plan: the same plan is served from the ledger, one task of it
+    // is not.
+    let again = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "plan-again",
+        &["--ledger", l],
+    );
+    assert!(
+        again.stderr.contains("reusing the verdict"),
+        "{}",
+        again.ctx()
+    );
+    assert_eq!(again.verdict["run_id"], v["run_id"]);
+    let one = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "plan-one",
+        &["--ledger", l, "--task", "contract"],
+    );
+    assert!(!one.stderr.contains("reusing the verdict"), "{}", one.ctx());
+    assert_eq!(one.verdict["task"], "contract", "{}", one.ctx());
+    assert_eq!(one.verdict["plan"].as_array().unwrap().len(), 1);
 }
 
 /// A task that does not approve ends the plan: the benchmark of a patch that breaks the

@@ -62,6 +62,19 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
         serde_json::from_slice(&std::fs::read(theirs.join("verdict.json")).unwrap()).unwrap();
     assert_eq!(mine["patch_hash"], theirs_v["patch_hash"]);
     assert_eq!(mine["task_hash"], theirs_v["task_hash"]);
+    // The demo's plan, replayed whole: the same tasks, each with the budget it had.
+    assert_eq!(theirs_v["task"], "contract+bench");
+    assert_eq!(mine["task"], theirs_v["task"]);
+    for (m, t) in mine["plan"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(theirs_v["plan"].as_array().unwrap())
+    {
+        assert_eq!(m["task"], t["task"]);
+        assert_eq!(m["task_hash"], t["task_hash"]);
+        assert_eq!(m["budget"]["limits"], t["budget"]["limits"]);
+    }
     assert_ne!(mine["run_id"], theirs_v["run_id"]);
     let v = node_cmd(&other).arg("verify").arg(&ours).output().unwrap();
     assert_eq!(v.status.code(), Some(0));

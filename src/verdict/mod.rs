@@ -658,6 +658,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_1_2_verdict_reads_without_a_plan_and_a_1_3_verdict_needs_one() {
+        let k = EphemeralKey::generate();
+        let mut v = sample_verdict(&k.public());
+        v.validate().unwrap();
+        // What fork wrote before plans: schema 1.2, `task` the one task, no plan.
+        v.header.schema.version = "1.2".into();
+        v.plan.clear();
+        v.validate().unwrap();
+        let doc = serde_json::to_value(&v).unwrap();
+        assert!(doc.get("plan").is_none());
+        // A 1.3 verdict lists its plan, and it must match `task` and `task_hash`.
+        v.header.schema.version = "1.3".into();
+        let errs = v.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("plan is empty")), "{errs:?}");
+        let mut v = sample_verdict(&k.public());
+        v.task = "other".into();
+        let errs = v.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("joined by `+`")), "{errs:?}");
+        // A plan in a document that says it is older is refused by name.
+        let mut v = sample_verdict(&k.public());
+        v.header.schema.version = "1.2".into();
+        let errs = v.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("schema 1.3")), "{errs:?}");
+    }
+
+    #[test]
     fn patched_tree_hash_is_optional_and_checked() {
         let k = EphemeralKey::generate();
         let mut v = sample_verdict(&k.public());
