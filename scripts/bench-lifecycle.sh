@@ -42,7 +42,7 @@ export XDG_CONFIG_HOME=$tmp/config
 "$fork" keygen >/dev/null 2>&1
 
 # One evaluation outside the timing: it must APPROVE (exit 0) with a verdict on disk.
-if ! "$fork" evaluate "$patch" --runtime "$rt" --task noop --no-ledger --out "$tmp/check" >"$tmp/check.log" 2>&1; then
+if ! "$fork" evaluate "$patch" --runtime "$rt" --task noop --policy "$root/policies/human-patches.toml" --no-ledger --out "$tmp/check" >"$tmp/check.log" 2>&1; then
   cat "$tmp/check.log" >&2
   echo "$0: the no-op evaluation did not APPROVE; nothing timed" >&2
   exit 1
@@ -57,7 +57,7 @@ echo "  true   : true (the task, bare)"
 echo "  cp -r  : cp -r <runtime tree, $(du -sh "$rt" | cut -f1)> <fresh dir>"
 python3 "$root/scripts/bench/interleave.py" --runs "$n" --warmup 2 \
   --ratio 'fork/cp -r' --target-median 'fork<150' \
-  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --task noop --no-ledger --out $(q "$tmp/out")/{i}" \
+  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --task noop --policy $(q "$root/policies/human-patches.toml") --no-ledger --out $(q "$tmp/out")/{i}" \
   true "true" \
   'cp -r' "cp -r $(q "$rt") $(q "$tmp/cp")/{i}" | tee "$tmp/report"
 

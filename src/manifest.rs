@@ -634,7 +634,15 @@ env = { MODE = "fast" }
         );
         assert_eq!(
             m.task_names(),
-            ["tests", "compress", "judged", "contract", "bench", "summarize"]
+            [
+                "tests",
+                "compress",
+                "judged",
+                "contract",
+                "bench",
+                "channel",
+                "summarize"
+            ]
         );
         // The plan: the gating tasks in file order; a named task alone; each once.
         let plan: Vec<&str> = m.plan(&[]).unwrap().iter().map(|(n, _)| *n).collect();
