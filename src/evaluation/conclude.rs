@@ -34,7 +34,6 @@ pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64
 /// The evidence of one replica's runs: the run that speaks (a blown budget, a failed
 /// start, failing tests, else the first), metric medians and their statistics.
 pub fn evidence_for(
-    p: &Plan,
     t: &TaskPlan,
     runs: &[RunResult],
     baseline: &[RunResult],

@@ -121,7 +121,7 @@ pub fn run_task(
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
         let (mut evidence, chosen) =
-            conclude::evidence_for(p, t, runs, &baseline, &baseline_samples, &rules, r as u64);
+            conclude::evidence_for(t, runs, &baseline, &baseline_samples, &rules, r as u64);
         // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
         // it is blown for the verdict.
         if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
