@@ -53,6 +53,8 @@ pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 pub const WORKSPACE: &str = "/tmp/successor";
 /// The argv[1] that makes the binary act as the sandbox init.
 pub const INIT_ROLE: &str = "__sandbox-init";
+/// The host name in the sandbox's UTS namespace: neutral, the name of no host.
+pub const HOSTNAME: &str = "localhost";
 /// The PATH the successor gets.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -547,7 +549,16 @@ impl Sandbox {
             tmp_size: spec.limits.disk_bytes,
             workspace_src: workspace_src.as_deref(),
             shm_size: spec.shm_bytes,
+            ro_binds: &spec.ro_binds,
+            fresh_sysfs: ns_flags & libc::CLONE_NEWNET != 0,
         });
+        // As root, the disk and the read-only binds go to the init as detached mount trees
+        // (the init then needs no host path to them, and its mount table names none).
+        let (ops, mount_fds) = if is_root() {
+            detach_sources(ops)?
+        } else {
+            (ops, Vec::new())
+        };
         // Door ports must be reachable past Landlock's TCP rules, and only they are added.
         let door_addrs: Vec<std::net::SocketAddr> = doors.doors.iter().map(|d| d.addr).collect();
         let landlock_spec = self.landlock_abi.map(|_| {
@@ -562,7 +573,7 @@ impl Sandbox {
             mounts: ops,
             cgroupns,
             netns: ns_flags & libc::CLONE_NEWNET != 0,
-            hostname: (ns_flags & libc::CLONE_NEWUTS != 0).then(|| "successor".to_string()),
+            hostname: (ns_flags & libc::CLONE_NEWUTS != 0).then(|| HOSTNAME.to_string()),
             argv: argv.to_vec(),
             env: env.to_vec(),
             cwd: cwd.to_path_buf(),
@@ -579,6 +590,7 @@ impl Sandbox {
             stdout: stdout.as_ref().map(|f| f.as_fd()),
             stderr: output.map(|f| f.as_fd()),
             pass: pass_fds.iter().map(|(_, f)| f.as_fd()).collect(),
+            mounts: mount_fds.iter().map(|f| f.as_fd()).collect(),
         };
 
         let start = Instant::now();
@@ -610,7 +622,7 @@ impl Sandbox {
         };
         // The init holds its copies now: ours go, so the far ends see EOF when it ends.
         drop(io);
-        drop((stdin, stdout, pass_fds));
+        drop((stdin, stdout, pass_fds, mount_fds));
         self.rundir().write_meta(Some(child.pid));
         isolation.userns = true;
         isolation.pidns = true;
@@ -770,6 +782,58 @@ fn require_missing(
             Ok(())
         }
     }
+}
+
+/// Turns the plan's binds of host paths into the disk and the read-only binds into
+/// detached mount trees (`open_tree`, flags set here) that the init attaches by
+/// descriptor; returns the plan and the descriptors the init must inherit.
+fn detach_sources(
+    ops: Vec<mounts::MountOp>,
+) -> Result<(Vec<mounts::MountOp>, Vec<OwnedFd>), SandboxError> {
+    use mounts::MountOp;
+    let mut fds = Vec::new();
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (src, dst, dir, attrs) = match &op {
+            MountOp::BindRw { src, dst } => (
+                src.clone(),
+                dst.clone(),
+                true,
+                mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
+            ),
+            MountOp::BindInto { src, dst, dir } => (
+                src.clone(),
+                dst.clone(),
+                *dir,
+                mounts::MOUNT_ATTR_RDONLY | mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
+            ),
+            _ => {
+                out.push(op);
+                continue;
+            }
+        };
+        let c = CString::new(src.as_os_str().as_encoded_bytes()).map_err(|_| {
+            SandboxError::Setup {
+                stage: "mounts".into(),
+                message: format!("{} contains a NUL byte", src.display()),
+            }
+        })?;
+        let tree = sys::open_tree_clone(&c).map_err(|e| SandboxError::Setup {
+            stage: "mounts".into(),
+            message: format!("open_tree {}: {e}", src.display()),
+        })?;
+        sys::mount_setattr_fd(tree.as_fd(), attrs, 0).map_err(|e| SandboxError::Setup {
+            stage: "mounts".into(),
+            message: format!("mount_setattr {}: {e}", src.display()),
+        })?;
+        out.push(MountOp::Attach {
+            fd: tree.as_raw_fd(),
+            dst,
+            dir,
+        });
+        fds.push(tree);
+    }
+    Ok((out, fds))
 }
 
 /// The Landlock rules: read and execute everywhere the mount layer shows, write only in

@@ -127,7 +127,8 @@ pub(super) fn spawn_init(
     let become_root = is_root();
     let mut keep = vec![cfg_fd.as_fd(), status_wr.as_fd()];
     keep.extend(io.pass.iter().copied());
-    let (pid, pidfd) = sys::clone_init(&sys::InitClone {
+    keep.extend(io.mounts.iter().copied());
+    let clone = || sys::clone_init(&sys::InitClone {
         ns_flags,
         cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
         cgroup_tasks: &cg_tasks,
@@ -138,8 +139,21 @@ pub(super) fn spawn_init(
         keep: &keep,
         exe: exe.as_fd(),
         argv: &argv_c,
-    })
-    .map_err(sys_err(
+    });
+    // As root, the init's mount namespace is copied from a private one of this thread in
+    // which fork's run directories and the host's cgroup mounts are detached.
+    let cloned = if become_root {
+        let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
+        namespaces::with_private_mounts(&detach, clone).map_err(|message| {
+            SandboxError::Setup {
+                stage: "mount namespace".into(),
+                message,
+            }
+        })?
+    } else {
+        clone()
+    };
+    let (pid, pidfd) = cloned.map_err(sys_err(
         "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
     ))?;
     let pid = pid.as_raw();
@@ -211,6 +225,8 @@ pub(super) struct Stdio<'a> {
     pub stdout: Option<BorrowedFd<'a>>,
     pub stderr: Option<BorrowedFd<'a>>,
     pub pass: Vec<BorrowedFd<'a>>,
+    /// Detached mount trees the init attaches (see `mounts::MountOp::Attach`).
+    pub mounts: Vec<BorrowedFd<'a>>,
 }
 
 /// How the watch ended, besides the init's exit.
