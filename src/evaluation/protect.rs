@@ -394,13 +394,15 @@ pub fn snapshot(
             .iter()
             .any(|(b, _)| rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/')))
     };
-    // The copy is readable by every sandbox's uid (each run has its own): files a+r,
-    // directories a+rx; it is never written after this.
+    // Every sandbox's uid (each run has its own) may read the copy and is refused writes
+    // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
+    // EACCES): files a+rw, directories a+rwx. The copy lies beneath the staging directory
+    // (0700), out of other host users' reach, and is never written after this.
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     for (rel, _) in binds.iter().filter(|(_, d)| *d) {
         let md = std::fs::metadata(source.join(rel)).map_err(|e| err(rel, &e))?;
         std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
-        dir_modes.push((copy.join(rel), (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o555));
+        dir_modes.push((copy.join(rel), (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o777));
     }
     for (rel, e) in entries.iter().filter(|(r, _)| bound(r)) {
         let (from, to) = (source.join(rel), copy.join(rel));
@@ -410,11 +412,11 @@ pub fn snapshot(
         match e {
             Entry::Dir { mode } => {
                 std::fs::create_dir_all(&to).map_err(|e| err(rel, &e))?;
-                dir_modes.push((to, (mode & 0o777) | 0o555));
+                dir_modes.push((to, (mode & 0o777) | 0o777));
             }
             Entry::File { mode, .. } => {
                 std::fs::copy(&from, &to).map_err(|e| err(rel, &e))?;
-                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o444))
+                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o666))
                     .map_err(|e| err(rel, &e))?;
             }
             Entry::Symlink { target } => {
