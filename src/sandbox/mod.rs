@@ -538,9 +538,14 @@ impl Sandbox {
         } else {
             Some(self.workspace())
         };
-        // fork's own run directories are never visible, whatever the spec hides.
+        // fork's own run directories are never reachable, whatever the spec hides. As root
+        // no mount of them is in the sandbox's mount table (see `mounts`) and what they
+        // hold is the supervisor's (0700) or another sandbox uid's (0700): covering the
+        // run root too would name it in the mount table. Otherwise it is covered.
         let mut hide = spec.hide.clone();
-        hide.push(crate::rundir::base_dir());
+        if !is_root() {
+            hide.push(crate::rundir::base_dir());
+        }
         let ops = mounts::plan(&mounts::RootPlan {
             mode: spec.root,
             binds: &spec.binds,
