@@ -234,7 +234,11 @@ fn the_protected_tree_is_read_only_at_run_time() {
     let ran = t["passed"].as_u64().unwrap() + t["failed"].as_u64().unwrap();
     assert_eq!(ran, 29, "{}", e.ctx());
     assert!(t["failed"].as_u64().unwrap() >= 1, "{}", e.ctx());
-    assert!(e.summary().contains("test_pick_tool_by_triggers"), "{}", e.ctx());
+    assert!(
+        e.summary().contains("test_pick_tool_by_triggers"),
+        "{}",
+        e.ctx()
+    );
     // Nothing differed after the run (the check found no change) and the parent is intact.
     assert!(!e.summary().contains("protected tree"), "{}", e.ctx());
     assert_eq!(tree_files(&rt.join("tests")), before);

@@ -842,7 +842,11 @@ fn the_sandbox_shows_no_host_run_directory_network_or_cgroup() {
             .map(str::to_string)
             .collect()
     };
-    let mountinfo: Vec<&str> = r.stdout.lines().take_while(|l| !l.starts_with("== ")).collect();
+    let mountinfo: Vec<&str> = r
+        .stdout
+        .lines()
+        .take_while(|l| !l.starts_with("== "))
+        .collect();
     assert!(mountinfo.len() > 10, "{}", r.stdout);
     let run_root = r.run_root.display().to_string();
     for line in &mountinfo {
@@ -866,7 +870,9 @@ fn the_sandbox_shows_no_host_run_directory_network_or_cgroup() {
         }
     }
     assert!(
-        mountinfo.iter().any(|l| l.split(' ').nth(4) == Some("/etc/shadow")),
+        mountinfo
+            .iter()
+            .any(|l| l.split(' ').nth(4) == Some("/etc/shadow")),
         "/etc/shadow is hidden by the default policy: {}",
         r.stdout
     );

@@ -76,7 +76,10 @@ fn glob(p: &str) -> Result<Glob, String> {
         .map_err(|e| format!("pattern `{p}` is not a valid glob: {e}"))
 }
 
-fn glob_set<'a>(patterns: impl IntoIterator<Item = &'a String>, trim: bool) -> Result<GlobSet, String> {
+fn glob_set<'a>(
+    patterns: impl IntoIterator<Item = &'a String>,
+    trim: bool,
+) -> Result<GlobSet, String> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
         let t = if trim {
@@ -117,7 +120,10 @@ pub fn plan_binds(
     let mut files: Vec<String> = Vec::new();
     for p in patterns {
         let t = p.strip_prefix("./").unwrap_or(p).trim_end_matches('/');
-        if let Some(d) = t.strip_suffix("/**").filter(|d| !d.is_empty() && !has_meta(d)) {
+        if let Some(d) = t
+            .strip_suffix("/**")
+            .filter(|d| !d.is_empty() && !has_meta(d))
+        {
             if kind_of(d) == Some(true) {
                 dirs.push(d.to_string());
             }
@@ -137,7 +143,9 @@ pub fn plan_binds(
             );
         }
     }
-    let within = |rel: &str, d: &str| rel.len() > d.len() && rel.starts_with(d) && rel.as_bytes()[d.len()] == b'/';
+    let within = |rel: &str, d: &str| {
+        rel.len() > d.len() && rel.starts_with(d) && rel.as_bytes()[d.len()] == b'/'
+    };
     dirs.sort();
     dirs.dedup();
     let outer: Vec<String> = dirs
@@ -180,7 +188,12 @@ impl Scan<'_> {
     }
 
     /// Scans the directory `dir` (at `rel`); on failure, the path that could not be read.
-    fn dir(&mut self, dir: BorrowedFd<'_>, rel: &str, depth: usize) -> Result<(), (String, String)> {
+    fn dir(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        rel: &str,
+        depth: usize,
+    ) -> Result<(), (String, String)> {
         let fail = |r: &str, e: &dyn std::fmt::Display| (r.to_string(), e.to_string());
         let shown = if rel.is_empty() { "." } else { rel };
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -209,7 +222,11 @@ impl Scan<'_> {
             if self.visited > MAX_ENTRIES {
                 return Err(fail(&r, &format!("more than {MAX_ENTRIES} entries")));
             }
-            let st = match fstatat(dir, name.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            let st = match fstatat(
+                dir,
+                name.as_os_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
                 Ok(st) => st,
                 Err(nix::Error::ENOENT) => continue,
                 Err(e) => return Err(fail(&r, &e)),
@@ -229,7 +246,8 @@ impl Scan<'_> {
                 } else if is_dir {
                     Entry::Dir { mode }
                 } else if fmt == SFlag::S_IFLNK {
-                    let t = nix::fcntl::readlinkat(dir, name.as_os_str()).map_err(|e| fail(&r, &e))?;
+                    let t =
+                        nix::fcntl::readlinkat(dir, name.as_os_str()).map_err(|e| fail(&r, &e))?;
                     Entry::Symlink {
                         target: t.to_string_lossy().into_owned(),
                     }
@@ -341,7 +359,10 @@ fn compare(
             out.push(change(rel, ChangeKind::Modified));
         }
     }
-    for rel in found.keys().filter(|r| in_scope(r) && !expected.contains_key(*r)) {
+    for rel in found
+        .keys()
+        .filter(|r| in_scope(r) && !expected.contains_key(*r))
+    {
         out.push(change(rel, ChangeKind::Added));
     }
     out
@@ -359,7 +380,9 @@ pub fn snapshot(
     patterns: &[String],
     exclude: &[String],
 ) -> Result<(), EvaluateError> {
-    let err = |what: &str, e: &dyn std::fmt::Display| internal("the protected tree")(format!("{what}: {e}"));
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        internal("the protected tree")(format!("{what}: {e}"))
+    };
     let entries = scan(source, patterns, exclude, &|_, _| true)
         .map_err(|(p, e)| err(&format!("reading {}", source.join(p).display()), &e))?;
     let binds = plan_binds(patterns, &entries, |rel| {
@@ -390,9 +413,9 @@ pub fn snapshot(
         .map_err(|e| err("mounting its tmpfs", &e))?;
     }
     let bound = |rel: &str| {
-        binds
-            .iter()
-            .any(|(b, _)| rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/')))
+        binds.iter().any(|(b, _)| {
+            rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
+        })
     };
     // Every sandbox's uid (each run has its own) may read the copy and is refused writes
     // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
@@ -402,7 +425,10 @@ pub fn snapshot(
     for (rel, _) in binds.iter().filter(|(_, d)| *d) {
         let md = std::fs::metadata(source.join(rel)).map_err(|e| err(rel, &e))?;
         std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
-        dir_modes.push((copy.join(rel), (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o777));
+        dir_modes.push((
+            copy.join(rel),
+            (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o777,
+        ));
     }
     for (rel, e) in entries.iter().filter(|(r, _)| bound(r)) {
         let (from, to) = (source.join(rel), copy.join(rel));
@@ -416,8 +442,11 @@ pub fn snapshot(
             }
             Entry::File { mode, .. } => {
                 std::fs::copy(&from, &to).map_err(|e| err(rel, &e))?;
-                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o666))
-                    .map_err(|e| err(rel, &e))?;
+                std::fs::set_permissions(
+                    &to,
+                    std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o666),
+                )
+                .map_err(|e| err(rel, &e))?;
             }
             Entry::Symlink { target } => {
                 std::os::unix::fs::symlink(target, &to).map_err(|e| err(rel, &e))?;
@@ -469,16 +498,18 @@ pub fn binds(staging: &Path) -> Result<Vec<RoBind>, EvaluateError> {
 /// After a run, before its results are read: the protected paths as the workspace's
 /// source tree `ws_src` shows them, and the copy the sandboxes were served, against the
 /// parent's snapshot. Every difference (a path that could not be checked too) is returned.
-pub fn check(staging: &Path, ws_src: &Path, exclude: &[String]) -> Result<Vec<ProtectedChange>, EvaluateError> {
+pub fn check(
+    staging: &Path,
+    ws_src: &Path,
+    exclude: &[String],
+) -> Result<Vec<ProtectedChange>, EvaluateError> {
     let Some(m) = load(staging)? else {
         return Ok(Vec::new());
     };
     if m.patterns.is_empty() {
         return Ok(Vec::new());
     }
-    let same_size = |rel: &str, size: u64| {
-        matches!(m.entries.get(rel), Some(Entry::File { size: s, .. }) if *s == size)
-    };
+    let same_size = |rel: &str, size: u64| matches!(m.entries.get(rel), Some(Entry::File { size: s, .. }) if *s == size);
     let unchecked = |(p, _e): (String, String)| {
         vec![ProtectedChange {
             path: if p.is_empty() { ".".into() } else { p },
@@ -490,9 +521,9 @@ pub fn check(staging: &Path, ws_src: &Path, exclude: &[String]) -> Result<Vec<Pr
         Err(e) => unchecked(e),
     };
     let bound = |rel: &str| {
-        m.binds
-            .iter()
-            .any(|(b, _)| rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/')))
+        m.binds.iter().any(|(b, _)| {
+            rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
+        })
     };
     match scan(&copy_root(staging), &m.patterns, exclude, &same_size) {
         Ok(found) => changes.extend(compare(&m.entries, &found, &bound, false)),
@@ -522,10 +553,22 @@ mod tests {
     #[test]
     fn plan_binds_whole_dirs_exact_paths_and_each_glob_match() {
         let mut entries = BTreeMap::new();
-        for f in ["tests/a.py", "tests/sub/b.py", "fork.toml", "x/y.lock", "z.lock", "tests/c.lock"] {
+        for f in [
+            "tests/a.py",
+            "tests/sub/b.py",
+            "fork.toml",
+            "x/y.lock",
+            "z.lock",
+            "tests/c.lock",
+        ] {
             entries.insert(f.to_string(), file());
         }
-        entries.insert("link.lock".to_string(), Entry::Symlink { target: "z.lock".into() });
+        entries.insert(
+            "link.lock".to_string(),
+            Entry::Symlink {
+                target: "z.lock".into(),
+            },
+        );
         let dirs = ["tests", "tests/sub", "x", "judge"];
         let files = ["fork.toml", "z.lock", "x/y.lock", "tests/c.lock"];
         let kind_of = |p: &str| {
@@ -538,7 +581,15 @@ mod tests {
             }
         };
         let b = plan_binds(
-            &pats(&["tests/**", "./judge/**", "fork.toml", "**/*.lock", "bench/**", "tests/sub", "missing.txt"]),
+            &pats(&[
+                "tests/**",
+                "./judge/**",
+                "fork.toml",
+                "**/*.lock",
+                "bench/**",
+                "tests/sub",
+                "missing.txt",
+            ]),
             &entries,
             kind_of,
         );
@@ -617,7 +668,8 @@ mod tests {
         let ws2 = tmp.path().join("ws2");
         crate::fork::workspace::copy_tree(&src, &ws2, &[]).unwrap();
         let copied = stage.join(COPY_DIR).join("fork.toml");
-        std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
         std::fs::write(&copied, "changed").unwrap();
         let got = check(&stage, &ws2, &[]).unwrap();
         assert_eq!(

@@ -817,12 +817,11 @@ fn detach_sources(
                 continue;
             }
         };
-        let c = CString::new(src.as_os_str().as_encoded_bytes()).map_err(|_| {
-            SandboxError::Setup {
+        let c =
+            CString::new(src.as_os_str().as_encoded_bytes()).map_err(|_| SandboxError::Setup {
                 stage: "mounts".into(),
                 message: format!("{} contains a NUL byte", src.display()),
-            }
-        })?;
+            })?;
         let tree = sys::open_tree_clone(&c).map_err(|e| SandboxError::Setup {
             stage: "mounts".into(),
             message: format!("open_tree {}: {e}", src.display()),

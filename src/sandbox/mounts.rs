@@ -73,7 +73,11 @@ pub enum MountOp {
     Hide { dst: PathBuf, dir: bool },
     /// Bind a host path read-only (recursive, nosuid, nodev) at `dst`, creating the mount
     /// point (a directory when `dir`, else a file) when it is missing.
-    BindInto { src: PathBuf, dst: PathBuf, dir: bool },
+    BindInto {
+        src: PathBuf,
+        dst: PathBuf,
+        dir: bool,
+    },
     /// Attach the detached mount tree the init holds as descriptor `fd` at `dst` (the
     /// supervisor made it with `open_tree` and set its flags), creating the mount point
     /// when it is missing.
@@ -270,10 +274,12 @@ impl EmptyFiles {
 
     fn cover(&mut self, target: &Path) -> Result<(), MountError> {
         use std::os::fd::AsFd;
-        let err = |op: &'static str| move |source| MountError::Sys {
-            op,
-            path: target.to_path_buf(),
-            source,
+        let err = |op: &'static str| {
+            move |source| MountError::Sys {
+                op,
+                path: target.to_path_buf(),
+                source,
+            }
         };
         if self.0.is_none() {
             let fs = super::sys::detached_tmpfs(
@@ -285,7 +291,9 @@ impl EmptyFiles {
             let f = nix::fcntl::openat(
                 fs.as_fd(),
                 Self::NAME,
-                nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::fcntl::OFlag::O_CREAT
+                    | nix::fcntl::OFlag::O_WRONLY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
                 nix::sys::stat::Mode::from_bits_truncate(0o444),
             )
             .map_err(err("create an empty file"))?;

@@ -128,27 +128,27 @@ pub(super) fn spawn_init(
     let mut keep = vec![cfg_fd.as_fd(), status_wr.as_fd()];
     keep.extend(io.pass.iter().copied());
     keep.extend(io.mounts.iter().copied());
-    let clone = || sys::clone_init(&sys::InitClone {
-        ns_flags,
-        cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
-        cgroup_tasks: &cg_tasks,
-        sync_rd: sync_rd.as_fd(),
-        sync_wr: sync_wr.as_fd(),
-        become_root,
-        stdio,
-        keep: &keep,
-        exe: exe.as_fd(),
-        argv: &argv_c,
-    });
+    let clone = || {
+        sys::clone_init(&sys::InitClone {
+            ns_flags,
+            cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
+            cgroup_tasks: &cg_tasks,
+            sync_rd: sync_rd.as_fd(),
+            sync_wr: sync_wr.as_fd(),
+            become_root,
+            stdio,
+            keep: &keep,
+            exe: exe.as_fd(),
+            argv: &argv_c,
+        })
+    };
     // As root, the init's mount namespace is copied from a private one of this thread in
     // which fork's run directories and the host's cgroup mounts are detached.
     let cloned = if become_root {
         let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
-        namespaces::with_private_mounts(&detach, clone).map_err(|message| {
-            SandboxError::Setup {
-                stage: "mount namespace".into(),
-                message,
-            }
+        namespaces::with_private_mounts(&detach, clone).map_err(|message| SandboxError::Setup {
+            stage: "mount namespace".into(),
+            message,
         })?
     } else {
         clone()

@@ -606,7 +606,11 @@ pub fn detached_tmpfs(size: &CStr, mode: &CStr, attrs: u64) -> nix::Result<Owned
     // SAFETY: the name is a valid NUL-terminated string; on success the kernel returns a
     // fresh descriptor that nothing else owns, which the OwnedFd owns alone.
     let fs = unsafe {
-        let r = Errno::result(libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC))?;
+        let r = Errno::result(libc::syscall(
+            libc::SYS_fsopen,
+            c"tmpfs".as_ptr(),
+            FSOPEN_CLOEXEC,
+        ))?;
         OwnedFd::from_raw_fd(r as RawFd)
     };
     for (key, value) in [(c"source", c"tmpfs"), (c"size", size), (c"mode", mode)] {
@@ -654,9 +658,7 @@ pub fn open_tree_clone_at(dir: BorrowedFd<'_>, name: &CStr) -> nix::Result<Owned
     let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
     // SAFETY: the descriptor is open and `name` a valid NUL-terminated string for the
     // call; on success the kernel returns a fresh descriptor that nothing else owns.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags)
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags) };
     let fd = Errno::result(fd)?;
     // SAFETY: as above: `fd` is a new descriptor owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })

@@ -87,7 +87,10 @@ mod tests {
             tests: Some(crate::verdict::decide::tests::report(3, 0, 0, 0)),
             ..Default::default()
         };
-        assert_eq!(decide(&e, &DecisionRules::default()).verdict, VerdictKind::Approve);
+        assert_eq!(
+            decide(&e, &DecisionRules::default()).verdict,
+            VerdictKind::Approve
+        );
         e.protected_changes = vec![
             ProtectedChange {
                 path: "tests/test_a.py".into(),
