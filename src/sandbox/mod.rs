@@ -560,7 +560,7 @@ impl Sandbox {
         // As root, the disk and the read-only binds go to the init as detached mount trees
         // (the init then needs no host path to them, and its mount table names none).
         let (ops, mount_fds) = if is_root() {
-            detach_sources(ops)?
+            supervisor::detach_sources(ops)?
         } else {
             (ops, Vec::new())
         };
@@ -787,57 +787,6 @@ fn require_missing(
             Ok(())
         }
     }
-}
-
-/// Turns the plan's binds of host paths into the disk and the read-only binds into
-/// detached mount trees (`open_tree`, flags set here) that the init attaches by
-/// descriptor; returns the plan and the descriptors the init must inherit.
-fn detach_sources(
-    ops: Vec<mounts::MountOp>,
-) -> Result<(Vec<mounts::MountOp>, Vec<OwnedFd>), SandboxError> {
-    use mounts::MountOp;
-    let mut fds = Vec::new();
-    let mut out = Vec::with_capacity(ops.len());
-    for op in ops {
-        let (src, dst, dir, attrs) = match &op {
-            MountOp::BindRw { src, dst } => (
-                src.clone(),
-                dst.clone(),
-                true,
-                mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
-            ),
-            MountOp::BindInto { src, dst, dir } => (
-                src.clone(),
-                dst.clone(),
-                *dir,
-                mounts::MOUNT_ATTR_RDONLY | mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
-            ),
-            _ => {
-                out.push(op);
-                continue;
-            }
-        };
-        let c =
-            CString::new(src.as_os_str().as_encoded_bytes()).map_err(|_| SandboxError::Setup {
-                stage: "mounts".into(),
-                message: format!("{} contains a NUL byte", src.display()),
-            })?;
-        let tree = sys::open_tree_clone(&c).map_err(|e| SandboxError::Setup {
-            stage: "mounts".into(),
-            message: format!("open_tree {}: {e}", src.display()),
-        })?;
-        sys::mount_setattr_fd(tree.as_fd(), attrs, 0).map_err(|e| SandboxError::Setup {
-            stage: "mounts".into(),
-            message: format!("mount_setattr {}: {e}", src.display()),
-        })?;
-        out.push(MountOp::Attach {
-            fd: tree.as_raw_fd(),
-            dst,
-            dir,
-        });
-        fds.push(tree);
-    }
-    Ok((out, fds))
 }
 
 /// The Landlock rules: read and execute everywhere the mount layer shows, write only in
