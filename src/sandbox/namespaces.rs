@@ -52,7 +52,8 @@ pub fn join_netns_of(pid: i32) -> Result<(), (&'static str, String)> {
 
 /// In the supervisor (as root): runs `f` (the clone of the init) with the calling thread in
 /// a private copy of its mount namespace in which every mount at or beneath a `detach`
-/// path is detached, then returns the thread to its own namespace and working directory.
+/// path, and every mount inside a fork run directory (any run root's: other fork
+/// processes' runs too), is detached, then returns the thread to its own namespace and working directory.
 /// The init's mount namespace, copied from that one, never holds those mounts (mounts it
 /// inherits are locked: it could not detach them itself). The host is never affected: the
 /// copy is made private before anything is detached.
@@ -77,7 +78,11 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
         let mut points: Vec<PathBuf> = table
             .lines()
             .filter_map(|l| l.split(' ').nth(4).map(super::reclaim::unescape_mountinfo))
-            .filter(|p| detach.iter().any(|d| p.starts_with(d)))
+            .filter(|p| {
+                detach.iter().any(|d| p.starts_with(d))
+                    || p.components()
+                        .any(|c| crate::rundir::is_run_dir_name(&c.as_os_str().to_string_lossy()))
+            })
             .collect();
         points.sort_by_key(|p| p.components().count());
         points.dedup();
