@@ -828,7 +828,7 @@ fn the_sandbox_shows_no_host_run_directory_network_or_cgroup() {
         &[
             "sh",
             "-c",
-            "cat /proc/self/mountinfo; echo '== net'; ls /sys/class/net; echo '== cgroup'; ls -A /sys/fs/cgroup; echo '== host'; cat /proc/sys/kernel/hostname; echo '== shadow'; wc -c < /etc/shadow",
+            "cat /proc/self/mountinfo; echo '== net'; ls /sys/class/net; echo '== cgroup'; ls -A /sys/fs/cgroup; echo '== host'; cat /proc/sys/kernel/hostname; echo '== shadow'; cat /etc/shadow 2>&1 || echo refused",
         ],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -879,5 +879,12 @@ fn the_sandbox_shows_no_host_run_directory_network_or_cgroup() {
     assert_eq!(section("net"), vec!["lo".to_string()], "{}", r.stdout);
     assert!(section("cgroup").is_empty(), "{}", r.stdout);
     assert_eq!(section("host"), vec!["localhost".to_string()]);
-    assert_eq!(section("shadow"), vec!["0".to_string()]);
+    // Covered: an empty file the command may not open, as /etc/shadow is to a user.
+    let shadow = section("shadow");
+    assert_eq!(
+        shadow.last().map(String::as_str),
+        Some("refused"),
+        "{shadow:?}"
+    );
+    assert!(shadow[0].contains("Permission denied"), "{shadow:?}");
 }

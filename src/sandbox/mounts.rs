@@ -69,7 +69,7 @@ pub enum MountOp {
     /// The minimal /dev.
     Dev { shm_size: u64 },
     /// Hide a host path: an empty read-only dir over a directory, an empty read-only file
-    /// (from a tmpfs made inside the sandbox) over a file.
+    /// of mode 000 (from a tmpfs made inside the sandbox) over a file.
     Hide { dst: PathBuf, dir: bool },
     /// Bind a host path read-only (recursive, nosuid, nodev) at `dst`, creating the mount
     /// point (a directory when `dir`, else a file) when it is missing.
@@ -265,7 +265,9 @@ fn mount_point(d: &Path, dir: bool) -> Result<(), MountError> {
 
 /// Empty read-only files to cover others with: one file on a small tmpfs made here,
 /// inside the sandbox and attached nowhere, bound over each file to cover (so the mount
-/// table names no host file as their source).
+/// table names no host file as their source). Its mode is 000: the command (its owner,
+/// without capabilities) can open it for nothing, as an unprivileged process cannot open
+/// `/etc/shadow`; a covered database cannot even be locked.
 #[derive(Default)]
 struct EmptyFiles(Option<std::os::fd::OwnedFd>);
 
@@ -294,7 +296,7 @@ impl EmptyFiles {
                 nix::fcntl::OFlag::O_CREAT
                     | nix::fcntl::OFlag::O_WRONLY
                     | nix::fcntl::OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::from_bits_truncate(0o444),
+                nix::sys::stat::Mode::empty(),
             )
             .map_err(err("create an empty file"))?;
             drop(f);

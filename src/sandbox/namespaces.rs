@@ -61,7 +61,12 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
     use nix::mount::{mount, umount2, MntFlags, MsFlags};
     let own = std::fs::File::open("/proc/thread-self/ns/mnt")
         .map_err(|e| format!("open this thread's mount namespace: {e}"))?;
-    let cwd = std::fs::File::open(".").map_err(|e| format!("open the working directory: {e}"))?;
+    let cwd = nix::fcntl::open(
+        ".",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("open the working directory: {e}"))?;
     nix::sched::unshare(CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("unshare(CLONE_NEWNS) in the supervising thread: {e}"))?;
     let inner = (|| -> Result<(), String> {

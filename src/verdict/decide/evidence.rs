@@ -69,7 +69,8 @@ impl ChangeKind {
 /// One protected path that differs from the parent's snapshot after a run.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ProtectedChange {
-    /// Relative to the runtime's source tree (as the manifest's patterns are).
+    /// Relative to the runtime's source tree (as the manifest's patterns are); `.` is the
+    /// tree itself (e.g. the successor replaced its workspace).
     pub path: String,
     pub change: ChangeKind,
 }

@@ -400,11 +400,11 @@ pub(super) fn protected_changed(changes: &[super::ProtectedChange]) -> String {
         .iter()
         .take(SHOWN)
         .map(|c| {
-            format!(
-                "{} {}",
-                short(&c.path.escape_debug().to_string(), 120),
-                c.change.as_str()
-            )
+            let path = match c.path.as_str() {
+                "." => "the source tree itself".to_string(),
+                p => short(&p.escape_debug().to_string(), 120),
+            };
+            format!("{path} {}", c.change.as_str())
         })
         .collect();
     if sorted.len() > SHOWN {
