@@ -98,8 +98,11 @@ pub fn run_side(
         } else {
             run_attempt(p, &mut sb, &env, &side_dir, &prefix, &log)?
         };
+        // A changed protected tree is a REJECT already (and the workspace it left is not
+        // one to serve the protected tree over again): no rerun.
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
+            && r.protected_changes.is_empty()
             && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
         attempts.push(r);
         if !failed {
