@@ -152,6 +152,7 @@ impl Policy {
             root: self.filesystem.root,
             binds: self.filesystem.binds.clone(),
             hide,
+            ro_binds: Vec::new(),
             shm_bytes: self.filesystem.shm_bytes,
             seccomp: SeccompProfile {
                 source: self.seccomp.clone(),

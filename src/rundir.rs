@@ -38,6 +38,16 @@ pub fn base_dir() -> PathBuf {
     }
 }
 
+/// Whether a directory name is one of fork's run directories (`fork-<id>` or
+/// `fork-eval-<id>`, `<id>` 16 hex digits), whichever run root it lies in.
+pub fn is_run_dir_name(name: &str) -> bool {
+    let id = name
+        .strip_prefix("fork-eval-")
+        .or_else(|| name.strip_prefix("fork-"))
+        .unwrap_or("");
+    id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// A fresh run id: 16 hex characters from a random uuid.
 pub fn new_run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..16].to_string()
@@ -188,6 +198,15 @@ pub fn list_runs() -> Vec<FoundRun> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn run_dir_names() {
+        assert!(super::is_run_dir_name("fork-0123456789abcdef"));
+        assert!(super::is_run_dir_name("fork-eval-0123456789abcdef"));
+        assert!(!super::is_run_dir_name("fork-out"));
+        assert!(!super::is_run_dir_name("fork-0123456789abcdeg"));
+        assert!(!super::is_run_dir_name("fork-0123456789abcdef0"));
+    }
+
     use super::*;
 
     #[test]

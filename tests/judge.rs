@@ -372,3 +372,109 @@ fn a_failing_judge_is_never_an_approve() {
     assert_eq!(e.code, 2, "{}", e.ctx());
     assert!(e.summary().contains("the judge failed"), "{}", e.ctx());
 }
+
+/// Every file of `dir` (relative path -> content), recursively.
+fn tree_files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The protected tree is read-only at run time: a patch whose code, at import, appends to
+/// every test file, creates tests/conftest.py and deletes a test file is refused each
+/// write (EROFS) in the unjudged task and in the judged one, its broken code fails the
+/// original tests, and nothing of the protected tree changed.
+#[test]
+fn the_protected_tree_is_read_only_at_run_time() {
+    need_root!();
+    let env = Env::new("protect-ro");
+    let rt = env.runtime("rt", "");
+    let before = tree_files(&rt.join("tests"));
+    let e = evaluate(
+        &env,
+        &hack("rewrite-protected"),
+        &rt,
+        "tests",
+        &["--no-ledger"],
+    );
+    assert_eq!(e.code, 2, "the original tests fail: {}", e.ctx());
+    let probe = e.artifact_json("report-protect-probe.json");
+    let attempts = probe.as_object().unwrap();
+    assert_eq!(attempts.len(), 5, "{probe}");
+    for (what, errno) in attempts {
+        assert_eq!(errno, "EROFS", "{what}: {probe}");
+    }
+    // Every original test ran (none deleted, none relaxed) and the broken one failed.
+    let t = &e.verdict["tests"];
+    let ran = t["passed"].as_u64().unwrap() + t["failed"].as_u64().unwrap();
+    assert_eq!(ran, 29, "{}", e.ctx());
+    assert!(t["failed"].as_u64().unwrap() >= 1, "{}", e.ctx());
+    assert!(
+        e.summary().contains("test_pick_tool_by_triggers"),
+        "{}",
+        e.ctx()
+    );
+    // Nothing differed after the run (the check found no change) and the parent is intact.
+    assert!(!e.summary().contains("protected tree"), "{}", e.ctx());
+    assert_eq!(tree_files(&rt.join("tests")), before);
+
+    let j = evaluate(
+        &env,
+        &hack("rewrite-protected"),
+        &rt,
+        "judged",
+        &["--no-ledger", "--task", "judged"],
+    );
+    assert!(matches!(j.code, 1 | 2), "{}", j.ctx());
+    assert!(!j.summary().contains("protected tree"), "{}", j.ctx());
+    assert_eq!(tree_files(&rt.join("tests")), before);
+}
+
+/// The post-run check covers what a glob protects but no mount does: a new file matching
+/// `**/*.lock` and a protected symlink retargeted are a REJECT naming each file.
+#[test]
+fn a_change_to_a_protected_glob_is_a_reject_naming_the_file() {
+    need_root!();
+    let env = Env::new("protect-glob");
+    let rt = env.runtime(
+        "rt",
+        r#"
+[tasks.locks]
+command = ["sh", "-c", "echo pinned > hermes/extra.lock; ln -sfn ../README.md hermes/link.lock; echo changed > hermes/deps.lock; python3 tests/run.py"]
+results = { format = "junit", path = "tests.xml" }
+"#,
+    );
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let toml = toml.replacen(r#""fork.toml"]"#, r#""fork.toml", "**/*.lock"]"#, 1);
+    assert!(toml.contains(r#""**/*.lock""#));
+    std::fs::write(rt.join("fork.toml"), toml).unwrap();
+    std::fs::write(rt.join("hermes/deps.lock"), "pinned\n").unwrap();
+    std::os::unix::fs::symlink("deps.lock", rt.join("hermes/link.lock")).unwrap();
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "locks",
+        &["--no-ledger", "--task", "locks"],
+    );
+    assert_eq!(e.code, 1, "{}", e.ctx());
+    let s = e.summary();
+    assert!(s.contains("protected tree"), "{}", e.ctx());
+    assert!(s.contains("hermes/extra.lock added"), "{}", e.ctx());
+    assert!(s.contains("hermes/link.lock modified"), "{}", e.ctx());
+    // The existing lock file was bound read-only: its write failed, so it did not change.
+    assert!(!s.contains("deps.lock"), "{}", e.ctx());
+    let log = std::fs::read_to_string(e.artifact("output.log")).unwrap();
+    assert!(log.contains("Read-only file system"), "{log}");
+}

@@ -816,3 +816,75 @@ fn without_the_disk_layer_the_workspace_is_still_there() {
     );
     assert!(r.report["isolation"]["disk"].is_null(), "{}", r.report);
 }
+
+/// Fewer tells: the sandbox's mount table names no host run directory and no host file as
+/// the source of a hidden file, `/sys` shows the sandbox's own network (only `lo`) and no
+/// host cgroup, and the host name is the neutral one.
+#[test]
+fn the_sandbox_shows_no_host_run_directory_network_or_cgroup() {
+    need_root!();
+    let r = run(
+        &[],
+        &[
+            "sh",
+            "-c",
+            "cat /proc/self/mountinfo; echo '== net'; ls /sys/class/net; echo '== cgroup'; ls -A /sys/fs/cgroup; echo '== host'; cat /proc/sys/kernel/hostname; echo '== shadow'; cat /etc/shadow 2>&1 || echo refused",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let section = |name: &str| -> Vec<String> {
+        r.stdout
+            .split(&format!("== {name}\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {name} section: {}", r.stdout))
+            .lines()
+            .take_while(|l| !l.starts_with("== "))
+            .map(str::to_string)
+            .collect()
+    };
+    let mountinfo: Vec<&str> = r
+        .stdout
+        .lines()
+        .take_while(|l| !l.starts_with("== "))
+        .collect();
+    assert!(mountinfo.len() > 10, "{}", r.stdout);
+    let run_root = r.run_root.display().to_string();
+    for line in &mountinfo {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (root, point) = (f[3], f[4]);
+        assert!(
+            !line.contains(&run_root) && !line.contains("/fork-"),
+            "a host run directory shows: {line}"
+        );
+        assert!(
+            !line.contains(" cgroup ") && !line.contains(" cgroup2 "),
+            "a host cgroup mount shows: {line}"
+        );
+        // A hidden file is covered by an empty file made inside the sandbox, not by a
+        // host file (such as /dev/null) bound over it.
+        if point == "/etc/shadow" || point.starts_with("/proc/k") {
+            assert_eq!(root, "/empty", "{line}");
+        }
+        if root == "/null" {
+            assert_eq!(point, "/dev/null", "{line}");
+        }
+    }
+    assert!(
+        mountinfo
+            .iter()
+            .any(|l| l.split(' ').nth(4) == Some("/etc/shadow")),
+        "/etc/shadow is hidden by the default policy: {}",
+        r.stdout
+    );
+    assert_eq!(section("net"), vec!["lo".to_string()], "{}", r.stdout);
+    assert!(section("cgroup").is_empty(), "{}", r.stdout);
+    assert_eq!(section("host"), vec!["localhost".to_string()]);
+    // Covered: an empty file the command may not open, as /etc/shadow is to a user.
+    let shadow = section("shadow");
+    assert_eq!(
+        shadow.last().map(String::as_str),
+        Some("refused"),
+        "{shadow:?}"
+    );
+    assert!(shadow[0].contains("Permission denied"), "{shadow:?}");
+}

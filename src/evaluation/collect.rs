@@ -31,6 +31,8 @@ pub struct RunResult {
     /// What fork could not do with what the successor left (a rerun it could not prepare),
     /// for the verdict's caveats.
     pub notes: Vec<String>,
+    /// How the protected tree differed from the parent's after the run (see `protect`).
+    pub protected_changes: Vec<crate::verdict::decide::ProtectedChange>,
 }
 
 /// Longest staged artifact name kept from a name the successor chose (well below NAME_MAX,

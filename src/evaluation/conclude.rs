@@ -81,6 +81,10 @@ pub fn evidence_for(
         tests: r.tests.clone(),
         results_error: r.results_error.clone(),
         metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
+        protected_changes: runs
+            .iter()
+            .flat_map(|r| r.protected_changes.iter().cloned())
+            .collect(),
         ..Default::default()
     };
     let patched_samples = samples(runs);

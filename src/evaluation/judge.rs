@@ -134,6 +134,12 @@ pub fn run_judged(
     if judge_out.interrupted || subject_out.interrupted {
         return Err(EvaluateError::Interrupted);
     }
+    // The protected tree as the subject's workspace shows it, before any result is read.
+    let protected_changes = super::protect::check(
+        staging,
+        &subject.workspace().join("src"),
+        &p.manifest.runtime.exclude,
+    )?;
     // Evidence: the judge's reports alone. The subject's reports and log: artifacts.
     let judged = collect(
         &t.spec,
@@ -170,6 +176,7 @@ pub fn run_judged(
         // A judge that failed leaves no evidence: its reports, if any, are not believed.
         results_error: judge_failed.or(judged.results_error),
         notes: Vec::new(),
+        protected_changes,
         metrics: judged.metrics,
         metrics_error: judged.metrics_error,
         artifacts,

@@ -18,6 +18,7 @@ pub mod conclude;
 pub mod judge;
 pub mod plan;
 pub mod prepare;
+pub mod protect;
 pub mod request;
 pub mod reverify;
 pub mod side;

@@ -49,7 +49,13 @@ pub fn prepare_side(
     snap_dir: &Path,
     patch: Option<&Patch>,
 ) -> Result<Prepared, EvaluateError> {
-    let sb = Sandbox::prepare(&t.sandbox)?;
+    // Every sandbox of the evaluation is served the parent's protected tree read-only
+    // (snapshotted next to the state: `<staging>/state` and `<staging>/protected`).
+    let mut spec = t.sandbox.clone();
+    if let Some(staging) = snap_dir.parent() {
+        spec.ro_binds = super::protect::binds(staging)?;
+    }
+    let sb = Sandbox::prepare(&spec)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
     copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)

@@ -99,8 +99,11 @@ pub fn run_side(
         } else {
             run_attempt(p, t, &mut sb, &env, &side_dir, &prefix, &log)?
         };
+        // A changed protected tree is a REJECT already (and the workspace it left is not
+        // one to serve the protected tree over again): no rerun.
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
+            && r.protected_changes.is_empty()
             && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
         attempts.push(r);
         if !failed {
@@ -172,6 +175,15 @@ fn run_attempt(
     if outcome.interrupted {
         return Err(EvaluateError::Interrupted);
     }
+    // The protected tree, before any result is read.
+    let protected_changes = match side_dir.parent() {
+        Some(staging) => super::protect::check(
+            staging,
+            &sb.workspace().join("src"),
+            &p.manifest.runtime.exclude,
+        )?,
+        None => Vec::new(),
+    };
     // The successor is dead: read what it left (hostile input, read with care).
     let stage = Stager {
         dir: side_dir,
@@ -193,6 +205,7 @@ fn run_attempt(
         metrics_error: c.metrics_error,
         artifacts,
         notes: Vec::new(),
+        protected_changes,
     })
 }
 
@@ -225,8 +238,16 @@ fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
                 .unwrap_or_default()
         })
         .collect();
+    // A change to the protected tree in any attempt counts.
+    let mut protected: Vec<_> = attempts
+        .iter()
+        .flat_map(|a| a.protected_changes.iter().cloned())
+        .collect();
+    protected.sort();
+    protected.dedup();
     // Invariant: run_side always makes at least one attempt.
     let mut last = attempts.pop().expect("at least one attempt");
+    last.protected_changes = protected;
     if n > 1 {
         if let Some(t) = last.tests.as_mut() {
             for case in t.cases.iter_mut() {

@@ -44,7 +44,8 @@ impl Drop for Staging {
 }
 
 /// FORK, once per evaluation: every state store of the manifest snapshotted with SQLite's
-/// online backup API into `<staging>/state` (0600 copies). Returns the directory and the
+/// online backup API into `<staging>/state` (0600 copies), and the protected tree copied
+/// into `<staging>/protected` (see `protect`). Returns the state directory and the
 /// combined state hash.
 pub fn snapshot_state(p: &Plan, staging: &Staging) -> Result<(PathBuf, String), EvaluateError> {
     let snap_dir = staging.path().join("state");
@@ -91,5 +92,12 @@ pub fn snapshot_state(p: &Plan, staging: &Staging) -> Result<(PathBuf, String), 
         state_digests.push((s.display().to_string(), stats.sha256.clone()));
         check_interrupt()?;
     }
+    // The parent's protected tree, served read-only to every sandbox of the evaluation.
+    super::protect::snapshot(
+        staging.path(),
+        &p.runtime.join(&p.manifest.runtime.source),
+        &p.manifest.runtime.protected,
+        &p.manifest.runtime.exclude,
+    )?;
     Ok((snap_dir, combined_state_hash(&state_digests)))
 }

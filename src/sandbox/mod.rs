@@ -53,6 +53,8 @@ pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 pub const WORKSPACE: &str = "/tmp/successor";
 /// The argv[1] that makes the binary act as the sandbox init.
 pub const INIT_ROLE: &str = "__sandbox-init";
+/// The host name in the sandbox's UTS namespace: neutral, the name of no host.
+pub const HOSTNAME: &str = "localhost";
 /// The PATH the successor gets.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -536,9 +538,14 @@ impl Sandbox {
         } else {
             Some(self.workspace())
         };
-        // fork's own run directories are never visible, whatever the spec hides.
+        // fork's own run directories are never reachable, whatever the spec hides. As root
+        // no mount of them is in the sandbox's mount table (see `mounts`) and what they
+        // hold is the supervisor's (0700) or another sandbox uid's (0700): covering the
+        // run root too would name it in the mount table. Otherwise it is covered.
         let mut hide = spec.hide.clone();
-        hide.push(crate::rundir::base_dir());
+        if !is_root() {
+            hide.push(crate::rundir::base_dir());
+        }
         let ops = mounts::plan(&mounts::RootPlan {
             mode: spec.root,
             binds: &spec.binds,
@@ -547,7 +554,16 @@ impl Sandbox {
             tmp_size: spec.limits.disk_bytes,
             workspace_src: workspace_src.as_deref(),
             shm_size: spec.shm_bytes,
+            ro_binds: &spec.ro_binds,
+            fresh_sysfs: ns_flags & libc::CLONE_NEWNET != 0,
         });
+        // As root, the disk and the read-only binds go to the init as detached mount trees
+        // (the init then needs no host path to them, and its mount table names none).
+        let (ops, mount_fds) = if is_root() {
+            supervisor::detach_sources(ops)?
+        } else {
+            (ops, Vec::new())
+        };
         // Door ports must be reachable past Landlock's TCP rules, and only they are added.
         let door_addrs: Vec<std::net::SocketAddr> = doors.doors.iter().map(|d| d.addr).collect();
         let landlock_spec = self.landlock_abi.map(|_| {
@@ -562,7 +578,7 @@ impl Sandbox {
             mounts: ops,
             cgroupns,
             netns: ns_flags & libc::CLONE_NEWNET != 0,
-            hostname: (ns_flags & libc::CLONE_NEWUTS != 0).then(|| "successor".to_string()),
+            hostname: (ns_flags & libc::CLONE_NEWUTS != 0).then(|| HOSTNAME.to_string()),
             argv: argv.to_vec(),
             env: env.to_vec(),
             cwd: cwd.to_path_buf(),
@@ -579,6 +595,7 @@ impl Sandbox {
             stdout: stdout.as_ref().map(|f| f.as_fd()),
             stderr: output.map(|f| f.as_fd()),
             pass: pass_fds.iter().map(|(_, f)| f.as_fd()).collect(),
+            mounts: mount_fds.iter().map(|f| f.as_fd()).collect(),
         };
 
         let start = Instant::now();
@@ -610,7 +627,7 @@ impl Sandbox {
         };
         // The init holds its copies now: ours go, so the far ends see EOF when it ends.
         drop(io);
-        drop((stdin, stdout, pass_fds));
+        drop((stdin, stdout, pass_fds, mount_fds));
         self.rundir().write_meta(Some(child.pid));
         isolation.userns = true;
         isolation.pidns = true;

@@ -10,7 +10,16 @@
 //!   sensitive files masked and `/proc/sys` read-only;
 //! - `/dev`: a read-only tmpfs with null, zero, full, random, urandom, tty (bound from the
 //!   host), a private devpts at /dev/pts (+ ptmx), a private tmpfs /dev/shm; no block devices;
-//! - hidden paths: an empty read-only directory or empty file over each secret.
+//! - `/sys`: with a network namespace, a fresh sysfs (its `class/net` shows only the
+//!   sandbox's loopback; `fs/cgroup` is empty); else the host's, read-only;
+//! - the spec's read-only binds (e.g. a protected tree over the workspace);
+//! - hidden paths: an empty read-only directory or empty file over each secret (the empty
+//!   file comes from a tmpfs made inside the sandbox, so no host path names it).
+//!
+//! As root, the supervisor hands the capped disk and the read-only binds to the init as
+//! detached mount trees (`open_tree`), and clones the init from a private copy of its
+//! mount namespace in which every mount beneath the run root and the host's cgroup mounts
+//! are detached: no host run directory is part of the sandbox's mount table.
 //!
 //! For `root = "minimal"` the base is an empty tmpfs (made read-only at the end) holding
 //! only the policy's `binds`, read-only.
@@ -59,8 +68,22 @@ pub enum MountOp {
     Proc,
     /// The minimal /dev.
     Dev { shm_size: u64 },
-    /// Hide a host path: an empty read-only dir over a directory, /dev/null over a file.
+    /// Hide a host path: an empty read-only dir over a directory, an empty read-only file
+    /// of mode 000 (from a tmpfs made inside the sandbox) over a file.
     Hide { dst: PathBuf, dir: bool },
+    /// Bind a host path read-only (recursive, nosuid, nodev) at `dst`, creating the mount
+    /// point (a directory when `dir`, else a file) when it is missing.
+    BindInto {
+        src: PathBuf,
+        dst: PathBuf,
+        dir: bool,
+    },
+    /// Attach the detached mount tree the init holds as descriptor `fd` at `dst` (the
+    /// supervisor made it with `open_tree` and set its flags), creating the mount point
+    /// when it is missing.
+    Attach { fd: i32, dst: PathBuf, dir: bool },
+    /// A fresh sysfs at /sys, read-only (needs the sandbox's own network namespace).
+    Sysfs,
     /// Make the new root's base mount read-only (minimal mode).
     Seal,
 }
@@ -78,6 +101,10 @@ pub struct RootPlan<'a> {
     /// Without a capped disk (`tmp_src` None): the host directory bound at /tmp/successor.
     pub workspace_src: Option<&'a Path>,
     pub shm_size: u64,
+    /// Read-only binds into the sandbox (after /tmp and the workspace exist).
+    pub ro_binds: &'a [crate::sandbox::spec::RoBind],
+    /// A fresh sysfs at /sys (the sandbox has its own network namespace).
+    pub fresh_sysfs: bool,
 }
 
 /// Plans the mount operations (pure: reads only host metadata to resolve hide paths).
@@ -115,6 +142,19 @@ pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
                 });
             }
         }
+    }
+    if p.fresh_sysfs && p.mode == crate::sandbox::spec::RootMode::Host {
+        ops.push(MountOp::Sysfs);
+    }
+    for b in p.ro_binds {
+        let Ok(md) = std::fs::symlink_metadata(&b.src) else {
+            continue;
+        };
+        ops.push(MountOp::BindInto {
+            src: b.src.clone(),
+            dst: b.dst.clone(),
+            dir: md.is_dir(),
+        });
     }
     let mut hidden: Vec<PathBuf> = Vec::new();
     for h in p.hide {
@@ -177,9 +217,10 @@ fn setattr_recursive(path: &Path, set: u64, clr: u64) -> Result<(), MountError> 
     })
 }
 
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(super) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
 fn touch(p: &Path) -> Result<(), MountError> {
     std::fs::OpenOptions::new()
@@ -193,6 +234,83 @@ fn touch(p: &Path) -> Result<(), MountError> {
 
 fn mkdirs(p: &Path) -> Result<(), MountError> {
     Ok(std::fs::create_dir_all(p).ctx("mkdir", p)?)
+}
+
+fn cpath(p: &Path) -> Result<std::ffi::CString, MountError> {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| MountError::Sys {
+        op: "path",
+        path: p.to_path_buf(),
+        source: nix::Error::EINVAL,
+    })
+}
+
+/// Makes sure a mount point of the right kind exists at `d` (a directory, or a file).
+fn mount_point(d: &Path, dir: bool) -> Result<(), MountError> {
+    match std::fs::symlink_metadata(d) {
+        Ok(md) if md.is_dir() == dir && !md.file_type().is_symlink() => Ok(()),
+        Ok(_) => Err(MountError::Sys {
+            op: "mount point (a different kind of file is there)",
+            path: d.to_path_buf(),
+            source: nix::Error::ENOTDIR,
+        }),
+        Err(_) if dir => mkdirs(d),
+        Err(_) => {
+            if let Some(parent) = d.parent() {
+                mkdirs(parent)?;
+            }
+            touch(d)
+        }
+    }
+}
+
+/// Empty read-only files to cover others with: one file on a small tmpfs made here,
+/// inside the sandbox and attached nowhere, bound over each file to cover (so the mount
+/// table names no host file as their source). Its mode is 000: the command (its owner,
+/// without capabilities) can open it for nothing, as an unprivileged process cannot open
+/// `/etc/shadow`; a covered database cannot even be locked.
+#[derive(Default)]
+struct EmptyFiles(Option<std::os::fd::OwnedFd>);
+
+impl EmptyFiles {
+    const NAME: &'static std::ffi::CStr = c"empty";
+
+    fn cover(&mut self, target: &Path) -> Result<(), MountError> {
+        use std::os::fd::AsFd;
+        let err = |op: &'static str| {
+            move |source| MountError::Sys {
+                op,
+                path: target.to_path_buf(),
+                source,
+            }
+        };
+        if self.0.is_none() {
+            let fs = super::sys::detached_tmpfs(
+                c"4k",
+                c"0755",
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            )
+            .map_err(err("a tmpfs for empty files"))?;
+            let f = nix::fcntl::openat(
+                fs.as_fd(),
+                Self::NAME,
+                nix::fcntl::OFlag::O_CREAT
+                    | nix::fcntl::OFlag::O_WRONLY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(err("create an empty file"))?;
+            drop(f);
+            super::sys::mount_setattr_fd(fs.as_fd(), MOUNT_ATTR_RDONLY, 0)
+                .map_err(err("make the empty file read-only"))?;
+            self.0 = Some(fs);
+        }
+        let Some(fs) = &self.0 else {
+            return Err(err("empty file")(nix::Error::EINVAL));
+        };
+        let one = super::sys::open_tree_clone_at(fs.as_fd(), Self::NAME)
+            .map_err(err("clone the empty file"))?;
+        super::sys::move_mount_to(one.as_fd(), &cpath(target)?).map_err(err("cover"))
+    }
 }
 
 /// Runs in the sandbox init (inside its user and mount namespaces): builds the new root
@@ -210,6 +328,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
     .map_err(sys_err("make / private", Path::new("/")))?;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let mut minimal = false;
+    let mut stash = EmptyFiles::default();
     for op in ops {
         match op {
             MountOp::HostRoot => {
@@ -310,7 +429,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                 )
                 .map_err(sys_err("mount tmpfs", &d))?;
             }
-            MountOp::Proc => mount_proc(newroot)?,
+            MountOp::Proc => mount_proc(newroot, &mut stash)?,
             MountOp::Dev { shm_size } => mount_dev(newroot, *shm_size)?,
             MountOp::Hide { dst, dir } => {
                 let d = inside(newroot, dst);
@@ -331,23 +450,52 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     )
                     .map_err(sys_err("hide (tmpfs over)", dst))?;
                 } else {
-                    mount(
-                        Some("/dev/null"),
-                        &d,
-                        None::<&str>,
-                        MsFlags::MS_BIND,
-                        None::<&str>,
-                    )
-                    .map_err(sys_err("hide (bind /dev/null over)", dst))?;
-                    mount(
-                        None::<&str>,
-                        &d,
-                        None::<&str>,
-                        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
-                        None::<&str>,
-                    )
-                    .map_err(sys_err("hide (read-only)", dst))?;
+                    stash.cover(&d)?;
                 }
+            }
+            MountOp::BindInto { src, dst, dir } => {
+                let d = inside(newroot, dst);
+                mount_point(&d, *dir)?;
+                mount(
+                    Some(src.as_path()),
+                    &d,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )
+                .map_err(sys_err("bind", src))?;
+                setattr_recursive(
+                    &d,
+                    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                    0,
+                )?;
+            }
+            MountOp::Attach { fd, dst, dir } => {
+                let d = inside(newroot, dst);
+                let tree = super::sys::adopt_inherited_fd(*fd).ok_or(MountError::Sys {
+                    op: "attach (the supervisor's mount descriptor is not open)",
+                    path: dst.clone(),
+                    source: nix::Error::EBADF,
+                })?;
+                if minimal || !*dir {
+                    mount_point(&d, *dir)?;
+                } else if std::fs::symlink_metadata(&d).is_err() {
+                    mkdirs(&d)?;
+                }
+                super::sys::move_mount_to(std::os::fd::AsFd::as_fd(&tree), &cpath(&d)?)
+                    .map_err(sys_err("attach", dst))?;
+            }
+            MountOp::Sysfs => {
+                let d = newroot.join("sys");
+                mkdirs(&d)?;
+                mount(
+                    Some("sysfs"),
+                    &d,
+                    Some("sysfs"),
+                    MsFlags::MS_RDONLY | nosuid_nodev | MsFlags::MS_NOEXEC,
+                    None::<&str>,
+                )
+                .map_err(sys_err("mount sysfs", &d))?;
             }
             MountOp::Seal => {
                 mount(
@@ -364,7 +512,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
     pivot(newroot)
 }
 
-fn mount_proc(newroot: &Path) -> Result<(), MountError> {
+fn mount_proc(newroot: &Path, stash: &mut EmptyFiles) -> Result<(), MountError> {
     let p = newroot.join("proc");
     mount(
         Some("proc"),
@@ -385,14 +533,7 @@ fn mount_proc(newroot: &Path) -> Result<(), MountError> {
     ] {
         let t = p.join(f);
         if t.is_file() {
-            mount(
-                Some("/dev/null"),
-                &t,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )
-            .map_err(sys_err("mask", &t))?;
+            stash.cover(&t)?;
         }
     }
     for d in ["sys", "bus", "irq", "fs"] {
@@ -528,6 +669,8 @@ mod tests {
             tmp_size: 0,
             workspace_src: None,
             shm_size: 1 << 20,
+            ro_binds: &[],
+            fresh_sysfs: true,
         });
         assert_eq!(ops[0], MountOp::HostRoot);
         assert!(ops.contains(&MountOp::Proc));
@@ -569,6 +712,8 @@ mod tests {
             tmp_size: 1 << 20,
             workspace_src: Some(Path::new("/x/ws")),
             shm_size: 1 << 20,
+            ro_binds: &[],
+            fresh_sysfs: true,
         });
         assert_eq!(ops[0], MountOp::EmptyRoot);
         assert!(ops.contains(&MountOp::BindRo {

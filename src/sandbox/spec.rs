@@ -135,6 +135,9 @@ pub struct Spec {
     pub binds: Vec<PathBuf>,
     /// Host paths made invisible (secrets, live state, the run directories).
     pub hide: Vec<PathBuf>,
+    /// Host files or directories served read-only at a path inside the sandbox (typically
+    /// beneath the workspace), mounted over whatever the workspace holds there.
+    pub ro_binds: Vec<RoBind>,
     /// The size of `/dev/shm`.
     pub shm_bytes: u64,
     pub seccomp: SeccompProfile,
@@ -142,6 +145,14 @@ pub struct Spec {
     /// holds only loopback).
     pub tcp_bind: Option<Vec<u16>>,
     pub tcp_connect: Option<Vec<u16>>,
+}
+
+/// A read-only bind of a host file or directory (`src`) at `dst` inside the sandbox:
+/// read-only, nosuid, nodev, recursive; nothing can be changed, removed or added there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoBind {
+    pub src: PathBuf,
+    pub dst: PathBuf,
 }
 
 impl std::fmt::Display for Layer {

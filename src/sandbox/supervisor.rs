@@ -127,19 +127,33 @@ pub(super) fn spawn_init(
     let become_root = is_root();
     let mut keep = vec![cfg_fd.as_fd(), status_wr.as_fd()];
     keep.extend(io.pass.iter().copied());
-    let (pid, pidfd) = sys::clone_init(&sys::InitClone {
-        ns_flags,
-        cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
-        cgroup_tasks: &cg_tasks,
-        sync_rd: sync_rd.as_fd(),
-        sync_wr: sync_wr.as_fd(),
-        become_root,
-        stdio,
-        keep: &keep,
-        exe: exe.as_fd(),
-        argv: &argv_c,
-    })
-    .map_err(sys_err(
+    keep.extend(io.mounts.iter().copied());
+    let clone = || {
+        sys::clone_init(&sys::InitClone {
+            ns_flags,
+            cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
+            cgroup_tasks: &cg_tasks,
+            sync_rd: sync_rd.as_fd(),
+            sync_wr: sync_wr.as_fd(),
+            become_root,
+            stdio,
+            keep: &keep,
+            exe: exe.as_fd(),
+            argv: &argv_c,
+        })
+    };
+    // As root, the init's mount namespace is copied from a private one of this thread in
+    // which fork's run directories and the host's cgroup mounts are detached.
+    let cloned = if become_root {
+        let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
+        namespaces::with_private_mounts(&detach, clone).map_err(|message| SandboxError::Setup {
+            stage: "mount namespace".into(),
+            message,
+        })?
+    } else {
+        clone()
+    };
+    let (pid, pidfd) = cloned.map_err(sys_err(
         "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
     ))?;
     let pid = pid.as_raw();
@@ -177,6 +191,57 @@ pub(super) fn spawn_init(
     Ok(child)
 }
 
+/// Turns the plan's binds of host paths into the disk and the read-only binds into
+/// detached mount trees (`open_tree`, flags set here) that the init attaches by
+/// descriptor; returns the plan and the descriptors the init must inherit.
+pub(super) fn detach_sources(
+    ops: Vec<mounts::MountOp>,
+) -> Result<(Vec<mounts::MountOp>, Vec<OwnedFd>), SandboxError> {
+    use mounts::MountOp;
+    let mut fds = Vec::new();
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (src, dst, dir, attrs) = match &op {
+            MountOp::BindRw { src, dst } => (
+                src.clone(),
+                dst.clone(),
+                true,
+                mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
+            ),
+            MountOp::BindInto { src, dst, dir } => (
+                src.clone(),
+                dst.clone(),
+                *dir,
+                mounts::MOUNT_ATTR_RDONLY | mounts::MOUNT_ATTR_NOSUID | mounts::MOUNT_ATTR_NODEV,
+            ),
+            _ => {
+                out.push(op);
+                continue;
+            }
+        };
+        let c =
+            CString::new(src.as_os_str().as_encoded_bytes()).map_err(|_| SandboxError::Setup {
+                stage: "mounts".into(),
+                message: format!("{} contains a NUL byte", src.display()),
+            })?;
+        let tree = sys::open_tree_clone(&c).map_err(|e| SandboxError::Setup {
+            stage: "mounts".into(),
+            message: format!("open_tree {}: {e}", src.display()),
+        })?;
+        sys::mount_setattr_fd(tree.as_fd(), attrs, 0).map_err(|e| SandboxError::Setup {
+            stage: "mounts".into(),
+            message: format!("mount_setattr {}: {e}", src.display()),
+        })?;
+        out.push(MountOp::Attach {
+            fd: tree.as_raw_fd(),
+            dst,
+            dir,
+        });
+        fds.push(tree);
+    }
+    Ok((out, fds))
+}
+
 pub(super) fn observation(
     start: Instant,
     s: &cgroup::CgroupSample,
@@ -211,6 +276,8 @@ pub(super) struct Stdio<'a> {
     pub stdout: Option<BorrowedFd<'a>>,
     pub stderr: Option<BorrowedFd<'a>>,
     pub pass: Vec<BorrowedFd<'a>>,
+    /// Detached mount trees the init attaches (see `mounts::MountOp::Attach`).
+    pub mounts: Vec<BorrowedFd<'a>>,
 }
 
 /// How the watch ended, besides the init's exit.

@@ -514,7 +514,6 @@ pub fn mount_setattr_recursive(path: &CStr, set: u64, clr: u64) -> nix::Result<(
         propagation: 0,
         userns_fd: 0,
     };
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
     // SAFETY: `path` is a valid NUL-terminated string, `attr` a properly laid-out struct
     // mount_attr that lives for the call, and its size is passed alongside.
     let r = unsafe {
@@ -528,6 +527,141 @@ pub fn mount_setattr_recursive(path: &CStr, set: u64, clr: u64) -> nix::Result<(
         )
     };
     Errno::result(r).map(drop)
+}
+
+/// AT_RECURSIVE (linux/fcntl.h).
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// open_tree(2) with OPEN_TREE_CLONE | AT_RECURSIVE | OPEN_TREE_CLOEXEC: a detached copy of
+/// the mount tree at `path` (attached nowhere; it lives as long as the descriptor, or
+/// until it is attached with [`move_mount_to`]).
+pub fn open_tree_clone(path: &CStr) -> nix::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: `path` is a valid NUL-terminated string for the call; on success the kernel
+    // returns a fresh descriptor that nothing else owns, which the OwnedFd then owns alone.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+    let fd = Errno::result(fd)?;
+    // SAFETY: as above: `fd` is a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// mount_setattr(2) on the detached (or attached) mount tree `tree` refers to, recursively:
+/// sets `set`, clears `clr` (MOUNT_ATTR_* bits).
+pub fn mount_setattr_fd(tree: BorrowedFd<'_>, set: u64, clr: u64) -> nix::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the descriptor is open for the call, the empty path is a valid C string,
+    // `attr` a properly laid-out struct mount_attr that lives for the call, and its size
+    // is passed alongside.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            AT_RECURSIVE | libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// move_mount(2) of the detached tree `tree` onto `dst` (MOVE_MOUNT_F_EMPTY_PATH).
+pub fn move_mount_to(tree: BorrowedFd<'_>, dst: &CStr) -> nix::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: the descriptor is open for the call and both paths are valid NUL-terminated
+    // strings that live for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
+/// A new tmpfs (fsopen, fsconfig `size`/`mode`, fsmount), attached nowhere: the
+/// descriptor of its root, with the MOUNT_ATTR_* bits `attrs`.
+pub fn detached_tmpfs(size: &CStr, mode: &CStr, attrs: u64) -> nix::Result<OwnedFd> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    // SAFETY: the name is a valid NUL-terminated string; on success the kernel returns a
+    // fresh descriptor that nothing else owns, which the OwnedFd owns alone.
+    let fs = unsafe {
+        let r = Errno::result(libc::syscall(
+            libc::SYS_fsopen,
+            c"tmpfs".as_ptr(),
+            FSOPEN_CLOEXEC,
+        ))?;
+        OwnedFd::from_raw_fd(r as RawFd)
+    };
+    for (key, value) in [(c"source", c"tmpfs"), (c"size", size), (c"mode", mode)] {
+        // SAFETY: the descriptor is open; key and value are valid NUL-terminated strings
+        // that live for the call.
+        Errno::result(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        })?;
+    }
+    // SAFETY: the descriptor is open; CMD_CREATE takes no pointers (NULL key and value).
+    Errno::result(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })?;
+    // SAFETY: the descriptor is open and created; on success the kernel returns a fresh
+    // descriptor that nothing else owns, which the OwnedFd owns alone.
+    unsafe {
+        let r = Errno::result(libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            attrs as libc::c_uint,
+        ))?;
+        Ok(OwnedFd::from_raw_fd(r as RawFd))
+    }
+}
+
+/// open_tree(2) with OPEN_TREE_CLONE of `name` beneath the mount `dir` refers to: a
+/// detached bind of that one file or directory.
+pub fn open_tree_clone_at(dir: BorrowedFd<'_>, name: &CStr) -> nix::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: the descriptor is open and `name` a valid NUL-terminated string for the
+    // call; on success the kernel returns a fresh descriptor that nothing else owns.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags) };
+    let fd = Errno::result(fd)?;
+    // SAFETY: as above: `fd` is a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 // ---------------------------------------------------------------------------------------

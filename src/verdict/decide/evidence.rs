@@ -36,4 +36,85 @@ pub struct Evidence {
     /// Per-metric statistics over repeated runs (baseline vs patched samples), when the
     /// task ran more than once per side. With them, a change counts only when significant.
     pub metric_stats: BTreeMap<String, crate::verdict::stats::Comparison>,
+    /// Files of the protected tree (the manifest's `protected` paths) that differ, after a
+    /// run, from the parent's snapshot: what the run changed, added or removed there (or
+    /// could not be checked). Any entry is a REJECT.
+    pub protected_changes: Vec<ProtectedChange>,
+}
+
+/// How a protected path differs from the parent's snapshot after a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// Its content, kind, mode or link target changed.
+    Modified,
+    /// It is new (it matches a protected pattern and was not in the parent's tree).
+    Added,
+    /// It is gone.
+    Removed,
+    /// It could not be read back to be checked (fork fails closed: a REJECT).
+    Unchecked,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Modified => "modified",
+            ChangeKind::Added => "added",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Unchecked => "could not be checked",
+        }
+    }
+}
+
+/// One protected path that differs from the parent's snapshot after a run.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProtectedChange {
+    /// Relative to the runtime's source tree (as the manifest's patterns are); `.` is the
+    /// tree itself (e.g. the successor replaced its workspace).
+    pub path: String,
+    pub change: ChangeKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::decide::{decide, DecisionRules};
+    use crate::verdict::kind::VerdictKind;
+
+    #[test]
+    fn a_changed_protected_tree_is_a_reject_naming_each_file() {
+        let mut e = Evidence {
+            exit_code: Some(0),
+            tests: Some(crate::verdict::decide::tests::report(3, 0, 0, 0)),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&e, &DecisionRules::default()).verdict,
+            VerdictKind::Approve
+        );
+        e.protected_changes = vec![
+            ProtectedChange {
+                path: "tests/test_a.py".into(),
+                change: ChangeKind::Modified,
+            },
+            ProtectedChange {
+                path: "tests/conftest.py".into(),
+                change: ChangeKind::Added,
+            },
+            ProtectedChange {
+                path: "tests/test_b.py".into(),
+                change: ChangeKind::Removed,
+            },
+        ];
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::Reject);
+        assert_eq!(d.confidence, 1.0);
+        for want in [
+            "tests/test_a.py modified",
+            "tests/conftest.py added",
+            "tests/test_b.py removed",
+        ] {
+            assert!(d.summary.contains(want), "{want}: {}", d.summary);
+        }
+    }
 }

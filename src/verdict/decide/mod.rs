@@ -13,7 +13,8 @@
 //!
 //! # Rules, in order
 //! 1. **REJECT** (deterministic) when a policy gate stopped the patch, the patch did not
-//!    apply, the task could not run, or a budget was exceeded. The summary names the first of
+//!    apply, a run changed, added or removed a file of the protected tree, the task could
+//!    not run, or a budget was exceeded. The summary names the first of
 //!    these (a budget by name, quoting the usage summary); any others become caveats.
 //! 2. Otherwise every *problem* found is listed:
 //!    * the declared results file is missing or unparsable (never an approval: the successor
@@ -56,7 +57,7 @@ use confidence::{
     S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN,
     S_SELF_REPORTED, S_SIGNAL,
 };
-pub use evidence::Evidence;
+pub use evidence::{ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
 pub use rules::{DecisionRules, RulesError, SelfReported};
 
@@ -129,7 +130,8 @@ fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
         .collect()
 }
 
-/// The deterministic rejections, in order: gate, patch application, run, budget.
+/// The deterministic rejections, in order: gate, patch application, protected tree, run,
+/// budget.
 fn rejections(e: &Evidence) -> Vec<String> {
     let mut rejections = Vec::new();
     if let Some((gate, reason)) = &e.gate {
@@ -137,6 +139,9 @@ fn rejections(e: &Evidence) -> Vec<String> {
     }
     if let Some(err) = &e.apply_error {
         rejections.push(wording::not_applied(err));
+    }
+    if !e.protected_changes.is_empty() {
+        rejections.push(wording::protected_changed(&e.protected_changes));
     }
     if let Some(err) = &e.run_error {
         rejections.push(wording::could_not_run(err));

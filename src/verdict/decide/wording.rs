@@ -390,6 +390,32 @@ pub(super) fn reported_without_baseline(n: usize) -> String {
     )
 }
 
+/// The protected tree changed during a run: every path (up to a few) and how.
+pub(super) fn protected_changed(changes: &[super::ProtectedChange]) -> String {
+    const SHOWN: usize = 5;
+    let mut sorted = changes.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let mut parts: Vec<String> = sorted
+        .iter()
+        .take(SHOWN)
+        .map(|c| {
+            let path = match c.path.as_str() {
+                "." => "the source tree itself".to_string(),
+                p => short(&p.escape_debug().to_string(), 120),
+            };
+            format!("{path} {}", c.change.as_str())
+        })
+        .collect();
+    if sorted.len() > SHOWN {
+        parts.push(format!("and {} more", sorted.len() - SHOWN));
+    }
+    format!(
+        "The protected tree differs from the parent's after the run: {}. The code under test may not change its own tests, benchmarks, judge or manifest.",
+        parts.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,683 @@
+//! The protected tree at run time: every path the manifest's `protected` globs name
+//! (tests, benchmarks, the judge, fork.toml) is served to every sandbox of the evaluation
+//! read-only, from one copy of the parent's tree, and checked after every run.
+//!
+//! - [`snapshot`] (once per evaluation): the parent's protected paths, read from the same
+//!   source tree the sides are copied from (never following a link, `exclude` left out as
+//!   the sides' copies leave it out), copied into `<staging>/protected` (a tmpfs of its own
+//!   when fork runs as root, so the sandbox's mount table names no host path), with a
+//!   manifest (`<staging>/protected.json`: path -> kind, sha256, size, mode, link target)
+//!   and the binds planned by [`plan_binds`].
+//! - [`binds`]: the sandbox's read-only binds of that copy over the workspace
+//!   (`/tmp/successor/src/<path>`): a pattern `dir/**` binds the whole directory (nothing
+//!   can be changed, removed or added in it), an exact path binds that file or directory,
+//!   any other glob (`**/*.lock`) binds each matching file that exists.
+//! - [`check`] (after each run, before its results are read): the protected paths as the
+//!   subject's workspace shows them (new files matching a pattern included) and the copy
+//!   the sandboxes were served, against the manifest. Any difference is a
+//!   [`ProtectedChange`], evidence that decides REJECT naming the file. The mounts being
+//!   read-only, this should never fire; it is defence in depth, and the only guard of
+//!   paths a glob names that did not exist in the parent.
+
+use super::{internal, EvaluateError};
+use crate::sandbox::spec::RoBind;
+use crate::verdict::decide::{ChangeKind, ProtectedChange};
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fstatat, Mode, SFlag};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// The copy served to the sandboxes, beneath the staging directory.
+const COPY_DIR: &str = "protected";
+/// Its manifest, beneath the staging directory (outside the copy).
+const MANIFEST: &str = "protected.json";
+/// Entries a scan visits at most, and how deep it goes (a hostile workspace is bounded).
+const MAX_ENTRIES: usize = 200_000;
+const MAX_DEPTH: usize = 128;
+
+/// One protected path as the parent has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    File {
+        /// Empty when a scan did not need the content (its size already differed).
+        sha256: String,
+        size: u64,
+        mode: u32,
+    },
+    Dir {
+        mode: u32,
+    },
+    Symlink {
+        target: String,
+    },
+    /// A FIFO, socket or device.
+    Other,
+}
+
+/// What the snapshot holds: the patterns, the planned binds and every protected entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub patterns: Vec<String>,
+    /// `(relative path, is a directory)`, each served read-only from the copy.
+    pub binds: Vec<(String, bool)>,
+    pub entries: BTreeMap<String, Entry>,
+}
+
+fn glob(p: &str) -> Result<Glob, String> {
+    GlobBuilder::new(p)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| format!("pattern `{p}` is not a valid glob: {e}"))
+}
+
+fn glob_set<'a>(
+    patterns: impl IntoIterator<Item = &'a String>,
+    trim: bool,
+) -> Result<GlobSet, String> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        let t = if trim {
+            let t = p.trim_end_matches('/');
+            t.strip_prefix("./").unwrap_or(t)
+        } else {
+            p.as_str()
+        };
+        b.add(glob(t)?);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+fn has_meta(s: &str) -> bool {
+    s.contains(['*', '?', '[', '{'])
+}
+
+/// The literal directory part of a pattern before its first glob component
+/// (`tests/**` -> `tests`, `fork.toml` -> `fork.toml`, `**/*.lock` -> ``).
+fn literal_prefix(p: &str) -> String {
+    p.split('/')
+        .take_while(|c| !has_meta(c))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Which paths to serve read-only, from the patterns and the parent's protected entries:
+/// `dir/**` binds `dir` (when it is a directory), an exact path binds itself (a file or a
+/// directory), any other glob binds each matching regular file. Nothing nested in a bound
+/// directory is bound again. `kind_of(path)` says what the parent has at a path (None:
+/// nothing, or a symlink, which is never bound: the post-run check covers it).
+pub fn plan_binds(
+    patterns: &[String],
+    entries: &BTreeMap<String, Entry>,
+    kind_of: impl Fn(&str) -> Option<bool>,
+) -> Vec<(String, bool)> {
+    let mut dirs: Vec<String> = Vec::new();
+    let mut files: Vec<String> = Vec::new();
+    for p in patterns {
+        let t = p.strip_prefix("./").unwrap_or(p).trim_end_matches('/');
+        if let Some(d) = t
+            .strip_suffix("/**")
+            .filter(|d| !d.is_empty() && !has_meta(d))
+        {
+            if kind_of(d) == Some(true) {
+                dirs.push(d.to_string());
+            }
+        } else if !has_meta(t) {
+            match kind_of(t) {
+                Some(true) => dirs.push(t.to_string()),
+                Some(false) => files.push(t.to_string()),
+                None => {}
+            }
+        } else if let Ok(g) = glob(t) {
+            let m = g.compile_matcher();
+            files.extend(
+                entries
+                    .iter()
+                    .filter(|(rel, e)| matches!(e, Entry::File { .. }) && m.is_match(rel))
+                    .map(|(rel, _)| rel.clone()),
+            );
+        }
+    }
+    let within = |rel: &str, d: &str| {
+        rel.len() > d.len() && rel.starts_with(d) && rel.as_bytes()[d.len()] == b'/'
+    };
+    dirs.sort();
+    dirs.dedup();
+    let outer: Vec<String> = dirs
+        .iter()
+        .filter(|d| !dirs.iter().any(|o| within(d, o)))
+        .cloned()
+        .collect();
+    files.sort();
+    files.dedup();
+    let mut out: Vec<(String, bool)> = outer.iter().map(|d| (d.clone(), true)).collect();
+    out.extend(
+        files
+            .into_iter()
+            .filter(|f| !outer.iter().any(|d| within(f, d)))
+            .map(|f| (f, false)),
+    );
+    out
+}
+
+/// A scan of one tree for the protected entries beneath it.
+struct Scan<'a> {
+    protected: &'a GlobSet,
+    exclude: &'a GlobSet,
+    /// Literal prefixes of the patterns ("" descends everywhere).
+    prefixes: Vec<String>,
+    /// Whether to hash a file (its path and size).
+    hash_if: &'a dyn Fn(&str, u64) -> bool,
+    visited: usize,
+    found: BTreeMap<String, Entry>,
+}
+
+impl Scan<'_> {
+    fn may_hold(&self, rel: &str) -> bool {
+        self.prefixes.iter().any(|p| {
+            p.is_empty()
+                || p == rel
+                || (p.starts_with(rel) && p.as_bytes().get(rel.len()) == Some(&b'/'))
+                || (rel.starts_with(p.as_str()) && rel.as_bytes().get(p.len()) == Some(&b'/'))
+        })
+    }
+
+    /// Scans the directory `dir` (at `rel`); on failure, the path that could not be read.
+    fn dir(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        rel: &str,
+        depth: usize,
+    ) -> Result<(), (String, String)> {
+        let fail = |r: &str, e: &dyn std::fmt::Display| (r.to_string(), e.to_string());
+        let shown = if rel.is_empty() { "." } else { rel };
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mut names = Vec::new();
+        {
+            let mut d = nix::dir::Dir::openat(dir, ".", flags, Mode::empty())
+                .map_err(|e| fail(shown, &e))?;
+            for e in d.iter() {
+                let e = e.map_err(|e| fail(shown, &e))?;
+                let n = e.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(std::ffi::OsStr::from_bytes(n).to_os_string());
+                }
+            }
+        }
+        names.sort();
+        for name in names {
+            let r = match rel {
+                "" => name.to_string_lossy().into_owned(),
+                _ => format!("{rel}/{}", name.to_string_lossy()),
+            };
+            if self.exclude.is_match(&r) {
+                continue;
+            }
+            self.visited += 1;
+            if self.visited > MAX_ENTRIES {
+                return Err(fail(&r, &format!("more than {MAX_ENTRIES} entries")));
+            }
+            let st = match fstatat(
+                dir,
+                name.as_os_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) => st,
+                Err(nix::Error::ENOENT) => continue,
+                Err(e) => return Err(fail(&r, &e)),
+            };
+            let fmt = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            let mode = st.st_mode & 0o7777;
+            let is_dir = fmt == SFlag::S_IFDIR;
+            if self.protected.is_match(&r) {
+                let entry = if fmt == SFlag::S_IFREG {
+                    let size = st.st_size as u64;
+                    let sha256 = if (self.hash_if)(&r, size) {
+                        hash_at(dir, &name).map_err(|e| fail(&r, &e))?
+                    } else {
+                        String::new()
+                    };
+                    Entry::File { sha256, size, mode }
+                } else if is_dir {
+                    Entry::Dir { mode }
+                } else if fmt == SFlag::S_IFLNK {
+                    let t =
+                        nix::fcntl::readlinkat(dir, name.as_os_str()).map_err(|e| fail(&r, &e))?;
+                    Entry::Symlink {
+                        target: t.to_string_lossy().into_owned(),
+                    }
+                } else {
+                    Entry::Other
+                };
+                self.found.insert(r.clone(), entry);
+            }
+            if is_dir && self.may_hold(&r) {
+                if depth >= MAX_DEPTH {
+                    return Err(fail(&r, &format!("nested deeper than {MAX_DEPTH} levels")));
+                }
+                let sub = nix::fcntl::openat(dir, name.as_os_str(), flags, Mode::empty())
+                    .map_err(|e| fail(&r, &e))?;
+                self.dir(sub.as_fd(), &r, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+use std::os::unix::ffi::OsStrExt;
+
+/// The sha256 of the regular file `name` in `dir`, opened without following a link.
+fn hash_at(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<String, String> {
+    let fd: OwnedFd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| e.to_string())?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| e.to_string())?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Err("not a regular file any more".into());
+    }
+    let mut f = std::fs::File::from(fd);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The protected entries beneath `root`.
+fn scan(
+    root: &Path,
+    patterns: &[String],
+    exclude: &[String],
+    hash_if: &dyn Fn(&str, u64) -> bool,
+) -> Result<BTreeMap<String, Entry>, (String, String)> {
+    let protected = glob_set(patterns, false).map_err(|e| (String::new(), e))?;
+    let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e))?;
+    let mut s = Scan {
+        protected: &protected,
+        exclude: &exclude,
+        prefixes: patterns
+            .iter()
+            .map(|p| literal_prefix(p.strip_prefix("./").unwrap_or(p)))
+            .collect(),
+        hash_if,
+        visited: 0,
+        found: BTreeMap::new(),
+    };
+    let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
+    s.dir(fd.as_fd(), "", 0)?;
+    Ok(s.found)
+}
+
+/// How `found` differs from `expected` (only paths `in_scope` counts; modes when `modes`).
+fn compare(
+    expected: &BTreeMap<String, Entry>,
+    found: &BTreeMap<String, Entry>,
+    in_scope: &dyn Fn(&str) -> bool,
+    modes: bool,
+) -> Vec<ProtectedChange> {
+    let mut out = Vec::new();
+    let change = |path: &str, change| ProtectedChange {
+        path: path.to_string(),
+        change,
+    };
+    for (rel, want) in expected.iter().filter(|(r, _)| in_scope(r)) {
+        let differs = match (want, found.get(rel)) {
+            (_, None) => {
+                out.push(change(rel, ChangeKind::Removed));
+                continue;
+            }
+            (
+                Entry::File { sha256, size, mode },
+                Some(Entry::File {
+                    sha256: s2,
+                    size: z2,
+                    mode: m2,
+                }),
+            ) => size != z2 || sha256 != s2 || (modes && (mode & 0o777) != (m2 & 0o777)),
+            (Entry::Dir { mode }, Some(Entry::Dir { mode: m2 })) => {
+                modes && (mode & 0o777) != (m2 & 0o777)
+            }
+            (Entry::Symlink { target }, Some(Entry::Symlink { target: t2 })) => target != t2,
+            (Entry::Other, Some(Entry::Other)) => false,
+            _ => true,
+        };
+        if differs {
+            out.push(change(rel, ChangeKind::Modified));
+        }
+    }
+    for rel in found
+        .keys()
+        .filter(|r| in_scope(r) && !expected.contains_key(*r))
+    {
+        out.push(change(rel, ChangeKind::Added));
+    }
+    out
+}
+
+fn copy_root(staging: &Path) -> PathBuf {
+    staging.join(COPY_DIR)
+}
+
+/// FORK, once per evaluation: the parent's protected tree copied into the staging
+/// directory, with its manifest and its binds (see the module documentation).
+pub fn snapshot(
+    staging: &Path,
+    source: &Path,
+    patterns: &[String],
+    exclude: &[String],
+) -> Result<(), EvaluateError> {
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        internal("the protected tree")(format!("{what}: {e}"))
+    };
+    let entries = scan(source, patterns, exclude, &|_, _| true)
+        .map_err(|(p, e)| err(&format!("reading {}", source.join(p).display()), &e))?;
+    let binds = plan_binds(patterns, &entries, |rel| {
+        std::fs::symlink_metadata(source.join(rel))
+            .ok()
+            .filter(|m| !m.file_type().is_symlink())
+            .map(|m| m.is_dir())
+    });
+    let copy = copy_root(staging);
+    std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
+    if nix::unistd::geteuid().is_root() {
+        // A tmpfs of its own: a bind from it shows `/tests`, not a host path, as its root.
+        let bytes: u64 = entries
+            .values()
+            .map(|e| match e {
+                Entry::File { size, .. } => size + 4096,
+                _ => 4096,
+            })
+            .sum();
+        let data = format!("size={},mode=0755", bytes + (1 << 20));
+        nix::mount::mount(
+            Some("tmpfs"),
+            &copy,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        )
+        .map_err(|e| err("mounting its tmpfs", &e))?;
+    }
+    let bound = |rel: &str| {
+        binds.iter().any(|(b, _)| {
+            rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
+        })
+    };
+    // Every sandbox's uid (each run has its own) may read the copy and is refused writes
+    // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
+    // EACCES): files a+rw, directories a+rwx. The copy lies beneath the staging directory
+    // (0700), out of other host users' reach, and is never written after this.
+    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
+    for (rel, _) in binds.iter().filter(|(_, d)| *d) {
+        let md = std::fs::metadata(source.join(rel)).map_err(|e| err(rel, &e))?;
+        std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
+        dir_modes.push((
+            copy.join(rel),
+            (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o777,
+        ));
+    }
+    for (rel, e) in entries.iter().filter(|(r, _)| bound(r)) {
+        let (from, to) = (source.join(rel), copy.join(rel));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| err(rel, &e))?;
+        }
+        match e {
+            Entry::Dir { mode } => {
+                std::fs::create_dir_all(&to).map_err(|e| err(rel, &e))?;
+                dir_modes.push((to, (mode & 0o777) | 0o777));
+            }
+            Entry::File { mode, .. } => {
+                std::fs::copy(&from, &to).map_err(|e| err(rel, &e))?;
+                std::fs::set_permissions(
+                    &to,
+                    std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o666),
+                )
+                .map_err(|e| err(rel, &e))?;
+            }
+            Entry::Symlink { target } => {
+                std::os::unix::fs::symlink(target, &to).map_err(|e| err(rel, &e))?;
+            }
+            Entry::Other => {}
+        }
+    }
+    dir_modes.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+    for (d, mode) in dir_modes {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .map_err(|e| err(&d.display().to_string(), &e))?;
+    }
+    let m = Manifest {
+        patterns: patterns.to_vec(),
+        binds,
+        entries,
+    };
+    let json = serde_json::to_vec(&m).map_err(|e| err("the manifest", &e))?;
+    std::fs::write(staging.join(MANIFEST), json).map_err(|e| err("the manifest", &e))
+}
+
+fn load(staging: &Path) -> Result<Option<Manifest>, EvaluateError> {
+    let path = staging.join(MANIFEST);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| internal("the protected tree's manifest")(e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(internal("the protected tree's manifest")(e.to_string())),
+    }
+}
+
+/// The read-only binds of the protected copy over a sandbox's workspace (none before
+/// [`snapshot`] ran, or with no protected paths).
+pub fn binds(staging: &Path) -> Result<Vec<RoBind>, EvaluateError> {
+    let Some(m) = load(staging)? else {
+        return Ok(Vec::new());
+    };
+    let src_inside = PathBuf::from(crate::sandbox::WORKSPACE).join("src");
+    Ok(m.binds
+        .iter()
+        .map(|(rel, _)| RoBind {
+            src: copy_root(staging).join(rel),
+            dst: src_inside.join(rel),
+        })
+        .collect())
+}
+
+/// After a run, before its results are read: the protected paths as the workspace's
+/// source tree `ws_src` shows them, and the copy the sandboxes were served, against the
+/// parent's snapshot. Every difference (a path that could not be checked too) is returned.
+pub fn check(
+    staging: &Path,
+    ws_src: &Path,
+    exclude: &[String],
+) -> Result<Vec<ProtectedChange>, EvaluateError> {
+    let Some(m) = load(staging)? else {
+        return Ok(Vec::new());
+    };
+    if m.patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let same_size = |rel: &str, size: u64| matches!(m.entries.get(rel), Some(Entry::File { size: s, .. }) if *s == size);
+    let unchecked = |(p, _e): (String, String)| {
+        vec![ProtectedChange {
+            path: if p.is_empty() { ".".into() } else { p },
+            change: ChangeKind::Unchecked,
+        }]
+    };
+    let mut changes = match scan(ws_src, &m.patterns, exclude, &same_size) {
+        Ok(found) => compare(&m.entries, &found, &|_| true, true),
+        Err(e) => unchecked(e),
+    };
+    let bound = |rel: &str| {
+        m.binds.iter().any(|(b, _)| {
+            rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
+        })
+    };
+    match scan(&copy_root(staging), &m.patterns, exclude, &same_size) {
+        Ok(found) => changes.extend(compare(&m.entries, &found, &bound, false)),
+        Err(e) => changes.extend(unchecked(e)),
+    }
+    changes.sort();
+    changes.dedup();
+    Ok(changes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> Entry {
+        Entry::File {
+            sha256: "00".into(),
+            size: 1,
+            mode: 0o644,
+        }
+    }
+
+    fn pats(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plan_binds_whole_dirs_exact_paths_and_each_glob_match() {
+        let mut entries = BTreeMap::new();
+        for f in [
+            "tests/a.py",
+            "tests/sub/b.py",
+            "fork.toml",
+            "x/y.lock",
+            "z.lock",
+            "tests/c.lock",
+        ] {
+            entries.insert(f.to_string(), file());
+        }
+        entries.insert(
+            "link.lock".to_string(),
+            Entry::Symlink {
+                target: "z.lock".into(),
+            },
+        );
+        let dirs = ["tests", "tests/sub", "x", "judge"];
+        let files = ["fork.toml", "z.lock", "x/y.lock", "tests/c.lock"];
+        let kind_of = |p: &str| {
+            if dirs.contains(&p) {
+                Some(true)
+            } else if files.contains(&p) {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        let b = plan_binds(
+            &pats(&[
+                "tests/**",
+                "./judge/**",
+                "fork.toml",
+                "**/*.lock",
+                "bench/**",
+                "tests/sub",
+                "missing.txt",
+            ]),
+            &entries,
+            kind_of,
+        );
+        assert_eq!(
+            b,
+            vec![
+                ("judge".to_string(), true),
+                ("tests".to_string(), true),
+                ("fork.toml".to_string(), false),
+                ("x/y.lock".to_string(), false),
+                ("z.lock".to_string(), false),
+            ],
+            "tests/sub and tests/c.lock are inside tests; bench and missing.txt do not exist; a symlink is never bound"
+        );
+    }
+
+    #[test]
+    fn literal_prefixes() {
+        assert_eq!(literal_prefix("tests/**"), "tests");
+        assert_eq!(literal_prefix("fork.toml"), "fork.toml");
+        assert_eq!(literal_prefix("**/*.lock"), "");
+        assert_eq!(literal_prefix("a/b*/c"), "a");
+    }
+
+    #[test]
+    fn snapshot_then_check_finds_every_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        let stage = tmp.path().join("stage");
+        std::fs::create_dir_all(src.join("tests")).unwrap();
+        std::fs::create_dir_all(&stage).unwrap();
+        std::fs::write(src.join("tests/test_a.py"), "a").unwrap();
+        std::fs::write(src.join("tests/test_b.py"), "b").unwrap();
+        std::fs::write(src.join("fork.toml"), "m").unwrap();
+        std::fs::write(src.join("code.py"), "c").unwrap();
+        let patterns = pats(&["tests/**", "fork.toml", "**/*.lock"]);
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        let _unmount = Unmount(stage.join(COPY_DIR));
+        snapshot(&stage, &src, &patterns, &[]).unwrap();
+        let b = binds(&stage).unwrap();
+        assert_eq!(b.len(), 2, "{b:?}");
+        assert_eq!(b[0].dst, PathBuf::from("/tmp/successor/src/tests"));
+        // An untouched copy is clean.
+        let ws = tmp.path().join("ws");
+        crate::fork::workspace::copy_tree(&src, &ws, &[]).unwrap();
+        assert!(check(&stage, &ws, &[]).unwrap().is_empty());
+        // Modified, added (under a bound dir, and by a glob), removed; unprotected ignored.
+        std::fs::write(ws.join("tests/test_a.py"), "A").unwrap();
+        std::fs::write(ws.join("tests/conftest.py"), "").unwrap();
+        std::fs::remove_file(ws.join("tests/test_b.py")).unwrap();
+        std::fs::write(ws.join("deps.lock"), "").unwrap();
+        std::fs::write(ws.join("code.py"), "changed").unwrap();
+        let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.path, c.change))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("deps.lock".into(), ChangeKind::Added),
+                ("tests/conftest.py".into(), ChangeKind::Added),
+                ("tests/test_a.py".into(), ChangeKind::Modified),
+                ("tests/test_b.py".into(), ChangeKind::Removed),
+            ]
+        );
+        // A change to the served copy itself is found too.
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let ws2 = tmp.path().join("ws2");
+        crate::fork::workspace::copy_tree(&src, &ws2, &[]).unwrap();
+        let copied = stage.join(COPY_DIR).join("fork.toml");
+        std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        std::fs::write(&copied, "changed").unwrap();
+        let got = check(&stage, &ws2, &[]).unwrap();
+        assert_eq!(
+            got,
+            vec![ProtectedChange {
+                path: "fork.toml".into(),
+                change: ChangeKind::Modified
+            }]
+        );
+    }
+}
