@@ -312,22 +312,9 @@ pub fn task_hash(name: &str, spec: &TaskSpec) -> Result<String, EvaluateError> {
     Ok(format!("sha256:{}", sha256_hex(&doc)))
 }
 
-/// The plan's hash: a one-task plan's is that task's hash (so verdicts, the cache and
-/// consensus of one task are unchanged); a plan of several hashes their names and hashes
-/// in order.
+/// The plan's hash ([`crate::verdict::plan::plan_hash`]: a one-task plan's is that task's).
 pub fn plan_hash(tasks: &[TaskPlan]) -> String {
-    if let [one] = tasks {
-        return one.hash.clone();
-    }
-    let mut h = Sha256::new();
-    h.update(b"fork-plan-v1\0");
-    for t in tasks {
-        h.update(t.name.as_bytes());
-        h.update([0]);
-        h.update(t.hash.as_bytes());
-        h.update([b'\n']);
-    }
-    format!("sha256:{}", hex::encode(h.finalize()))
+    crate::verdict::plan::plan_hash(tasks.iter().map(|t| (t.name.as_str(), t.hash.as_str())))
 }
 
 /// The ledger's `policy_hash`: sha256 over the conditions a verdict was reached under, which
