@@ -406,7 +406,7 @@ fn the_protected_tree_is_read_only_at_run_time() {
         &hack("rewrite-protected"),
         &rt,
         "tests",
-        &["--no-ledger"],
+        &["--no-ledger", "--task", "tests"],
     );
     assert_eq!(e.code, 2, "the original tests fail: {}", e.ctx());
     let probe = e.artifact_json("report-protect-probe.json");
