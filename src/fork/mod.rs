@@ -5,6 +5,7 @@
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
+pub mod copyback;
 pub mod snapshot;
 pub mod workspace;
 
