@@ -378,3 +378,95 @@ fn the_snapshot_of_a_live_wal_parent_is_consistent_and_creates_nothing() {
         assert_eq!(names, vec!["hermes.db".to_string()], "{mode}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The parent: its state stores, present or future, are invisible in the sandbox.
+// ---------------------------------------------------------------------------------------
+
+/// A task that watches the parent's state directory for 4 s from inside the sandbox: it
+/// lists it every 50 ms and takes a read lock on byte 120 (SQLite's WAL write lock) of
+/// any `-shm` it can open, then reports to `$FORK_REPORTS/watch.json`.
+const WATCH_TASK: &str = r#"
+import fcntl, json, os, time
+st = os.environ["PARENT_STATE"]
+listings, locked, held = [], [], []
+t0 = time.time()
+while time.time() - t0 < 4:
+    try:
+        names = sorted(os.listdir(st))
+    except OSError as e:
+        names = ["<%s>" % type(e).__name__]
+    if names not in listings:
+        listings.append(names)
+    for n in names:
+        if n.endswith("-shm") and n not in locked:
+            try:
+                fd = os.open(os.path.join(st, n), os.O_RDONLY)
+                fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 120)
+                held.append(fd)
+                locked.append(n)
+            except OSError:
+                pass
+    time.sleep(0.05)
+with open(os.path.join(os.environ["FORK_REPORTS"], "watch.json"), "w") as f:
+    json.dump({"listings": listings, "locked": locked}, f)
+"#;
+
+#[test]
+fn side_files_a_wal_parent_creates_after_the_sandbox_started_stay_invisible() {
+    need_root!();
+    let env = common::lifecycle::Env::new("hs-wal-hide");
+    let rt = wal_runtime(&env);
+    let state = rt.join("state");
+    let toml = format!(
+        "\n[tasks.watch]\ncommand = [\"python3\", \"-c\", '''{WATCH_TASK}''']\n\
+         env = {{ PARENT_STATE = \"{}\" }}\n",
+        state.display()
+    );
+    let mut t = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    t.push_str(&toml);
+    std::fs::write(rt.join("fork.toml"), t).unwrap();
+    // No -wal/-shm when the sandbox starts; the parent's writer connects 1.5 s later (its
+    // -wal and -shm are new files) and commits with a short busy timeout.
+    assert_eq!(state_listing(&state).len(), 1);
+    let stop = env.dir.join("stop");
+    let (db, stop2) = (state.join("hermes.db"), stop.clone());
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        spawn_writer(&db, &stop2, "held")
+            .wait_with_output()
+            .unwrap()
+    });
+    let e = common::lifecycle::evaluate(
+        &env,
+        &common::lifecycle::patch("noop-comment"),
+        &rt,
+        "watch",
+        &["--task", "watch", "--no-ledger"],
+    );
+    std::fs::write(&stop, b"").unwrap();
+    let out = writer.join().unwrap();
+    let watch: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(e.artifact("report-watch.json")).unwrap_or_default())
+            .unwrap_or(serde_json::Value::Null);
+    assert!(watch["listings"].is_array(), "no watch report: {}", e.ctx());
+    // The directory is empty inside the sandbox, before and after the parent connected.
+    assert_eq!(
+        watch["listings"],
+        serde_json::json!([[]]),
+        "the parent's state showed: {watch}"
+    );
+    assert_eq!(watch["locked"], serde_json::json!([]), "{watch}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    let failed: u64 = report
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert_eq!(
+        failed,
+        0,
+        "the parent's writer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
