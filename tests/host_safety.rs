@@ -470,3 +470,116 @@ fn side_files_a_wal_parent_creates_after_the_sandbox_started_stay_invisible() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The parent's tree is read beneath its root and never through a link (F8).
+// ---------------------------------------------------------------------------------------
+
+const SECRET: &str = "ROOT-ONLY-SECRET-f8";
+
+/// A root-only directory outside the runtime holding a marker secret.
+fn root_only(env: &common::lifecycle::Env) -> PathBuf {
+    let d = env.dir.join("rootonly");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("secret.txt"), SECRET).unwrap();
+    std::fs::set_permissions(d.join("secret.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+/// Whether any file under `dir` (not following links) holds the secret.
+fn holds_secret(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file()
+                && String::from_utf8_lossy(&std::fs::read(e.path()).unwrap_or_default())
+                    .contains(SECRET)
+            {
+                found.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn tools_swapped_for_a_link_mid_evaluation_are_never_followed() {
+    need_root!();
+    let env = common::lifecycle::Env::new("hs-toctou");
+    let secret_dir = root_only(&env);
+    // Three runs, 2 s each: the tools are copied for every run.
+    let rt = env.runtime(
+        "rt-toctou",
+        "\n[tasks.inventory]\ncommand = [\"sh\", \"-c\", \
+         \"ls -la $FORK_TOOLS > $FORK_REPORTS/inventory.txt; \
+         cat $FORK_TOOLS/* >> $FORK_REPORTS/inventory.txt 2>&1; sleep 2\"]\nrepeat = 3\n",
+    );
+    // The runtime's owner swaps tools/ for a link once the plan has validated the manifest
+    // (during the first run).
+    let (tools, moved, target) = (rt.join("tools"), rt.join("tools.orig"), secret_dir.clone());
+    let swapper = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        std::fs::rename(&tools, &moved).unwrap();
+        std::os::unix::fs::symlink(&target, &tools).unwrap();
+    });
+    let e = common::lifecycle::evaluate(
+        &env,
+        &common::lifecycle::patch("noop-comment"),
+        &rt,
+        "toctou",
+        &["--task", "inventory", "--no-ledger"],
+    );
+    swapper.join().unwrap();
+    // Refused as bad input naming the tools, not the manifest check (which ran before).
+    assert_eq!(e.code, 65, "{}", e.ctx());
+    assert!(
+        e.stderr.contains("copying the tools of the runtime") && e.stderr.contains("symbolic link"),
+        "{}",
+        e.stderr
+    );
+    // The secret is nowhere but where it was: not in a bundle, the run root, the runtime.
+    let found: Vec<PathBuf> = holds_secret(&env.dir)
+        .into_iter()
+        .filter(|p| !p.starts_with(&secret_dir))
+        .collect();
+    assert!(found.is_empty(), "the secret was copied to {found:?}");
+}
+
+#[test]
+fn a_linked_directory_inside_the_source_is_copied_as_a_link_never_followed() {
+    need_root!();
+    let env = common::lifecycle::Env::new("hs-srclink");
+    let secret_dir = root_only(&env);
+    let rt = env.runtime(
+        "rt-srclink",
+        "\n[tasks.peek]\ncommand = [\"sh\", \"-c\", \
+         \"ls -la hermes > $FORK_REPORTS/peek.txt; cat hermes/leak/secret.txt >> $FORK_REPORTS/peek.txt 2>&1; true\"]\n",
+    );
+    std::os::unix::fs::symlink(&secret_dir, rt.join("hermes/leak")).unwrap();
+    let e = common::lifecycle::evaluate(
+        &env,
+        &common::lifecycle::patch("noop-comment"),
+        &rt,
+        "srclink",
+        &["--task", "peek", "--no-ledger"],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    let peek = std::fs::read_to_string(e.artifact("report-peek.txt")).unwrap();
+    assert!(
+        peek.contains("leak ->"),
+        "the link was not copied as a link: {peek}"
+    );
+    let found: Vec<PathBuf> = holds_secret(&env.dir)
+        .into_iter()
+        .filter(|p| !p.starts_with(&secret_dir))
+        .collect();
+    assert!(found.is_empty(), "the secret was copied to {found:?}");
+}

@@ -8,6 +8,7 @@
 pub mod copyback;
 pub mod parent;
 pub mod snapshot;
+pub mod tree;
 pub mod workspace;
 
 pub use snapshot::{

@@ -112,8 +112,18 @@ impl ParentDb {
     /// Opens `path` (its last component must not be a link) and takes SQLite's SHARED lock
     /// on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
     pub fn lock(path: &Path, deadline: std::time::Instant) -> std::io::Result<ParentDb> {
+        // No component may be a link (the runtime's path is canonical; SQLite's NOFOLLOW
+        // refuses links in any component too).
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let fd = nix::fcntl::open(path, flags, Mode::empty())?;
+        let how = nix::fcntl::OpenHow::new()
+            .flags(flags)
+            .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => {
+                nix::fcntl::open(path, flags, Mode::empty())?
+            }
+            r => r?,
+        };
         let lock = libc::flock {
             l_type: libc::F_RDLCK as libc::c_short,
             l_whence: libc::SEEK_SET as libc::c_short,
@@ -194,4 +204,16 @@ pub fn remove_copy(scratch: &Path) {
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let _ = std::fs::remove_file(side(scratch, suffix));
     }
+}
+
+/// `sha256:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
+/// without following any link (a gate's REJECT hashes the live file as it stands).
+pub fn state_sha256(runtime: &Path, rel: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let root = crate::fsx::open_dir(runtime, true).map_err(std::io::Error::other)?;
+    let f = crate::fsx::open_beneath(&root, &rel.to_string_lossy(), u64::MAX)
+        .map_err(std::io::Error::other)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f.bounded(), &mut h)?;
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
