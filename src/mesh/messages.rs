@@ -599,22 +599,34 @@ pub fn write_bundle_files(dir: &Path, files: &BTreeMap<String, String>) -> Resul
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).ctx("create directory", parent)?;
     }
+    // Private to the invoking user (0700/0600, set explicitly whatever the umask).
     let mut builder = std::fs::DirBuilder::new();
-    builder.mode(0o755);
-    builder.create(dir).ctx("create directory", dir)?;
+    builder.mode(0o700);
+    let private_dir = |d: &Path| {
+        builder.create(d).ctx("create directory", d)?;
+        std::fs::set_permissions(
+            d,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+        )
+        .ctx("set permissions on", d)
+    };
+    private_dir(dir)?;
     if decoded.iter().any(|(n, _)| n.starts_with("artifacts/")) {
-        let art = dir.join(ARTIFACTS_DIR);
-        builder.create(&art).ctx("create directory", &art)?;
+        private_dir(&dir.join(ARTIFACTS_DIR))?;
     }
     for (name, bytes) in decoded {
         let path = dir.join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .ctx("create", &path)?;
+        f.set_permissions(
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+        )
+        .ctx("set permissions on", &path)?;
         f.write_all(&bytes).ctx("write", &path)?;
     }
     Ok(())
