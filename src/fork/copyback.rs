@@ -295,9 +295,11 @@ fn stage(
         let copied = io::copy(&mut File::from(from).take(*left + 1), &mut out)
             .map_err(|e| CopyBackError::Io(IoError::new("copy", &path, e)))?;
         if copied > *left {
+            // Only a file that grew after it was measured gets here.
+            let so_far = opts.max_bytes - *left + copied;
             return Err(CopyBackError::OverBudget {
-                apparent: opts.max_bytes + 1,
-                allocated: 0,
+                apparent: so_far,
+                allocated: so_far,
                 max: opts.max_bytes,
             });
         }
