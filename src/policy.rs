@@ -106,6 +106,26 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, String>,
 }
 
+/// What a mesh node publishes of its verdict bundle (`[mesh] publish`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Publish {
+    /// The signed verdict and endorsement only: the artifacts' hashes are in the verdict,
+    /// their contents (logs, reports) stay on the node.
+    #[default]
+    Verdict,
+    /// The whole bundle, artifacts included.
+    Bundle,
+}
+
+/// `[mesh]`: what `fork mesh serve` shares.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshPolicy {
+    #[serde(default)]
+    pub publish: Publish,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
@@ -118,6 +138,7 @@ struct RawPolicy {
     gates: Option<crate::patch::gates::GatePolicy>,
     decision: Option<crate::verdict::decide::DecisionRules>,
     gateway: Option<crate::gateway::GatewayConfig>,
+    mesh: Option<MeshPolicy>,
 }
 
 /// A loaded, validated policy.
@@ -138,6 +159,8 @@ pub struct Policy {
     pub decision: crate::verdict::decide::DecisionRules,
     /// The metered model gateway (`[gateway]`), if any.
     pub gateway: Option<crate::gateway::GatewayConfig>,
+    /// What a mesh node publishes (`[mesh]`).
+    pub mesh: MeshPolicy,
 }
 
 /// Shortest policy value scrubbed as a secret ([`Policy::secret_values`]).
@@ -381,6 +404,7 @@ impl Policy {
             gates,
             decision,
             gateway: raw.gateway,
+            mesh: raw.mesh.unwrap_or_default(),
         })
     }
 }

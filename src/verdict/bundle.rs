@@ -40,6 +40,9 @@ pub const VERDICT_ENVELOPE_FILE: &str = "verdict.dsse.json";
 pub const ENDORSEMENT_FILE: &str = "endorsement.dsse.json";
 /// The artifacts directory.
 pub const ARTIFACTS_DIR: &str = "artifacts";
+/// In a bundle received over the mesh from a node that publishes only its verdict: says the
+/// artifacts were withheld (their hashes stay signed in the verdict).
+pub const WITHHELD_FILE: &str = "artifacts.withheld";
 /// Infix of the temporary directory a bundle is built in (`.<name>.partial-XXXXXX`).
 pub const PARTIAL_INFIX: &str = ".partial-";
 
