@@ -141,66 +141,6 @@ pub fn open_dir(path: &Path, follow_last: bool) -> Result<OwnedFd, FsxError> {
     })
 }
 
-/// Opens the directory `rel` beneath the directory `dir` (`""` is `dir` itself), reached
-/// without following any symbolic link and without leaving `dir` (`openat2` with
-/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
-/// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
-pub fn open_dir_beneath(dir: impl AsFd, rel: &Path) -> Result<OwnedFd, FsxError> {
-    let dir = dir.as_fd();
-    let shown = rel.display().to_string();
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let mut parts = Vec::new();
-    for c in rel.components() {
-        match c {
-            Component::Normal(p) => parts.push(p),
-            Component::CurDir => {}
-            _ => {
-                return Err(FsxError::BadPath {
-                    rel: shown,
-                    reason: "it is absolute or contains `..`",
-                })
-            }
-        }
-    }
-    let Some(first) = parts.first() else {
-        return dir.try_clone_to_owned().map_err(|source| FsxError::Io {
-            op: "dup",
-            component: ".".into(),
-            source,
-        });
-    };
-    let joined: PathBuf = parts.iter().collect();
-    let how = OpenHow::new()
-        .flags(flags)
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let refused = match nix::fcntl::openat2(dir, &joined, how) {
-        Ok(fd) => return Ok(fd),
-        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => Some(e),
-        Err(e) if !openat2_unavailable(e) => return Err(errno_error("openat2", &shown, e)),
-        Err(_) => None,
-    };
-    // The walk (where openat2 is refused, or to name the link openat2 found).
-    let mut cur = dir.try_clone_to_owned().map_err(|source| FsxError::Io {
-        op: "dup",
-        component: ".".into(),
-        source,
-    })?;
-    let mut walked = PathBuf::new();
-    for part in std::iter::once(first).chain(&parts[1..]) {
-        walked.push(part);
-        let at = walked.display().to_string();
-        let st = nix::sys::stat::fstatat(&cur, *part, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| errno_error("fstatat", &at, e))?;
-        expect_kind(&st, &at, "directory")?;
-        cur = nix::fcntl::openat(&cur, *part, flags, Mode::empty())
-            .map_err(|e| errno_error("openat", &at, e))?;
-    }
-    match refused {
-        Some(e) => Err(errno_error("openat2", &shown, e)),
-        None => Ok(cur),
-    }
-}
-
 /// Opens `rel` beneath the directory `dir` for reading: a regular file of at most
 /// `max_bytes` bytes, reached without following any symbolic link (see the module docs).
 pub fn open_beneath(dir: impl AsFd, rel: &str, max_bytes: u64) -> Result<Opened, FsxError> {
@@ -312,7 +252,7 @@ fn relative_parts(rel: &str) -> Result<Vec<&std::ffi::OsStr>, FsxError> {
 }
 
 /// Errors `openat2` gives where it is not available to this process (see the module docs).
-fn openat2_unavailable(e: Errno) -> bool {
+pub(crate) fn openat2_unavailable(e: Errno) -> bool {
     matches!(
         e,
         Errno::ENOSYS | Errno::EPERM | Errno::E2BIG | Errno::EINVAL
@@ -422,7 +362,11 @@ fn file_kind(st: &FileStat) -> &'static str {
 
 /// Refuses `st` unless it is an `expected` ("regular file" or "directory"); a link is
 /// named as such.
-fn expect_kind(st: &FileStat, component: &str, expected: &'static str) -> Result<(), FsxError> {
+pub(crate) fn expect_kind(
+    st: &FileStat,
+    component: &str,
+    expected: &'static str,
+) -> Result<(), FsxError> {
     let kind = file_kind(st);
     if kind == "symbolic link" {
         return Err(FsxError::Symlink {
@@ -589,7 +533,7 @@ pub fn walk_tree(
     }
 }
 
-fn errno_error(op: &'static str, component: &str, e: Errno) -> FsxError {
+pub(crate) fn errno_error(op: &'static str, component: &str, e: Errno) -> FsxError {
     let component = component.to_string();
     match e {
         Errno::ENOENT => FsxError::Missing { component },

@@ -1,7 +1,7 @@
 //! Reading a tree someone else may be changing (the parent's source and tools, which an
 //! unprivileged owner of the runtime can rename and relink at any moment) one directory
 //! descriptor at a time: every directory is reopened beneath the tree's root descriptor
-//! without following any link (`fsx::open_dir_beneath`), every entry is looked at with
+//! without following any link ([`open_dir_beneath`]), every entry is looked at with
 //! `fstatat(AT_SYMLINK_NOFOLLOW)` relative to its directory's descriptor, and every file is
 //! opened `O_NOFOLLOW | O_NONBLOCK` relative to it and checked on the opened descriptor
 //! (`fstat`): an entry swapped for a link, a FIFO or a device between the look and the open
@@ -9,6 +9,7 @@
 //! hashes read their source through here.
 
 use super::workspace::WorkspaceError;
+use crate::fsx::FsxError;
 use crate::ioerr::IoError;
 use globset::GlobSet;
 use nix::dir::Dir;
@@ -18,7 +19,7 @@ use sha2::{Digest, Sha256};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -77,7 +78,7 @@ impl Tree {
     pub fn beneath(root: &Path, rel: &Path) -> Result<Tree, WorkspaceError> {
         let r = crate::fsx::open_dir(root, true).map_err(|e| fsx_err(root, e))?;
         let shown = root.join(rel);
-        let fd = crate::fsx::open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
+        let fd = open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
         Ok(Tree { root: fd, shown })
     }
 
@@ -92,7 +93,7 @@ impl Tree {
 
     /// The directory `rel` of the tree, reopened beneath the root.
     pub fn dir(&self, rel: &Path) -> Result<OwnedFd, WorkspaceError> {
-        crate::fsx::open_dir_beneath(&self.root, rel)
+        open_dir_beneath(&self.root, rel)
             .map_err(|e| io("open", &self.shown.join(rel), std::io::Error::other(e)))
     }
 
@@ -210,4 +211,68 @@ fn digest(mut f: File, shown: &Path) -> Result<[u8; 32], WorkspaceError> {
         h.update(&buf[..n]);
     }
     Ok(h.finalize().into())
+}
+
+/// Opens the directory `rel` beneath the directory `dir` (`""` is `dir` itself), reached
+/// without following any symbolic link and without leaving `dir` (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
+/// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
+pub fn open_dir_beneath(dir: impl AsFd, rel: &Path) -> Result<OwnedFd, FsxError> {
+    use crate::fsx::{errno_error, expect_kind, openat2_unavailable};
+    use nix::errno::Errno;
+    use nix::fcntl::{OpenHow, ResolveFlag};
+    use std::path::Component;
+    let dir = dir.as_fd();
+    let shown = rel.display().to_string();
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut parts = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(p) => parts.push(p),
+            Component::CurDir => {}
+            _ => {
+                return Err(FsxError::BadPath {
+                    rel: shown,
+                    reason: "it is absolute or contains `..`",
+                })
+            }
+        }
+    }
+    let Some(first) = parts.first() else {
+        return dir.try_clone_to_owned().map_err(|source| FsxError::Io {
+            op: "dup",
+            component: ".".into(),
+            source,
+        });
+    };
+    let joined: PathBuf = parts.iter().collect();
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let refused = match nix::fcntl::openat2(dir, &joined, how) {
+        Ok(fd) => return Ok(fd),
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => Some(e),
+        Err(e) if !openat2_unavailable(e) => return Err(errno_error("openat2", &shown, e)),
+        Err(_) => None,
+    };
+    // The walk (where openat2 is refused, or to name the link openat2 found).
+    let mut cur = dir.try_clone_to_owned().map_err(|source| FsxError::Io {
+        op: "dup",
+        component: ".".into(),
+        source,
+    })?;
+    let mut walked = PathBuf::new();
+    for part in std::iter::once(first).chain(&parts[1..]) {
+        walked.push(part);
+        let at = walked.display().to_string();
+        let st = nix::sys::stat::fstatat(&cur, *part, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| errno_error("fstatat", &at, e))?;
+        expect_kind(&st, &at, "directory")?;
+        cur = nix::fcntl::openat(&cur, *part, flags, Mode::empty())
+            .map_err(|e| errno_error("openat", &at, e))?;
+    }
+    match refused {
+        Some(e) => Err(errno_error("openat2", &shown, e)),
+        None => Ok(cur),
+    }
 }
