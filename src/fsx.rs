@@ -252,7 +252,7 @@ fn relative_parts(rel: &str) -> Result<Vec<&std::ffi::OsStr>, FsxError> {
 }
 
 /// Errors `openat2` gives where it is not available to this process (see the module docs).
-fn openat2_unavailable(e: Errno) -> bool {
+pub(crate) fn openat2_unavailable(e: Errno) -> bool {
     matches!(
         e,
         Errno::ENOSYS | Errno::EPERM | Errno::E2BIG | Errno::EINVAL
@@ -362,7 +362,11 @@ fn file_kind(st: &FileStat) -> &'static str {
 
 /// Refuses `st` unless it is an `expected` ("regular file" or "directory"); a link is
 /// named as such.
-fn expect_kind(st: &FileStat, component: &str, expected: &'static str) -> Result<(), FsxError> {
+pub(crate) fn expect_kind(
+    st: &FileStat,
+    component: &str,
+    expected: &'static str,
+) -> Result<(), FsxError> {
     let kind = file_kind(st);
     if kind == "symbolic link" {
         return Err(FsxError::Symlink {
@@ -529,7 +533,7 @@ pub fn walk_tree(
     }
 }
 
-fn errno_error(op: &'static str, component: &str, e: Errno) -> FsxError {
+pub(crate) fn errno_error(op: &'static str, component: &str, e: Errno) -> FsxError {
     let component = component.to_string();
     match e {
         Errno::ENOENT => FsxError::Missing { component },

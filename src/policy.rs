@@ -106,6 +106,26 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, String>,
 }
 
+/// What a mesh node publishes of its verdict bundle (`[mesh] publish`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Publish {
+    /// The signed verdict and endorsement only: the artifacts' hashes are in the verdict,
+    /// their contents (logs, reports) stay on the node.
+    #[default]
+    Verdict,
+    /// The whole bundle, artifacts included.
+    Bundle,
+}
+
+/// `[mesh]`: what `fork mesh serve` shares.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshPolicy {
+    #[serde(default)]
+    pub publish: Publish,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
@@ -118,6 +138,7 @@ struct RawPolicy {
     gates: Option<crate::patch::gates::GatePolicy>,
     decision: Option<crate::verdict::decide::DecisionRules>,
     gateway: Option<crate::gateway::GatewayConfig>,
+    mesh: Option<MeshPolicy>,
 }
 
 /// A loaded, validated policy.
@@ -138,7 +159,12 @@ pub struct Policy {
     pub decision: crate::verdict::decide::DecisionRules,
     /// The metered model gateway (`[gateway]`), if any.
     pub gateway: Option<crate::gateway::GatewayConfig>,
+    /// What a mesh node publishes (`[mesh]`).
+    pub mesh: MeshPolicy,
 }
+
+/// Shortest policy value scrubbed as a secret ([`Policy::secret_values`]).
+pub const MIN_SECRET_LEN: usize = 4;
 
 impl Policy {
     /// What a sandbox run under this policy isolates and limits. The node key's directory
@@ -193,6 +219,35 @@ impl Policy {
             set(k, v.clone());
         }
         env
+    }
+
+    /// The values this policy passes into the sandbox that may be secrets (tokens,
+    /// credentials): its `[environment]` `set` values and the host's values of its `pass`
+    /// names, except locale, terminal and time-zone settings (`LANG`, `LANGUAGE`, `LC_*`,
+    /// `TERM`, `TZ`), and except values shorter than [`MIN_SECRET_LEN`] bytes (they would
+    /// match by chance). fork scrubs them from what it stores.
+    pub fn secret_values(&self) -> Vec<String> {
+        let public =
+            |k: &str| matches!(k, "LANG" | "LANGUAGE" | "TERM" | "TZ") || k.starts_with("LC_");
+        let passed = self
+            .environment
+            .pass
+            .iter()
+            .filter(|k| !public(k))
+            .filter_map(|k| std::env::var(k).ok());
+        let set = self
+            .environment
+            .set
+            .iter()
+            .filter(|(k, _)| !public(k))
+            .map(|(_, v)| v.clone());
+        let mut out: Vec<String> = passed
+            .chain(set)
+            .filter(|v| v.len() >= MIN_SECRET_LEN)
+            .collect();
+        out.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        out.dedup();
+        out
     }
 
     /// The built-in default policy.
@@ -350,6 +405,7 @@ impl Policy {
             gates,
             decision,
             gateway: raw.gateway,
+            mesh: raw.mesh.unwrap_or_default(),
         })
     }
 }
@@ -386,6 +442,20 @@ pub fn home_dir() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn secret_values_are_the_set_and_passed_values_but_locale_and_short_ones() {
+        let p = Policy::parse(
+            "[environment]\npass = [\"LANG\", \"FORK_TEST_SECRET_PASS\"]\n\
+             set = { TOKEN = \"abcd1234\", LC_ALL = \"C.UTF-8\", N = \"1\" }\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let v = p.secret_values();
+        assert!(v.contains(&"abcd1234".to_string()), "{v:?}");
+        assert!(!v.iter().any(|x| x == "C.UTF-8" || x == "1"), "{v:?}");
+    }
     use super::*;
     use std::time::Duration;
 

@@ -14,6 +14,9 @@ pub struct RunRequest {
     pub policy: Policy,
     /// A host directory copied into the workspace before the run and back after it.
     pub workspace: Option<PathBuf>,
+    /// Copy `.git` directories back from the workspace too (off: a planted hook or config
+    /// would act on the host).
+    pub allow_git_internals: bool,
     pub command: Vec<String>,
 }
 
@@ -70,6 +73,7 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
     let RunRequest {
         mut policy,
         workspace,
+        allow_git_internals,
         command,
     } = req;
     if let Some(w) = &workspace {
@@ -138,11 +142,20 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
                 "the workspace is no longer a directory (replaced by a link?): not copying it back to {}",
                 w.display()
             ));
-        } else if let Err(e) = crate::fork::workspace::copy_tree(&ws, w, &["home".to_string()]) {
-            notes.push(format!(
-                "copying the workspace back to {}: {e}",
-                w.display()
-            ));
+        } else {
+            let opts = crate::fork::copyback::CopyBackOptions {
+                max_bytes: policy.budgets.disk_bytes,
+                allow_git_internals,
+                skip_top: vec!["home".into()],
+                tag: sb.run_id().to_string(),
+            };
+            match crate::fork::copyback::copy_back(&ws, w, &opts) {
+                Ok(stats) => notes.extend(stats.notes()),
+                Err(e) => notes.push(format!(
+                    "copying the workspace back to {}: {e}",
+                    w.display()
+                )),
+            }
         }
     }
     let run_id = sb.run_id().to_string();

@@ -258,8 +258,8 @@ fn hostile_escape_is_contained() {
     // It passes the gates on purpose, and the tests pass: APPROVE when contained.
     assert_eq!(e.code, 0, "{}", e.ctx());
     let report = e.artifact_json("report-escape.json");
-    // Not strict: other checkouts' databases the read-only host root shows may be locked.
-    assert_contained(&report, &db, false);
+    // Strict: the fixture targets only the parent it is evaluated against (and the key).
+    assert_contained(&report, &db, true);
     assert!(!marker.exists(), "{} appeared", marker.display());
     assert_eq!(
         std::fs::read(&db).unwrap(),
@@ -731,12 +731,12 @@ fn parent_is_never_modified_while_a_writer_writes() {
     assert_eq!(files_after, files_before);
     assert!(!rt.join("state/ESCAPED").exists());
 
-    // And the hostile patch really tried, and failed, to reach the parent's db.
-    // (Not strict: the bundled fixture's db, another runtime, is visible read-only here.)
+    // And the hostile patch really tried, and failed, to reach the parent's db (strict:
+    // it targets only that db and the key, so any success is a real escape).
     assert_contained(
         &hostile.artifact_json("report-escape.json"),
         &parent_db,
-        false,
+        true,
     );
 }
 

@@ -505,7 +505,7 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
 
 fn message_for(proposal_id: &str, node_key: &Path, bundle: &Path) -> Vec<u8> {
     let public = fork::identity::load_node_key(node_key).unwrap().public();
-    VerdictMessage::from_bundle(proposal_id, &public, bundle)
+    VerdictMessage::from_bundle(proposal_id, &public, bundle, fork::policy::Publish::Bundle)
         .unwrap()
         .to_json()
         .unwrap()
@@ -614,10 +614,25 @@ fn three_nodes_approve_unanimously_and_staging_is_separate() {
     assert_eq!(voters, want, "one vote per node: {}", p.ctx());
     assert!(p.votes().iter().all(|(_, v)| v == "APPROVE"), "{}", p.ctx());
     assert!(p.refused_reasons().is_empty(), "{}", p.ctx());
-    // Every received bundle is a complete signed bundle: `fork verify` accepts it with
-    // its node's key, and it answers this proposal.
+    // Every received bundle is a signed bundle: `fork verify` accepts it with its node's
+    // key, and it answers this proposal. Under the default policy (`[mesh] publish =
+    // "verdict"`) a node publishes its verdict and the artifacts' hashes, never their
+    // contents (logs, reports).
     for n in &nodes {
         let b = out.join(p.id()).join(format!("{}-1", n.key_id()));
+        assert!(!b.join("artifacts").exists(), "artifacts were published");
+        assert!(b.join("artifacts.withheld").is_file());
+        let text = n
+            .cmd()
+            .arg("verify")
+            .arg(&b)
+            .args(["--trust", &n.key])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("artifacts withheld"),
+            "{text:?}"
+        );
         let v = n
             .cmd()
             .arg("verify")

@@ -4,6 +4,7 @@
 //! `task::results::read_report_file`, never following a link: the successor may have
 //! replaced its workspace or reports directory with one.
 
+use super::plan::Plan;
 use super::{internal, EvaluateError};
 use crate::sandbox::Outcome;
 use crate::task::results;
@@ -52,6 +53,52 @@ fn staged_report_name(name: &str) -> String {
     format!("{}-{digest}", &full[..MAX_STAGED_NAME - 17])
 }
 
+/// What replaces a secret in the artifacts fork stores.
+pub const REDACTED: &[u8] = b"[redacted by fork]";
+
+/// The values scrubbed from a run's artifacts: the policy's ([`Policy::secret_values`])
+/// and the model gateway's credentials, longest first.
+///
+/// [`Policy::secret_values`]: crate::policy::Policy::secret_values
+fn secrets(p: &Plan) -> Vec<zeroize::Zeroizing<Vec<u8>>> {
+    let mut out: Vec<zeroize::Zeroizing<Vec<u8>>> = p
+        .policy
+        .secret_values()
+        .into_iter()
+        .map(|v| zeroize::Zeroizing::new(v.into_bytes()))
+        .collect();
+    if let Some(c) = p.gateway.as_ref().and_then(|g| g.credentials.as_ref()) {
+        if c.len() >= crate::policy::MIN_SECRET_LEN {
+            out.push(zeroize::Zeroizing::new(c.as_bytes().to_vec()));
+        }
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out
+}
+
+/// `bytes` with every occurrence of every secret replaced by [`REDACTED`].
+fn redact(bytes: &[u8], secrets: &[zeroize::Zeroizing<Vec<u8>>]) -> Vec<u8> {
+    let mut cur = bytes.to_vec();
+    for s in secrets {
+        if !cur.windows(s.len()).any(|w| w == s.as_slice()) {
+            continue;
+        }
+        let mut out = Vec::with_capacity(cur.len());
+        let mut i = 0;
+        while i < cur.len() {
+            if cur[i..].starts_with(s) {
+                out.extend_from_slice(REDACTED);
+                i += s.len();
+            } else {
+                out.push(cur[i]);
+                i += 1;
+            }
+        }
+        cur = out;
+    }
+    cur
+}
+
 /// Where a run's artifacts are staged: `<dir>/<prefix><name>`.
 pub struct Stager<'a> {
     pub dir: &'a Path,
@@ -93,6 +140,7 @@ pub struct Collected {
 /// Reads what a run left on `disk` (its capped filesystem) and its output `log` (through
 /// the descriptor fork opened, the path may have been replaced).
 pub fn collect(
+    p: &Plan,
     task: &crate::manifest::TaskSpec,
     disk: &Path,
     log: &std::fs::File,
@@ -100,7 +148,9 @@ pub fn collect(
     reading: Reading,
 ) -> Result<Collected, EvaluateError> {
     let in_reports = |rel: &str| format!("successor/reports/{rel}");
-    let stage = |name: String, bytes: &[u8]| stage.put(&name, bytes);
+    // What the policy passed in (tokens, credentials) never reaches the bundle.
+    let secrets = secrets(p);
+    let stage = |name: String, bytes: &[u8]| stage.put(&name, &redact(bytes, &secrets));
     let mut artifacts = Vec::new();
     let mut tests = None;
     let mut results_error = None;
@@ -193,4 +243,23 @@ pub fn collect(
         metrics_error,
         artifacts,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_occurrence_of_every_secret_is_redacted_longest_first() {
+        let secrets: Vec<zeroize::Zeroizing<Vec<u8>>> = ["token-long-1", "token"]
+            .iter()
+            .map(|s| zeroize::Zeroizing::new(s.as_bytes().to_vec()))
+            .collect();
+        let out = redact(b"a token-long-1 b token c token-long-1", &secrets);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "a [redacted by fork] b [redacted by fork] c [redacted by fork]"
+        );
+        assert_eq!(redact(b"nothing here", &secrets), b"nothing here");
+    }
 }

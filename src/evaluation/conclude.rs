@@ -7,7 +7,7 @@ use super::plan::{Plan, TaskPlan};
 use super::task_run::TaskRun;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
 use crate::budget::Exceeded;
-use crate::fork::workspace::{copy_tree, tree_hash};
+use crate::fork::workspace::{copy_tree, copy_tree_beneath, tree_hash};
 use crate::identity::{EphemeralKey, NodeKey};
 use crate::sandbox::{BudgetKind, Outcome};
 use crate::task::results;
@@ -257,8 +257,13 @@ fn served_verdict_matches(
 fn patched_source_hash(p: &Plan, probe: &CacheProbe<'_>) -> Result<String, String> {
     let scratch = &probe.scratch;
     let result = (|| {
-        copy_tree(probe.source_dir, scratch, &p.manifest.runtime.exclude)
-            .map_err(|e| format!("copying the source to check it: {e}"))?;
+        copy_tree_beneath(
+            &p.runtime,
+            &p.manifest.runtime.source,
+            scratch,
+            &p.manifest.runtime.exclude,
+        )
+        .map_err(|e| format!("copying the source to check it: {e}"))?;
         let _ = crate::patch::apply(scratch, probe.patch);
         tree_hash(scratch).map_err(|e| format!("hashing the patched source: {e}"))
     })();

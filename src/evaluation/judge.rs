@@ -142,6 +142,7 @@ pub fn run_judged(
     )?;
     // Evidence: the judge's reports alone. The subject's reports and log: artifacts.
     let judged = collect(
+        p,
         &t.spec,
         &judge_sb.disk(),
         &judge_log,
@@ -154,6 +155,7 @@ pub fn run_judged(
         prefix: &subject_prefix,
     };
     let own = collect(
+        p,
         &t.spec,
         &subject.disk(),
         &subject_log,

@@ -27,8 +27,7 @@ pub mod task_run;
 
 pub use request::{CiOutputs, LedgerChoice, Request};
 
-use crate::fork::snapshot::file_sha256;
-use crate::fork::workspace::tree_hash_excluding;
+use crate::fork::workspace::tree_hash_beneath;
 use crate::identity::EphemeralKey;
 use crate::patch::{self, Gate, GateStop};
 use crate::sandbox::SandboxError;
@@ -137,12 +136,13 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 .state
                 .iter()
                 .map(|s| {
-                    let d = file_sha256(&p.runtime.join(s)).unwrap_or_else(|_| "unreadable".into());
+                    let d = crate::fork::parent::state_sha256(&p.runtime, s)
+                        .unwrap_or_else(|_| "unreadable".into());
                     (s.display().to_string(), d)
                 })
                 .collect();
-            let source_hash = tree_hash_excluding(&source_dir, exclude)
-                .map_err(|e| internal("hashing the source")(e.to_string()))?;
+            let source_hash = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
+                .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
             let evidence = Evidence {
                 gate: Some((gate.to_string(), reason.clone())),
                 ..Default::default()
@@ -181,8 +181,8 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // The cache: the same patch on the same source tree, state, task and policy was
     // evaluated before, and its bundle still verifies. (The key's source is the tree the
     // patch applies to: with the patch hash, it determines the patched tree.)
-    let parent_source_hash = tree_hash_excluding(&source_dir, exclude)
-        .map_err(|e| internal("hashing the source")(e.to_string()))?;
+    let parent_source_hash = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
+        .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
     let cache_key = crate::ledger::CacheKey {
         patch_hash: p.patch_hash.clone(),
         state_hash: state_hash.clone(),

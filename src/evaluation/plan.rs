@@ -152,14 +152,10 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     let runtime = std::fs::canonicalize(&a.runtime)
         .map_err(|e| EvaluateError::Input(format!("--runtime {}: {e}", a.runtime.display())))?;
     // The parent's live state files (and their journals) are invisible in the sandbox.
-    for s in &manifest.runtime.state {
-        let p = runtime.join(s);
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut q = p.clone().into_os_string();
-            q.push(suffix);
-            policy.filesystem.hide.push(PathBuf::from(q));
-        }
-    }
+    policy
+        .filesystem
+        .hide
+        .extend(state_hides(&runtime, &manifest));
     if let Some(k) = &a.key {
         policy.filesystem.hide.push(k.clone());
     }
@@ -317,6 +313,32 @@ pub fn plan_hash(tasks: &[TaskPlan]) -> String {
     crate::verdict::plan::plan_hash(tasks.iter().map(|t| (t.name.as_str(), t.hash.as_str())))
 }
 
+/// What hides the parent's state stores: each store's whole directory (an empty tmpfs over
+/// it, so that a `-wal`, `-shm` or `-journal` the parent creates after the sandbox started
+/// is invisible too), unless that directory holds the source tree (the state sits at the
+/// source root): then the store's own names, those that exist when the sandbox starts (a
+/// side file created later there stays visible: the README's residue).
+pub fn state_hides(runtime: &Path, manifest: &Manifest) -> Vec<PathBuf> {
+    let source = runtime.join(&manifest.runtime.source);
+    let mut out: Vec<PathBuf> = Vec::new();
+    for s in &manifest.runtime.state {
+        let p = runtime.join(s);
+        match p.parent() {
+            Some(dir) if !source.starts_with(dir) => {
+                if !out.iter().any(|o| o == dir) {
+                    out.push(dir.to_path_buf());
+                }
+            }
+            _ => {
+                for suffix in ["", "-wal", "-shm", "-journal"] {
+                    out.push(crate::fork::parent::side(&p, suffix));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The ledger's `policy_hash`: sha256 over the conditions a verdict was reached under, which
 /// the cache must match besides the inputs: this fork's version, the resolved policy
 /// (budgets, layers, gates, decision rules, ...) and the isolation this host puts in force
@@ -348,4 +370,46 @@ pub fn combined_state_hash(files: &[(String, String)]) -> String {
         h.update([b'\n']);
     }
     format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(toml: &str, files: &[&str]) -> (tempfile::TempDir, Manifest) {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("fork.toml"), toml).unwrap();
+        for f in files {
+            let p = d.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"").unwrap();
+        }
+        let m = crate::manifest::load(d.path()).unwrap();
+        (d, m)
+    }
+
+    #[test]
+    fn state_in_its_own_directory_hides_the_directory_at_the_root_only_its_names() {
+        let (d, m) = runtime(
+            "[runtime]\nname = \"t\"\nsource = \".\"\nstate = [\"state/a.db\", \"state/b.db\"]\n\
+             [tasks.t]\ncommand = [\"true\"]\n",
+            &["state/a.db", "state/b.db"],
+        );
+        assert_eq!(state_hides(d.path(), &m), vec![d.path().join("state")]);
+        let (d, m) = runtime(
+            "[runtime]\nname = \"t\"\nsource = \".\"\nstate = [\"h.db\"]\n[tasks.t]\ncommand = [\"true\"]\n",
+            &["h.db"],
+        );
+        let names: Vec<PathBuf> = ["h.db", "h.db-wal", "h.db-shm", "h.db-journal"]
+            .iter()
+            .map(|n| d.path().join(n))
+            .collect();
+        assert_eq!(state_hides(d.path(), &m), names);
+        // The source in a subdirectory, the state at the runtime's root (which holds it).
+        let (d, m) = runtime(
+            "[runtime]\nname = \"t\"\nsource = \"src\"\nstate = [\"h.db\"]\n[tasks.t]\ncommand = [\"true\"]\n",
+            &["h.db", "src/x.py"],
+        );
+        assert_eq!(state_hides(d.path(), &m).len(), 4);
+    }
 }

@@ -4,7 +4,9 @@
 
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
-use crate::fork::workspace::{copy_tree, deploy_tree_hash, tree_hash, Workspace};
+use crate::fork::workspace::{
+    copy_tree, copy_tree_beneath, deploy_tree_hash, tree_hash, Workspace,
+};
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
 use std::path::Path;
@@ -40,6 +42,12 @@ pub enum Prepared {
     DidNotApply(String, String),
 }
 
+/// The error for a part of the parent's tree that cannot be read as it must be (a link, a
+/// swapped entry): bad input naming it, never followed.
+fn refused(what: &'static str) -> impl Fn(String) -> EvaluateError {
+    move |e| EvaluateError::Input(format!("copying {what} of the runtime: {e}"))
+}
+
 /// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
 /// `patch` is given), the tools and the state snapshot.
 pub fn prepare_side(
@@ -58,11 +66,25 @@ pub fn prepare_side(
     let sb = Sandbox::prepare(&spec)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
-    copy_tree(source_dir, &ws.src(), &p.manifest.runtime.exclude)
-        .map_err(|e| internal("copying the source tree")(e.to_string()))?;
+    // The parent's tree is read beneath its runtime directory, never through a link, each
+    // file checked on its descriptor: its owner may swap entries while we read (F8).
+    let source_rel = source_dir.strip_prefix(&p.runtime).map_err(|_| {
+        internal("copying the source tree")(format!(
+            "{} is not beneath {}",
+            source_dir.display(),
+            p.runtime.display()
+        ))
+    })?;
+    copy_tree_beneath(
+        &p.runtime,
+        source_rel,
+        &ws.src(),
+        &p.manifest.runtime.exclude,
+    )
+    .map_err(|e| refused("the source tree")(e.to_string()))?;
     if let Some(t) = &p.manifest.runtime.tools {
-        copy_tree(&p.runtime.join(t), &ws.tools(), &[])
-            .map_err(|e| internal("copying the tools")(e.to_string()))?;
+        copy_tree_beneath(&p.runtime, t, &ws.tools(), &[])
+            .map_err(|e| refused("the tools")(e.to_string()))?;
     }
     copy_tree(snap_dir, &ws.state(), &[])
         .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;

@@ -189,7 +189,7 @@ fn run_attempt(
         dir: side_dir,
         prefix,
     };
-    let c = collect(&t.spec, &sb.disk(), log, &stage, Reading::Evidence)?;
+    let c = collect(p, &t.spec, &sb.disk(), log, &stage, Reading::Evidence)?;
     let json =
         serde_json::to_vec_pretty(&outcome).map_err(|e| internal("staging")(e.to_string()))?;
     let mut artifacts = c.artifacts;

@@ -5,7 +5,10 @@
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
+pub mod copyback;
+pub mod parent;
 pub mod snapshot;
+pub mod tree;
 pub mod workspace;
 
 pub use snapshot::{

@@ -21,7 +21,8 @@
 //!   time may wait about one full copy, ~100 ms for 100 MiB; WAL mode avoids this). More
 //!   than `max_restarts` restarts is an error.
 //!
-//! The source is opened read-only. After the copy, `PRAGMA integrity_check` (or
+//! The source is opened read-only, and nothing is ever created or removed next to it, in
+//! any journal mode: a WAL-mode source is read as [`super::parent`] describes. After the copy, `PRAGMA integrity_check` (or
 //! `quick_check`) runs on the copy and must answer `ok`, and the copy's sha256 is taken.
 
 use rusqlite::backup::{Backup, StepResult};
@@ -286,7 +287,29 @@ pub fn snapshot(
             })
         }
     }
-    let result = copy_check_hash(src, dest, wal, opts, started);
+    let result = if wal {
+        // Nothing may be created next to the parent's database: see `parent`.
+        let scratch = super::parent::side(dest, ".parent");
+        let route = super::parent::ParentDb::lock(src, started + opts.timeout)
+            .and_then(|db| Ok((db.route(&scratch)?, db)))
+            .map_err(|source| SnapshotError::Io {
+                action: "read",
+                path: src.to_path_buf(),
+                source,
+            });
+        let r = route.and_then(|(route, _locked)| match route {
+            super::parent::Route::Uri(uri) => {
+                copy_check_hash(src, Some(&uri), dest, wal, opts, started)
+            }
+            super::parent::Route::Copied(copy) => {
+                copy_check_hash(&copy, None, dest, wal, opts, started)
+            }
+        });
+        super::parent::remove_copy(&scratch);
+        r
+    } else {
+        copy_check_hash(src, None, dest, wal, opts, started)
+    };
     if result.is_err() {
         remove_copy(dest);
     }
@@ -303,12 +326,13 @@ struct CopyOutcome {
 
 fn copy_check_hash(
     src: &Path,
+    uri: Option<&str>,
     dest: &Path,
     wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<SnapshotStats, SnapshotError> {
-    let copy = copy_pages(src, dest, wal, opts, started)?;
+    let copy = copy_pages(src, uri, dest, wal, opts, started)?;
     let copy_elapsed = started.elapsed();
 
     // The check and the hash both only read the copy: run them side by side.
@@ -362,16 +386,27 @@ fn copy_check_hash(
 
 fn copy_pages(
     src: &Path,
+    uri: Option<&str>,
     dest: &Path,
     wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<CopyOutcome, SnapshotError> {
-    let source = Connection::open_with_flags(
-        src,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
+    let ro = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let source = match uri {
+        Some(u) => Connection::open_with_flags(u, ro | OpenFlags::SQLITE_OPEN_URI),
+        None => Connection::open_with_flags(src, ro),
+    }
     .map_err(sqlite_err("open", src))?;
+    // Never checkpoint (nor delete the parent's -wal) when this connection closes.
+    source
+        .set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(sqlite_err("configure", src))?;
     // No busy handler: a step that finds a writer holding the lock returns Busy at once
     // and the loop below sleeps and retries, so that a step's duration is the time the
     // source's lock was held, and the timeout bounds the wait.

@@ -3,22 +3,25 @@
 //!
 //! Layout (lifecycle step 2, FORK): `<tmp>/fork-<run-id>/{src,state,tools,reports,home}`.
 //!
-//! Copies ([`copy_tree`]) never follow symbolic links: a link is recreated as a link with
-//! the same target (an absolute target then resolves inside the sandbox's own root).
-//! Regular files are copied with `std::fs::copy`, which on Linux uses
+//! Copies ([`copy_tree`]) and hashes read their source as [`super::tree`] describes (one
+//! directory descriptor at a time, never through a link, each file checked on its
+//! descriptor): a link is recreated as a link with the same target (an absolute target
+//! then resolves inside the sandbox's own root). Regular files are copied with
+//! `std::io::copy` between the two descriptors, which on Linux uses
 //! `copy_file_range(2)`: on filesystems that support it (btrfs, XFS with reflink, bcachefs,
 //! NFS 4.2 server-side copy, overlayfs over those) the copy is a reflink that shares
 //! blocks until written, elsewhere it is an in-kernel copy. Permission bits are kept
 //! except set-user-ID and set-group-ID, which are dropped; ownership is not kept (the copy
 //! belongs to the supervisor). Devices, FIFOs and sockets are skipped and counted.
 
+use super::tree::{Node, Tree};
 use crate::ioerr::{IoContext, IoError};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use sha2::{Digest, Sha256};
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -32,6 +35,10 @@ pub enum WorkspaceError {
     Exists { path: PathBuf },
     #[error("{path} is not a directory")]
     NotADirectory { path: PathBuf },
+    #[error(
+        "{path}: {component} is a symbolic link (fork never follows a link in a tree it reads)"
+    )]
+    Link { path: PathBuf, component: String },
     #[error("exclude pattern `{pattern}` is not a valid glob: {source}")]
     BadGlob {
         pattern: String,
@@ -171,72 +178,82 @@ fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
 /// hold a tree: directories are merged, files and symlinks in the way are replaced (never
 /// written through), and a directory in the way of a file is an error.
 pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
+    copy_from(&Tree::open(from)?, to, exclude)
+}
+
+/// [`copy_tree`] of the directory `rel` beneath the directory `root`, where no component of
+/// `rel` may be a link: the parent's source and tools beneath its runtime directory, read
+/// as [`super::tree`] describes whatever the runtime's owner does meanwhile.
+pub fn copy_tree_beneath(
+    root: &Path,
+    rel: &Path,
+    to: &Path,
+    exclude: &[String],
+) -> Result<CopyStats, WorkspaceError> {
+    copy_from(&Tree::beneath(root, rel)?, to, exclude)
+}
+
+fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
     let excludes = build_excludes(exclude)?;
-    let from_meta = fs::metadata(from).ctx("read", from)?;
-    if !from_meta.is_dir() {
-        return Err(WorkspaceError::NotADirectory {
-            path: from.to_path_buf(),
-        });
-    }
+    let from_mode = tree.stat()?.st_mode;
     fs::create_dir_all(to).ctx("create directory", to)?;
     let to_meta = fs::metadata(to).ctx("read", to)?;
     let to_id = (to_meta.dev(), to_meta.ino());
 
     let mut stats = CopyStats::default();
-    // (source dir, destination dir, path relative to `from`)
-    let mut stack = vec![(from.to_path_buf(), to.to_path_buf(), PathBuf::new())];
+    // (path relative to the tree, destination dir)
+    let mut stack = vec![(PathBuf::new(), to.to_path_buf())];
     // Directory modes are applied at the end, deepest first, so that a read-only
     // directory can still be filled.
-    let mut dir_modes: Vec<(PathBuf, u32)> = vec![(to.to_path_buf(), from_meta.mode() & 0o1777)];
-    while let Some((src_dir, dst_dir, rel_dir)) = stack.pop() {
-        let entries = fs::read_dir(&src_dir).ctx("read directory", &src_dir)?;
-        for entry in entries {
-            let entry = entry.ctx("read directory", &src_dir)?;
-            let name = entry.file_name();
+    let mut dir_modes: Vec<(PathBuf, u32)> = vec![(to.to_path_buf(), from_mode & 0o1777)];
+    while let Some((rel_dir, dst_dir)) = stack.pop() {
+        let dir = tree.dir(&rel_dir)?;
+        for (name, st, node) in tree.entries(&dir, &rel_dir, &excludes, &mut stats.excluded)? {
             let rel = rel_dir.join(&name);
-            let src = entry.path();
             let dst = dst_dir.join(&name);
-            if excludes.is_match(&rel) {
-                stats.excluded += 1;
-                continue;
-            }
-            let meta = fs::symlink_metadata(&src).ctx("stat", &src)?;
-            let ft = meta.file_type();
-            if ft.is_dir() {
-                if (meta.dev(), meta.ino()) == to_id {
-                    // The destination itself, inside the source: never copy it into itself.
-                    stats.excluded += 1;
-                    continue;
+            match node {
+                Node::Dir { mode } => {
+                    if (st.st_dev, st.st_ino) == to_id {
+                        // The destination itself, inside the source: never copy it into itself.
+                        stats.excluded += 1;
+                        continue;
+                    }
+                    if clear_dest(&dst, true)? {
+                        // Merge into the existing directory; its mode is set at the end.
+                        fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
+                            .ctx("set permissions on", &dst)?;
+                    } else {
+                        fs::DirBuilder::new()
+                            .mode(0o700)
+                            .create(&dst)
+                            .ctx("create directory", &dst)?;
+                    }
+                    stats.dirs += 1;
+                    dir_modes.push((dst.clone(), mode & 0o1777));
+                    stack.push((rel, dst));
                 }
-                if clear_dest(&dst, true)? {
-                    // Merge into the existing directory; its mode is set at the end.
-                    fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
+                Node::File { mode } => {
+                    let mut from = tree.open_file(&dir, &rel_dir, &name)?;
+                    clear_dest(&dst, false)?;
+                    let mut out = fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&dst)
+                        .ctx("create", &dst)?;
+                    // copy_file_range(2): a reflink where the filesystem can.
+                    let n = io::copy(&mut from, &mut out).ctx("copy", &tree.path().join(&rel))?;
+                    out.set_permissions(fs::Permissions::from_mode(mode & 0o1777))
                         .ctx("set permissions on", &dst)?;
-                } else {
-                    fs::DirBuilder::new()
-                        .mode(0o700)
-                        .create(&dst)
-                        .ctx("create directory", &dst)?;
+                    stats.files += 1;
+                    stats.bytes += n;
                 }
-                stats.dirs += 1;
-                dir_modes.push((dst.clone(), meta.mode() & 0o1777));
-                stack.push((src, dst, rel));
-            } else if ft.is_file() {
-                clear_dest(&dst, false)?;
-                let n = fs::copy(&src, &dst).ctx("copy", &src)?;
-                if meta.mode() & 0o6000 != 0 {
-                    fs::set_permissions(&dst, fs::Permissions::from_mode(meta.mode() & 0o1777))
-                        .ctx("set permissions on", &dst)?;
+                Node::Link(target) => {
+                    clear_dest(&dst, false)?;
+                    std::os::unix::fs::symlink(&target, &dst).ctx("create symlink", &dst)?;
+                    stats.symlinks += 1;
                 }
-                stats.files += 1;
-                stats.bytes += n;
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&src).ctx("read link", &src)?;
-                clear_dest(&dst, false)?;
-                std::os::unix::fs::symlink(&target, &dst).ctx("create symlink", &dst)?;
-                stats.symlinks += 1;
-            } else {
-                stats.special_skipped += 1;
+                _ => stats.special_skipped += 1,
             }
         }
     }
@@ -286,35 +303,40 @@ pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
 /// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it
 /// (special files aside): the hash of the source a successor would get, without copying.
 pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
-    let entries = walk(dir, exclude)?;
+    hash_tree(&Tree::open(dir)?, exclude)
+}
+
+/// [`tree_hash_excluding`] of the directory `rel` beneath `root`, no component of `rel` a
+/// link (the parent's source tree, read as [`super::tree`] describes).
+pub fn tree_hash_beneath(
+    root: &Path,
+    rel: &Path,
+    exclude: &[String],
+) -> Result<String, WorkspaceError> {
+    hash_tree(&Tree::beneath(root, rel)?, exclude)
+}
+
+fn hash_tree(tree: &Tree, exclude: &[String]) -> Result<String, WorkspaceError> {
+    let entries = tree.scan(&build_excludes(exclude)?)?;
     let mut h = Sha256::new();
     h.update(b"fork-tree-v1\0");
-    for (rel, m) in &entries {
-        let ft = m.file_type();
-        let abs = dir.join(rel);
-        let tag: &[u8; 1] = if ft.is_dir() {
-            b"D"
-        } else if ft.is_file() {
-            b"F"
-        } else if ft.is_symlink() {
-            b"L"
-        } else if ft.is_fifo() {
-            b"P"
-        } else if ft.is_socket() {
-            b"S"
-        } else if ft.is_char_device() {
-            b"C"
-        } else {
-            b"B"
+    for (rel, node, digest) in &entries {
+        let tag: &[u8; 1] = match node {
+            Node::Dir { .. } => b"D",
+            Node::File { .. } => b"F",
+            Node::Link(_) => b"L",
+            Node::Fifo => b"P",
+            Node::Socket => b"S",
+            Node::Char => b"C",
+            Node::Block => b"B",
         };
         h.update(tag);
         put_bytes(&mut h, rel.as_os_str().as_bytes());
-        if ft.is_file() {
-            h.update([u8::from(m.mode() & 0o100 != 0)]);
-            h.update(file_digest(&abs)?);
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&abs).ctx("read link", &abs)?;
-            put_bytes(&mut h, target.as_os_str().as_bytes());
+        if let (Node::File { mode }, Some(d)) = (node, digest) {
+            h.update([u8::from(mode & 0o100 != 0)]);
+            h.update(d);
+        } else if let Node::Link(target) = node {
+            put_bytes(&mut h, target.as_bytes());
         }
     }
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
@@ -334,71 +356,22 @@ pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, Wor
 ///   one), nor devices, FIFOs and sockets ([`copy_tree`] never copies them); other mode
 ///   bits, owners and timestamps do not count.
 pub fn deploy_tree_hash(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
-    let entries = walk(dir, exclude)?;
+    let entries = Tree::open(dir)?.scan(&build_excludes(exclude)?)?;
     let mut h = Sha256::new();
     h.update(b"fork-deploy-tree-v1\0");
-    for (rel, m) in &entries {
-        let ft = m.file_type();
-        let abs = dir.join(rel);
-        if ft.is_file() {
+    for (rel, node, digest) in &entries {
+        if let (Node::File { mode }, Some(d)) = (node, digest) {
             h.update(b"F");
             put_bytes(&mut h, rel.as_os_str().as_bytes());
-            h.update([u8::from(m.mode() & 0o100 != 0)]);
-            h.update(file_digest(&abs)?);
-        } else if ft.is_symlink() {
+            h.update([u8::from(mode & 0o100 != 0)]);
+            h.update(d);
+        } else if let Node::Link(target) = node {
             h.update(b"L");
             put_bytes(&mut h, rel.as_os_str().as_bytes());
-            let target = fs::read_link(&abs).ctx("read link", &abs)?;
-            put_bytes(&mut h, target.as_os_str().as_bytes());
+            put_bytes(&mut h, target.as_bytes());
         }
     }
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
-}
-
-/// Every entry under `dir` (not following links, leaving out what `exclude` matches),
-/// with its metadata, sorted by relative path bytes.
-fn walk(dir: &Path, exclude: &[String]) -> Result<Vec<(PathBuf, fs::Metadata)>, WorkspaceError> {
-    let excludes = build_excludes(exclude)?;
-    let meta = fs::metadata(dir).ctx("read", dir)?;
-    if !meta.is_dir() {
-        return Err(WorkspaceError::NotADirectory {
-            path: dir.to_path_buf(),
-        });
-    }
-    let mut entries: Vec<(PathBuf, fs::Metadata)> = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel_dir) = stack.pop() {
-        let abs = dir.join(&rel_dir);
-        for entry in fs::read_dir(&abs).ctx("read directory", &abs)? {
-            let entry = entry.ctx("read directory", &abs)?;
-            let rel = rel_dir.join(entry.file_name());
-            if excludes.is_match(&rel) {
-                continue;
-            }
-            let m = fs::symlink_metadata(entry.path()).ctx("stat", &entry.path())?;
-            if m.is_dir() {
-                stack.push(rel.clone());
-            }
-            entries.push((rel, m));
-        }
-    }
-    entries.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
-    Ok(entries)
-}
-
-/// The sha256 of a file's contents.
-fn file_digest(path: &Path) -> Result<[u8; 32], WorkspaceError> {
-    let mut f = fs::File::open(path).ctx("open", path)?;
-    let mut fh = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf).ctx("read", path)?;
-        if n == 0 {
-            break;
-        }
-        fh.update(&buf[..n]);
-    }
-    Ok(fh.finalize().into())
 }
 
 /// Deletes `path` and everything under it. Idempotent (a missing path is fine). Never

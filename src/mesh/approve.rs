@@ -207,7 +207,7 @@ pub fn approve(
     tmp.write_all(&bytes)
         .and_then(|_| {
             tmp.as_file()
-                .set_permissions(fs::Permissions::from_mode(0o644))
+                .set_permissions(fs::Permissions::from_mode(0o600))
         })
         .and_then(|_| tmp.as_file().sync_all())
         .ctx("write", tmp.path())?;
@@ -432,7 +432,7 @@ pub(crate) mod tests {
         ));
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o644
+            0o600
         );
         // No temporary file left behind.
         let names: Vec<String> = fs::read_dir(&b)

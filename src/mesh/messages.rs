@@ -330,16 +330,28 @@ pub struct VerdictMessage {
 
 impl VerdictMessage {
     /// The message for the bundle in `dir`.
+    /// With `publish` [`Publish::Verdict`](crate::policy::Publish), the artifacts stay
+    /// on the node: the message carries the verdict, its envelope, the endorsement (and
+    /// steward approvals) and an `artifacts.withheld` note instead.
     pub fn from_bundle(
         proposal_id: &str,
         node_key: &PublicKey,
         dir: &Path,
+        publish: crate::policy::Publish,
     ) -> Result<VerdictMessage, MeshError> {
+        let mut files = read_bundle_files(dir)?;
+        if publish == crate::policy::Publish::Verdict {
+            files.retain(|name, _| !name.starts_with("artifacts/"));
+            files.insert(
+                crate::verdict::bundle::WITHHELD_FILE.to_string(),
+                STANDARD.encode(b"artifacts withheld by the publishing node's policy ([mesh] publish = \"verdict\"); their sha256 are in the signed verdict\n"),
+            );
+        }
         Ok(VerdictMessage {
             header: new_header(VERDICT_MESSAGE_TYPE),
             proposal_id: proposal_id.to_string(),
             node_key: node_key.to_string(),
-            files: read_bundle_files(dir)?,
+            files,
         })
     }
 
@@ -480,7 +492,8 @@ pub fn is_valid_bundle_file(name: &str) -> bool {
     matches!(
         name,
         VERDICT_FILE | VERDICT_ENVELOPE_FILE | ENDORSEMENT_FILE
-    ) || is_approval_file_name(name)
+    ) || name == crate::verdict::bundle::WITHHELD_FILE
+        || is_approval_file_name(name)
         || crate::verdict::is_valid_artifact_path(name)
 }
 
@@ -534,6 +547,11 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
     for name in approvals {
         let path = dir.join(&name);
         add(name, &path)?;
+    }
+    // A bundle received from a node that withheld its artifacts keeps saying so.
+    let withheld = dir.join(crate::verdict::bundle::WITHHELD_FILE);
+    if std::fs::symlink_metadata(&withheld).is_ok() {
+        add(crate::verdict::bundle::WITHHELD_FILE.to_string(), &withheld)?;
     }
     let art = dir.join(ARTIFACTS_DIR);
     match std::fs::read_dir(&art) {
@@ -599,22 +617,34 @@ pub fn write_bundle_files(dir: &Path, files: &BTreeMap<String, String>) -> Resul
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).ctx("create directory", parent)?;
     }
+    // Private to the invoking user (0700/0600, set explicitly whatever the umask).
     let mut builder = std::fs::DirBuilder::new();
-    builder.mode(0o755);
-    builder.create(dir).ctx("create directory", dir)?;
+    builder.mode(0o700);
+    let private_dir = |d: &Path| {
+        builder.create(d).ctx("create directory", d)?;
+        std::fs::set_permissions(
+            d,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+        )
+        .ctx("set permissions on", d)
+    };
+    private_dir(dir)?;
     if decoded.iter().any(|(n, _)| n.starts_with("artifacts/")) {
-        let art = dir.join(ARTIFACTS_DIR);
-        builder.create(&art).ctx("create directory", &art)?;
+        private_dir(&dir.join(ARTIFACTS_DIR))?;
     }
     for (name, bytes) in decoded {
         let path = dir.join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .ctx("create", &path)?;
+        f.set_permissions(
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+        )
+        .ctx("set permissions on", &path)?;
         f.write_all(&bytes).ctx("write", &path)?;
     }
     Ok(())
@@ -730,6 +760,37 @@ mod tests {
     }
 
     #[test]
+    fn publishing_the_verdict_only_leaves_the_artifacts_out() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir_all(src.join("artifacts")).unwrap();
+        for n in ["verdict.json", "verdict.dsse.json", "endorsement.dsse.json"] {
+            std::fs::write(src.join(n), "{}\n").unwrap();
+        }
+        std::fs::write(src.join("artifacts/output.log"), "a log").unwrap();
+        let key = crate::identity::NodeKey::generate().public();
+        let id = uuid::Uuid::new_v4().to_string();
+        let m =
+            VerdictMessage::from_bundle(&id, &key, &src, crate::policy::Publish::Verdict).unwrap();
+        let names: Vec<&str> = m.files.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "artifacts.withheld",
+                "endorsement.dsse.json",
+                "verdict.dsse.json",
+                "verdict.json"
+            ]
+        );
+        let dst = t.path().join("dst");
+        write_bundle_files(&dst, &m.files).unwrap();
+        assert!(!dst.join("artifacts").exists());
+        let all =
+            VerdictMessage::from_bundle(&id, &key, &src, crate::policy::Publish::Bundle).unwrap();
+        assert!(all.files.contains_key("artifacts/output.log"));
+    }
+
+    #[test]
     fn bundle_files_round_trip_and_hostile_names_write_nothing() {
         let t = tempfile::tempdir().unwrap();
         let src = t.path().join("src");
@@ -744,7 +805,8 @@ mod tests {
         }
         let key = crate::identity::NodeKey::generate().public();
         let id = uuid::Uuid::new_v4().to_string();
-        let m = VerdictMessage::from_bundle(&id, &key, &src).unwrap();
+        let m =
+            VerdictMessage::from_bundle(&id, &key, &src, crate::policy::Publish::Bundle).unwrap();
         let back = decode_verdict_message(&m.to_json().unwrap()).unwrap();
         assert_eq!(back.files.len(), 4);
         let dst = t.path().join("o/dst");

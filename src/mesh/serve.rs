@@ -67,6 +67,8 @@ struct Node {
     runtime_name: String,
     /// Where this node keeps the bundles it signed.
     bundles: PathBuf,
+    /// What of a bundle this node publishes (its policy's `[mesh] publish`).
+    publish: crate::policy::Publish,
 }
 
 enum Flow {
@@ -110,9 +112,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
     drop(key);
     let manifest =
         crate::manifest::load(&opts.runtime).map_err(|e| MeshError::Input(e.to_string()))?;
-    if let Some(p) = &opts.policy {
-        crate::policy::Policy::load(Some(p)).map_err(|e| MeshError::Input(e.to_string()))?;
-    }
+    let publish = crate::policy::Policy::load(opts.policy.as_deref())
+        .map_err(|e| MeshError::Input(e.to_string()))?
+        .mesh
+        .publish;
     let subjects = crate::mesh::messages::Subjects::new(opts.staging);
     let bundles = crate::ledger::Ledger::default_path()
         .parent()
@@ -127,6 +130,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
         key_path,
         public,
         bundles,
+        publish,
     };
 
     let bus = Bus::connect(
@@ -347,7 +351,7 @@ async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
         },
     };
     let sent = async {
-        let m = VerdictMessage::from_bundle(&p.proposal_id, &node.public, &bundle)?;
+        let m = VerdictMessage::from_bundle(&p.proposal_id, &node.public, &bundle, node.publish)?;
         let bytes = m.to_json()?;
         // One answer per node and proposal: the stream drops a republished one.
         let msg_id = format!("{}-{}", p.proposal_id, node.public.key_id());

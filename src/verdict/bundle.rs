@@ -40,6 +40,9 @@ pub const VERDICT_ENVELOPE_FILE: &str = "verdict.dsse.json";
 pub const ENDORSEMENT_FILE: &str = "endorsement.dsse.json";
 /// The artifacts directory.
 pub const ARTIFACTS_DIR: &str = "artifacts";
+/// In a bundle received over the mesh from a node that publishes only its verdict: says the
+/// artifacts were withheld (their hashes stay signed in the verdict).
+pub const WITHHELD_FILE: &str = "artifacts.withheld";
 /// Infix of the temporary directory a bundle is built in (`.<name>.partial-XXXXXX`).
 pub const PARTIAL_INFIX: &str = ".partial-";
 
@@ -140,9 +143,10 @@ fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64), BundleErro
     let mut output = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(dest)
         .ctx("create", dest)?;
+    private(&output, dest)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut bytes = 0u64;
@@ -159,13 +163,26 @@ fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64), BundleErro
     Ok((hex::encode(hasher.finalize()), bytes))
 }
 
+/// Bundles are readable by the invoking user only: files 0600, directories 0700, set on
+/// the descriptor whatever the umask.
+fn private(f: &fs::File, path: &Path) -> Result<(), BundleError> {
+    let mode = if f.metadata().ctx("stat", path)?.is_dir() {
+        0o700
+    } else {
+        0o600
+    };
+    Ok(f.set_permissions(fs::Permissions::from_mode(mode))
+        .ctx("set permissions on", path)?)
+}
+
 fn write_new(path: &Path, bytes: &[u8]) -> Result<(), BundleError> {
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(path)
         .ctx("create", path)?;
+    private(&f, path)?;
     Ok(f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .ctx("write", path)?)
@@ -225,6 +242,7 @@ pub fn write_bundle(
     // Artifacts first: their hashes go into the verdict.
     let art_dir = staging.join(ARTIFACTS_DIR);
     fs::create_dir(&art_dir).ctx("create directory", &art_dir)?;
+    private(&fs::File::open(&art_dir).ctx("open", &art_dir)?, &art_dir)?;
     let mut used = HashSet::new();
     let mut listed = Vec::with_capacity(artifacts.len());
     for (kind, source) in artifacts {
@@ -258,7 +276,7 @@ pub fn write_bundle(
         &staging.join(ENDORSEMENT_FILE),
         &endorsement_env.to_json_pretty()?,
     )?;
-    fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o700))
         .ctx("set permissions on", &staging)?;
     sync_dir(&staging)?;
 

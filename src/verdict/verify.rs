@@ -15,7 +15,7 @@ use crate::fsx::{self, FsxError};
 use crate::identity::PublicKey;
 use crate::ioerr::{IoContext, IoError};
 use crate::verdict::bundle::{
-    ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE,
+    ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE, WITHHELD_FILE,
 };
 use crate::verdict::sign::{
     decode_base64_any, Endorsement, Envelope, EnvelopeSignature, Statement,
@@ -51,6 +51,9 @@ pub struct VerifiedVerdict {
     pub endorsement: Endorsement,
     /// `sha256:<hex>` of the signed statement.
     pub statement_sha256: String,
+    /// The artifacts were withheld by the node that published the bundle (no `artifacts/`,
+    /// an `artifacts.withheld` file): their hashes are signed, their contents unchecked.
+    pub artifacts_withheld: bool,
 }
 
 /// Why a bundle failed verification. Each names what was wrong.
@@ -402,7 +405,7 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
     )?;
 
     // 6. Artifacts, and nothing else in the bundle.
-    check_artifacts(&dir, verdict)?;
+    let artifacts_withheld = check_artifacts(&dir, verdict)?;
 
     Ok(VerifiedVerdict {
         dir,
@@ -411,6 +414,7 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
         node_key,
         endorsement,
         statement_sha256,
+        artifacts_withheld,
     })
 }
 
@@ -461,8 +465,12 @@ fn hash_artifact(
     Ok((hex::encode(h.finalize()), n_total))
 }
 
-fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
+/// Checks the artifacts; true when they were withheld (no `artifacts/` at all and an
+/// `artifacts.withheld` regular file: a mesh node that publishes only its verdict).
+fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<bool, VerifyError> {
     let art_dir = dir.join(ARTIFACTS_DIR);
+    let withheld = fs::symlink_metadata(&art_dir).is_err()
+        && fs::symlink_metadata(dir.join(WITHHELD_FILE)).is_ok_and(|m| m.is_file());
     // The bundle directory is the one the caller named (following a link to it is fine);
     // nothing beneath it is followed.
     let root = fsx::open_dir(dir, true).map_err(|e| match e {
@@ -475,7 +483,7 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
         },
     })?;
     let mut listed = HashSet::new();
-    for a in &verdict.artifacts {
+    for a in verdict.artifacts.iter().filter(|_| !withheld) {
         let path = dir.join(&a.path);
         listed.insert(path.clone());
         let (sha, bytes) = hash_artifact(&root, &a.path, a.bytes, &path)?;
@@ -513,6 +521,7 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
         VERDICT_ENVELOPE_FILE,
         ENDORSEMENT_FILE,
         ARTIFACTS_DIR,
+        WITHHELD_FILE,
     ];
     for entry in fs::read_dir(dir).ctx("read directory", dir)? {
         let entry = entry.ctx("read directory", dir)?;
@@ -528,7 +537,7 @@ fn check_artifacts(dir: &Path, verdict: &Verdict) -> Result<(), VerifyError> {
             return Err(VerifyError::UnexpectedFile { path: entry.path() });
         }
     }
-    Ok(())
+    Ok(withheld)
 }
 
 /// Whether `name` is `steward-<16 lowercase hex>.dsse.json`, a steward approval's file.
@@ -754,6 +763,23 @@ mod tests {
             matches!(err, VerifyError::EndorsementMismatch { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn artifacts_withheld_by_a_mesh_node_verify_only_when_all_are_absent() {
+        let f = fixture();
+        let trusted = [f.node.public()];
+        assert!(!verify_bundle(&f.out, &trusted).unwrap().artifacts_withheld);
+        let withheld = f.out.join(WITHHELD_FILE);
+        fs::write(&withheld, b"withheld\n").unwrap();
+        // The note with the artifacts still there: checked as usual (and the note is fine).
+        assert!(!verify_bundle(&f.out, &trusted).unwrap().artifacts_withheld);
+        fs::remove_dir_all(f.out.join(ARTIFACTS_DIR)).unwrap();
+        assert!(verify_bundle(&f.out, &trusted).unwrap().artifacts_withheld);
+        // Without the note, missing artifacts are missing.
+        fs::remove_file(&withheld).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::ArtifactMissing { .. }), "{err}");
     }
 
     #[test]

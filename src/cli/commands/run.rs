@@ -17,6 +17,10 @@ pub struct RunArgs {
     /// the run; the workspace's final contents are copied back into it afterwards.
     #[arg(long)]
     pub workspace: Option<PathBuf>,
+    /// Copy `.git` directories (hooks, config, ...) back from the workspace too; by default
+    /// they are left out, since a planted hook runs at the next git command.
+    #[arg(long, requires = "workspace")]
+    pub allow_git_internals: bool,
     /// Write a JSON report (exit status, budget, usage, isolation) to this file.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -31,6 +35,7 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     let r = run(RunRequest {
         policy,
         workspace: a.workspace.clone(),
+        allow_git_internals: a.allow_git_internals,
         command: a.command.clone(),
     })?;
     for n in &r.notes {

@@ -78,6 +78,12 @@ pub fn verify_cmd(a: VerifyArgs) -> Result<i32, CliError> {
                 if let Some(h) = &matched.tree_hash {
                     println!("  tree matches the patched tree evaluated: {h}");
                 }
+                if v.artifacts_withheld {
+                    println!(
+                        "  artifacts withheld by the publishing node: {} listed, their sha256 signed, their contents not here",
+                        v.verdict.artifacts.len()
+                    );
+                }
             }
             Ok(0)
         }

@@ -1,0 +1,219 @@
+//! Reading the parent's live SQLite database without creating, changing or removing any
+//! file next to it.
+//!
+//! A plain read-only SQLite connection to a WAL-mode database creates `-wal` and `-shm`
+//! when they do not exist (and a root process would leave them there, owned by the
+//! database's owner). So, for a WAL-mode source, fork first takes a *shared* lock on the
+//! database file itself (an open-file-description lock on SQLite's SHARED byte range, from
+//! a descriptor opened read-only and without following links). Held for the whole
+//! snapshot, it keeps every other process from taking SQLite's EXCLUSIVE lock, which a
+//! parent needs to delete `-wal`/`-shm` (its last connection closing) or to leave WAL mode.
+//! It never blocks a WAL-mode writer. Then:
+//!
+//! * **both `-wal` and `-shm` exist**: SQLite opens the source through the URI
+//!   `file:PATH?mode=ro&readonly_shm=1`: it uses the existing files read-only and creates
+//!   none; with a live parent it reads the parent's wal-index, otherwise it rebuilds one in
+//!   its own memory from the `-wal` file (SQLite's `SQLITE_READONLY_CANTINIT` path). Either
+//!   way the read is a consistent snapshot. Checkpoint-on-close is off for that connection.
+//! * **otherwise** (no live WAL connection can exist: every one holds both files open),
+//!   fork copies the database file (and a `-wal` without its `-shm`, which SQLite then
+//!   recovers) byte for byte into its own staging directory, and reads that copy with
+//!   SQLite. The copy is consistent unless a parent connected meanwhile: it is checked
+//!   afterwards (`-wal` absent, or unchanged, and the database file's size and times
+//!   unchanged); if the parent connected, the snapshot starts over (then usually through
+//!   the first path).
+//!
+//! A rollback-journal source (delete, truncate, persist, memory) is read by a read-only
+//! SQLite connection, which creates no file in these modes.
+
+use nix::fcntl::{FcntlArg, OFlag};
+use nix::sys::stat::{fstat, Mode};
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// SQLite's lock bytes: PENDING at 1 GiB, then RESERVED, then the 510-byte SHARED range.
+const SHARED_FIRST: i64 = 0x4000_0002;
+const SHARED_SIZE: i64 = 510;
+
+/// The parent's database opened read-only, never through a link, with SQLite's SHARED lock
+/// held through it (released when dropped).
+pub struct ParentDb {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// How the snapshot reads the parent.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    /// SQLite opens this URI (read-only, existing side files only).
+    Uri(String),
+    /// The files were copied into fork's staging: SQLite reads this copy.
+    Copied(PathBuf),
+}
+
+/// The identity and times of a file, to notice a change.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct Seen {
+    ino: u64,
+    size: i64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn seen_fd(fd: &OwnedFd) -> std::io::Result<Seen> {
+    let st = fstat(fd)?;
+    Ok(Seen {
+        ino: st.st_ino,
+        size: st.st_size,
+        mtime: (st.st_mtime, st.st_mtime_nsec),
+        ctime: (st.st_ctime, st.st_ctime_nsec),
+    })
+}
+
+fn seen_path(p: &Path) -> std::io::Result<Option<Seen>> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) => Ok(Some(Seen {
+            ino: m.ino(),
+            size: m.size() as i64,
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `PATH` with `suffix` appended to its last component.
+pub fn side(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// A `file:` URI for `path` (percent-encoding all but unreserved bytes and `/`).
+fn file_uri(path: &Path, query: &str) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.push('?');
+    out.push_str(query);
+    out
+}
+
+impl ParentDb {
+    /// Opens `path` (its last component must not be a link) and takes SQLite's SHARED lock
+    /// on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
+    pub fn lock(path: &Path, deadline: std::time::Instant) -> std::io::Result<ParentDb> {
+        // No component may be a link (the runtime's path is canonical; SQLite's NOFOLLOW
+        // refuses links in any component too).
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let how = nix::fcntl::OpenHow::new()
+            .flags(flags)
+            .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => {
+                nix::fcntl::open(path, flags, Mode::empty())?
+            }
+            r => r?,
+        };
+        let lock = libc::flock {
+            l_type: libc::F_RDLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: SHARED_FIRST,
+            l_len: SHARED_SIZE,
+            l_pid: 0,
+        };
+        loop {
+            match nix::fcntl::fcntl(&fd, FcntlArg::F_OFD_SETLK(&lock)) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(ParentDb {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// How to read the parent now (see the module docs); `scratch` is a fresh path in
+    /// fork's own staging for a copy (its `-wal` goes beside it).
+    pub fn route(&self, scratch: &Path) -> std::io::Result<Route> {
+        let (wal, shm) = (side(&self.path, "-wal"), side(&self.path, "-shm"));
+        for _ in 0..100 {
+            let wal_before = seen_path(&wal)?;
+            if wal_before.is_some() && seen_path(&shm)?.is_some() {
+                return Ok(Route::Uri(file_uri(&self.path, "mode=ro&readonly_shm=1")));
+            }
+            let db_before = seen_fd(&self.fd)?;
+            for p in [scratch.to_path_buf(), side(scratch, "-wal")] {
+                match std::fs::remove_file(&p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+            copy_fd(&self.fd, scratch)?;
+            if wal_before.is_some() {
+                let f = nix::fcntl::open(
+                    &wal,
+                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                copy_fd(&f, &side(scratch, "-wal"))?;
+            }
+            if seen_fd(&self.fd)? == db_before && seen_path(&wal)? == wal_before {
+                return Ok(Route::Copied(scratch.to_path_buf()));
+            }
+            // A parent connected during the copy: look again.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Err(std::io::Error::other(
+            "the database kept changing while it was copied",
+        ))
+    }
+}
+
+/// Copies what `fd` holds into the new file `to` (0600).
+fn copy_fd(fd: &OwnedFd, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut from = File::from(fd.try_clone()?);
+    std::io::Seek::seek(&mut from, std::io::SeekFrom::Start(0))?;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    std::io::copy(&mut from, &mut out)?;
+    Ok(())
+}
+
+/// Removes the copy `scratch` and what SQLite made beside it.
+pub fn remove_copy(scratch: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(side(scratch, suffix));
+    }
+}
+
+/// `sha256:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
+/// without following any link (a gate's REJECT hashes the live file as it stands).
+pub fn state_sha256(runtime: &Path, rel: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    let root = crate::fsx::open_dir(runtime, true).map_err(std::io::Error::other)?;
+    let f = crate::fsx::open_beneath(&root, &rel.to_string_lossy(), u64::MAX)
+        .map_err(std::io::Error::other)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f.bounded(), &mut h)?;
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}

@@ -1,0 +1,278 @@
+//! Reading a tree someone else may be changing (the parent's source and tools, which an
+//! unprivileged owner of the runtime can rename and relink at any moment) one directory
+//! descriptor at a time: every directory is reopened beneath the tree's root descriptor
+//! without following any link ([`open_dir_beneath`]), every entry is looked at with
+//! `fstatat(AT_SYMLINK_NOFOLLOW)` relative to its directory's descriptor, and every file is
+//! opened `O_NOFOLLOW | O_NONBLOCK` relative to it and checked on the opened descriptor
+//! (`fstat`): an entry swapped for a link, a FIFO or a device between the look and the open
+//! is never followed, never blocks, and is never read. [`super::workspace`]'s copies and
+//! hashes read their source through here.
+
+use super::workspace::WorkspaceError;
+use crate::fsx::FsxError;
+use crate::ioerr::IoError;
+use globset::GlobSet;
+use nix::dir::Dir;
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
+use sha2::{Digest, Sha256};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// One entry of a tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Dir { mode: u32 },
+    File { mode: u32 },
+    Link(OsString),
+    Fifo,
+    Socket,
+    Char,
+    Block,
+}
+
+/// One entry of [`Tree::scan`]: its path relative to the root, its kind, and for a
+/// regular file the sha256 of its contents.
+pub type Scanned = (PathBuf, Node, Option<[u8; 32]>);
+
+/// A tree's root, opened.
+pub struct Tree {
+    root: OwnedFd,
+    shown: PathBuf,
+}
+
+fn io(action: &'static str, path: &Path, e: impl Into<std::io::Error>) -> WorkspaceError {
+    IoError::new(action, path, e.into()).into()
+}
+
+fn fsx_err(path: &Path, e: crate::fsx::FsxError) -> WorkspaceError {
+    match e {
+        crate::fsx::FsxError::Symlink { component } => WorkspaceError::Link {
+            path: path.to_path_buf(),
+            component,
+        },
+        crate::fsx::FsxError::WrongType { .. } => WorkspaceError::NotADirectory {
+            path: path.to_path_buf(),
+        },
+        other => io("open", path, std::io::Error::other(other)),
+    }
+}
+
+impl Tree {
+    /// The directory `path` (its last component must not be a link; the directories above
+    /// it are the caller's).
+    pub fn open(path: &Path) -> Result<Tree, WorkspaceError> {
+        let root = crate::fsx::open_dir(path, false).map_err(|e| fsx_err(path, e))?;
+        Ok(Tree {
+            root,
+            shown: path.to_path_buf(),
+        })
+    }
+
+    /// The directory `rel` beneath the trusted directory `root`, no component of `rel` a
+    /// link (the parent's source or tools beneath its runtime directory).
+    pub fn beneath(root: &Path, rel: &Path) -> Result<Tree, WorkspaceError> {
+        let r = crate::fsx::open_dir(root, true).map_err(|e| fsx_err(root, e))?;
+        let shown = root.join(rel);
+        let fd = open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
+        Ok(Tree { root: fd, shown })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shown
+    }
+
+    /// `fstat` of the root.
+    pub fn stat(&self) -> Result<FileStat, WorkspaceError> {
+        fstat(&self.root).map_err(|e| io("stat", &self.shown, e))
+    }
+
+    /// The directory `rel` of the tree, reopened beneath the root.
+    pub fn dir(&self, rel: &Path) -> Result<OwnedFd, WorkspaceError> {
+        open_dir_beneath(&self.root, rel)
+            .map_err(|e| io("open", &self.shown.join(rel), std::io::Error::other(e)))
+    }
+
+    /// The entries of the directory `dir` (= `rel`), not following links, minus what
+    /// `excludes` matches (counted in `excluded`), in readdir order.
+    pub fn entries(
+        &self,
+        dir: &OwnedFd,
+        rel: &Path,
+        excludes: &GlobSet,
+        excluded: &mut u64,
+    ) -> Result<Vec<(OsString, FileStat, Node)>, WorkspaceError> {
+        let shown = self.shown.join(rel);
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let mut d = Dir::openat(dir, ".", flags, Mode::empty())
+            .map_err(|e| io("read directory", &shown, e))?;
+        let mut names = Vec::new();
+        for e in d.iter() {
+            let e = e.map_err(|e| io("read directory", &shown, e))?;
+            let n = OsStr::from_bytes(e.file_name().to_bytes());
+            if n != "." && n != ".." {
+                names.push(n.to_os_string());
+            }
+        }
+        let mut out = Vec::new();
+        for name in names {
+            if excludes.is_match(rel.join(&name)) {
+                *excluded += 1;
+                continue;
+            }
+            let st = fstatat(dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| io("stat", &shown.join(&name), e))?;
+            let mode = st.st_mode & 0o7777;
+            let node = match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+                SFlag::S_IFDIR => Node::Dir { mode },
+                SFlag::S_IFREG => Node::File { mode },
+                SFlag::S_IFLNK => Node::Link(
+                    readlinkat(dir, name.as_os_str())
+                        .map_err(|e| io("read link", &shown.join(&name), e))?,
+                ),
+                SFlag::S_IFIFO => Node::Fifo,
+                SFlag::S_IFSOCK => Node::Socket,
+                SFlag::S_IFCHR => Node::Char,
+                _ => Node::Block,
+            };
+            out.push((name, st, node));
+        }
+        Ok(out)
+    }
+
+    /// Opens the regular file `name` of `dir` for reading, checked on its descriptor: a
+    /// link, FIFO, device or directory swapped in since it was looked at is refused.
+    pub fn open_file(
+        &self,
+        dir: &OwnedFd,
+        rel: &Path,
+        name: &OsStr,
+    ) -> Result<File, WorkspaceError> {
+        let shown = self.shown.join(rel).join(name);
+        let flags = OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        let fd = openat(dir, name, flags, Mode::empty()).map_err(|e| io("open", &shown, e))?;
+        let st = fstat(&fd).map_err(|e| io("stat", &shown, e))?;
+        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+            return Err(io(
+                "read",
+                &shown,
+                std::io::Error::other("not a regular file any more (swapped while reading)"),
+            ));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// Every entry (relative path and kind; for regular files also the sha256 of the
+    /// contents, read through the checked descriptor), sorted by path bytes.
+    pub fn scan(&self, excludes: &GlobSet) -> Result<Vec<Scanned>, WorkspaceError> {
+        let mut out = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        let mut excluded = 0;
+        while let Some(rel) = stack.pop() {
+            let dir = self.dir(&rel)?;
+            for (name, _, node) in self.entries(&dir, &rel, excludes, &mut excluded)? {
+                let path = rel.join(&name);
+                let digest = match node {
+                    Node::File { .. } => {
+                        let f = self.open_file(&dir, &rel, &name)?;
+                        Some(digest(f, &self.shown.join(&path))?)
+                    }
+                    Node::Dir { .. } => {
+                        stack.push(path.clone());
+                        None
+                    }
+                    _ => None,
+                };
+                out.push((path, node, digest));
+            }
+        }
+        out.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+        Ok(out)
+    }
+}
+
+/// The sha256 of what `f` holds.
+fn digest(mut f: File, shown: &Path) -> Result<[u8; 32], WorkspaceError> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io("read", shown, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().into())
+}
+
+/// Opens the directory `rel` beneath the directory `dir` (`""` is `dir` itself), reached
+/// without following any symbolic link and without leaving `dir` (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
+/// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
+pub fn open_dir_beneath(dir: impl AsFd, rel: &Path) -> Result<OwnedFd, FsxError> {
+    use crate::fsx::{errno_error, expect_kind, openat2_unavailable};
+    use nix::errno::Errno;
+    use nix::fcntl::{OpenHow, ResolveFlag};
+    use std::path::Component;
+    let dir = dir.as_fd();
+    let shown = rel.display().to_string();
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut parts = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(p) => parts.push(p),
+            Component::CurDir => {}
+            _ => {
+                return Err(FsxError::BadPath {
+                    rel: shown,
+                    reason: "it is absolute or contains `..`",
+                })
+            }
+        }
+    }
+    let Some(first) = parts.first() else {
+        return dir.try_clone_to_owned().map_err(|source| FsxError::Io {
+            op: "dup",
+            component: ".".into(),
+            source,
+        });
+    };
+    let joined: PathBuf = parts.iter().collect();
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let refused = match nix::fcntl::openat2(dir, &joined, how) {
+        Ok(fd) => return Ok(fd),
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR)) => Some(e),
+        Err(e) if !openat2_unavailable(e) => return Err(errno_error("openat2", &shown, e)),
+        Err(_) => None,
+    };
+    // The walk (where openat2 is refused, or to name the link openat2 found).
+    let mut cur = dir.try_clone_to_owned().map_err(|source| FsxError::Io {
+        op: "dup",
+        component: ".".into(),
+        source,
+    })?;
+    let mut walked = PathBuf::new();
+    for part in std::iter::once(first).chain(&parts[1..]) {
+        walked.push(part);
+        let at = walked.display().to_string();
+        let st = nix::sys::stat::fstatat(&cur, *part, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| errno_error("fstatat", &at, e))?;
+        expect_kind(&st, &at, "directory")?;
+        cur = nix::fcntl::openat(&cur, *part, flags, Mode::empty())
+            .map_err(|e| errno_error("openat", &at, e))?;
+    }
+    match refused {
+        Some(e) => Err(errno_error("openat2", &shown, e)),
+        None => Ok(cur),
+    }
+}
