@@ -26,6 +26,7 @@ pub mod namespaces;
 pub mod net;
 pub mod probe;
 mod reclaim;
+pub mod rlimits;
 pub mod seccomp;
 pub mod signals;
 pub mod spec;
@@ -467,6 +468,13 @@ impl Sandbox {
         let ws = self.workspace();
         for d in [ws.clone(), ws.join("home")] {
             std::fs::create_dir_all(&d).ctx("create workspace", &d)?;
+        }
+        if self.disk_mounted {
+            // The sandbox's /dev/shm, on the capped disk (see mounts::plan).
+            let shm = self.disk().join(mounts::SHM_DIR);
+            std::fs::create_dir_all(&shm).ctx("create /dev/shm", &shm)?;
+            std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+                .ctx("chmod /dev/shm", &shm)?;
         }
         self.chown_workspace()?;
         let spec = self.spec.clone();
