@@ -22,3 +22,9 @@ pub fn install_interrupt_flag() {
 pub fn interrupted() -> bool {
     sys::signal_flag()
 }
+
+/// Ends the process at once with `code`: no destructor, no atexit handler, no other
+/// thread runs any further (for a teardown that has already released everything).
+pub fn exit_now(code: i32) -> ! {
+    sys::exit_now(code)
+}
