@@ -298,8 +298,9 @@ impl Sandbox {
             None
         };
         let (host_uid, host_gid) = if is_root() {
-            // A per-run unprivileged uid: never host root, never shared with another run.
-            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..6], 16).unwrap_or(0);
+            // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
+            // runs at once share one with a chance of about 2e-8.
+            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..7], 16).unwrap_or(0);
             let id = 1_000_000_000 + n;
             (id, id)
         } else {
