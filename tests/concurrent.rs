@@ -5,7 +5,6 @@
 
 mod common;
 use common::lifecycle::*;
-use common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
