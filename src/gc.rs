@@ -126,38 +126,45 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Makes SIGINT/SIGTERM/SIGHUP end this process within `grace` plus the teardown, whatever
 /// phase it is in: the signals set the interrupt flag (which the phases check), and a
-/// thread of its own watches it. If `grace` after a signal this process still holds run
-/// directories (a sandbox, an evaluation's staging), the thread tears them down as `fork
-/// gc` would (kills the sandboxes, removes their cgroups, unmounts and deletes) and ends
-/// the process at once with `exit_code`, without running destructors; if it holds none, the
-/// main thread is left to finish (nothing of the run would remain). Installed once per
-/// process; later calls do nothing.
+/// thread of its own watches it. From `grace` after a signal on, as soon as this process
+/// holds run directories (a sandbox, an evaluation's staging), the thread tears them down
+/// as `fork gc` would (kills the sandboxes, removes their cgroups, unmounts and deletes)
+/// and ends the process at once with `exit_code`, without running destructors; while it
+/// holds none, the main thread is left to finish (nothing of a run would remain).
+/// Installed once per process; later calls do nothing.
 pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         crate::sandbox::signals::install_interrupt_flag();
         let spawned = std::thread::Builder::new()
             .name("fork-interrupt".into())
-            .spawn(move || loop {
-                std::thread::sleep(WATCH_EVERY);
-                if !crate::sandbox::signals::interrupted() {
-                    continue;
+            .spawn(move || {
+                let mut signalled: Option<std::time::Instant> = None;
+                loop {
+                    std::thread::sleep(WATCH_EVERY);
+                    if !crate::sandbox::signals::interrupted() {
+                        continue;
+                    }
+                    let since = *signalled.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < grace {
+                        continue;
+                    }
+                    // Past the grace: as soon as the process holds a run, tear it down.
+                    let live = crate::rundir::live();
+                    if live.is_empty() {
+                        drop(live);
+                        continue;
+                    }
+                    let rep = reclaim_own(&live);
+                    for e in &rep.errors {
+                        tracing::error!("tearing down after the interrupt: {e}");
+                    }
+                    eprintln!(
+                        "fork: interrupted: {} run(s) torn down",
+                        rep.runs.len().max(live.len())
+                    );
+                    crate::sandbox::signals::exit_now(exit_code);
                 }
-                std::thread::sleep(grace);
-                let live = crate::rundir::live();
-                if live.is_empty() {
-                    drop(live);
-                    continue;
-                }
-                let rep = reclaim_own(&live);
-                for e in &rep.errors {
-                    tracing::error!("tearing down after the interrupt: {e}");
-                }
-                eprintln!(
-                    "fork: interrupted: {} run(s) torn down",
-                    rep.runs.len().max(live.len())
-                );
-                crate::sandbox::signals::exit_now(exit_code);
             });
         if let Err(e) = spawned {
             tracing::warn!("no interrupt watcher ({e}): interrupts are seen between phases only");

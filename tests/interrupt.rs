@@ -37,7 +37,7 @@ fn spawn_evaluate(env: &Env, rt: &Path, task: &str, out: &Path) -> Child {
         .args(["--task", task, "--no-ledger", "--out"])
         .arg(out)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("spawn fork evaluate")
 }
@@ -61,6 +61,7 @@ fn signal_and_time(child: &mut Child, sig: Signal) -> (Option<i32>, Duration) {
     let t = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
+            eprintln!("{sig:?} answered in {:?}", t.elapsed());
             return (st.code(), t.elapsed());
         }
         if t.elapsed() > Duration::from_secs(30) {
