@@ -46,6 +46,17 @@ fn is_our_init(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            st.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
 /// Reclaims every stale run.
 pub fn collect() -> GcReport {
     let mut rep = GcReport::default();
@@ -75,9 +86,11 @@ fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
                 Ok(()) => rep.processes_killed.push(pid),
                 Err(e) => rep.errors.push(format!("kill {pid}: {e}")),
             }
-            // Wait briefly for the namespace to die so its mounts can go.
+            // Wait briefly for the namespace to die so its mounts can go. A dead init that
+            // nobody has reaped yet (the interrupted supervisor is its parent) stays a
+            // zombie: its namespace is gone already.
             for _ in 0..100 {
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                if !alive(pid) {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -159,10 +172,7 @@ pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
                     for e in &rep.errors {
                         tracing::error!("tearing down after the interrupt: {e}");
                     }
-                    eprintln!(
-                        "fork: interrupted: {} run(s) torn down",
-                        rep.runs.len().max(live.len())
-                    );
+                    tracing::warn!("interrupted: {} run(s) torn down", live.len());
                     crate::sandbox::signals::exit_now(exit_code);
                 }
             });
