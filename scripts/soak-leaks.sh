@@ -72,7 +72,8 @@ if [ -n "$NATS" ] && [ -x "$NATS" ]; then
   printf 'listen: 127.0.0.1:%s\nmax_payload: 8MB\njetstream {\n  store_dir: "%s"\n}\n' "$port" "$tmp/js" > "$tmp/nats.conf"
   "$NATS" -c "$tmp/nats.conf" >"$tmp/nats.log" 2>&1 &
   nats_pid=$!
-  for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq 200); do (echo > /dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.05; done
+  kill -0 "$nats_pid" 2>/dev/null || { echo "soak-leaks: nats-server did not start:" >&2; cat "$tmp/nats.log" >&2; exit 1; }
   node_env=(env FORK_RUN_ROOT="$tmp/node/runs" XDG_CONFIG_HOME="$tmp/node/xdg" XDG_DATA_HOME="$tmp/node/data")
   node_key=$("${node_env[@]}" "$FORK" keygen 2>/dev/null)
   "${node_env[@]}" "$FORK" mesh serve --nats "nats://127.0.0.1:$port" --runtime "$tmp/rt" \
@@ -188,6 +189,7 @@ print(aio, ml, len(fds))' 2>"$tmp/err") || fail $kind "exit $?"
   14)
     if [ "$mesh" = yes ]; then
       kind=mesh-propose
+      kill -0 "$nats_pid" 2>/dev/null || fail $kind "nats-server is gone"
       "$FORK" mesh propose fixtures/patches/noop-comment.diff --runtime "$tmp/rt" --task noop \
           --nats "nats://127.0.0.1:$port" --trust "$node_key" --min-nodes 1 --quorum 1/1 \
           --timeout 60s --out "$tmp/out/mesh-$i" >/dev/null 2>"$tmp/err" || fail $kind "exit $?"
