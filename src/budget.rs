@@ -214,6 +214,9 @@ pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
 pub const MIN_DISK_BYTES: u64 = 1 << 20;
 /// The largest CPU share, in percent of one core.
 pub const MAX_CPU_PERCENT: u32 = 100 * 1024;
+/// The most processes a budget may allow: the kernel's own ceiling on pids (PID_MAX_LIMIT
+/// on 64-bit), which the cgroup's `pids.max` cannot exceed.
+pub const MAX_PIDS: u64 = 4 << 20;
 
 impl BudgetOverrides {
     /// Every set value in range, or the first that is not, named, with the fix.
@@ -249,6 +252,12 @@ impl BudgetOverrides {
                 return Err(bad(
                     BudgetField::Pids,
                     format!("{p} is too few: at least 2 (the sandbox's init and the command)"),
+                ));
+            }
+            if p > MAX_PIDS {
+                return Err(bad(
+                    BudgetField::Pids,
+                    format!("{p} is too many: at most {MAX_PIDS} (the kernel's limit on pids)"),
                 ));
             }
         }
@@ -514,6 +523,10 @@ mod tests {
         // The text route and the typed route (a verdict replayed) refuse alike.
         for (t, field) in [
             (text(|t| t.pids = Some("1".into())), BudgetField::Pids),
+            (
+                text(|t| t.pids = Some("99999999999".into())),
+                BudgetField::Pids,
+            ),
             (
                 text(|t| t.memory = Some("4MiB".into())),
                 BudgetField::Memory,

@@ -46,6 +46,17 @@ fn is_our_init(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `pid` exists and is not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            st.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
 /// Reclaims every stale run.
 pub fn collect() -> GcReport {
     let mut rep = GcReport::default();
@@ -58,34 +69,115 @@ pub fn collect() -> GcReport {
         .map(|r| r.id.clone())
         .collect();
     for r in runs.iter().filter(|r| r.stale) {
-        if let Some(pid) = r.meta.as_ref().and_then(|m| m.init_pid) {
-            if is_our_init(pid) {
-                match nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                ) {
-                    Ok(()) => rep.processes_killed.push(pid),
-                    Err(e) => rep.errors.push(format!("kill {pid}: {e}")),
+        reclaim_run(r, &mut rep);
+    }
+    remove_cgroups(&|id: &str| stale.contains(id), &mut rep);
+    rep
+}
+
+/// Kills a run's sandbox init (if it is still one), then unmounts and deletes its directory.
+fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
+    if let Some(pid) = r.meta.as_ref().and_then(|m| m.init_pid) {
+        if is_our_init(pid) {
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ) {
+                Ok(()) => rep.processes_killed.push(pid),
+                Err(e) => rep.errors.push(format!("kill {pid}: {e}")),
+            }
+            // Wait briefly for the namespace to die so its mounts can go. A dead init that
+            // nobody has reaped yet (the interrupted supervisor is its parent) stays a
+            // zombie: its namespace is gone already.
+            for _ in 0..100 {
+                if !alive(pid) {
+                    break;
                 }
-                // Wait briefly for the namespace to die so its mounts can go.
-                for _ in 0..100 {
-                    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        match crate::sandbox::reclaim_dir(&r.path, &r.id) {
-            Ok(()) => rep.runs.push(r.id.clone()),
-            Err(e) => rep.errors.push(format!("run {}: {e}", r.id)),
-        }
     }
-    match crate::sandbox::cgroup::remove_stale(&|id: &str| stale.contains(id)) {
+    match crate::sandbox::reclaim_dir(&r.path, &r.id) {
+        Ok(()) => rep.runs.push(r.id.clone()),
+        Err(e) => rep.errors.push(format!("run {}: {e}", r.id)),
+    }
+}
+
+fn remove_cgroups(which: &dyn Fn(&str) -> bool, rep: &mut GcReport) {
+    match crate::sandbox::cgroup::remove_stale(which) {
         Ok(paths) => rep
             .cgroups_removed
             .extend(paths.into_iter().map(|p| p.display().to_string())),
         Err(e) => rep.errors.push(format!("cgroups: {e}")),
     }
+}
+
+/// Reclaims this process's own live runs (sandboxes and evaluation staging), as `fork gc`
+/// reclaims a dead supervisor's: their processes, cgroups, mounts and files. The registry
+/// stays locked, so no run directory is created after; the caller exits next.
+fn reclaim_own(live: &std::collections::BTreeMap<String, std::path::PathBuf>) -> GcReport {
+    let mut rep = GcReport::default();
+    for r in crate::rundir::list_runs() {
+        if live.get(&r.id) == Some(&r.path) {
+            reclaim_run(&r, &mut rep);
+        }
+    }
+    // A run whose directory a successor made unlistable is still torn down by its id.
+    remove_cgroups(&|id: &str| live.contains_key(id), &mut rep);
+    for (id, path) in live {
+        if path.exists() {
+            if let Err(e) = crate::sandbox::reclaim_dir(path, id) {
+                rep.errors.push(format!("run {id}: {e}"));
+            }
+        }
+    }
     rep
+}
+
+/// How often the interrupt watcher looks at the flag.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Makes SIGINT/SIGTERM/SIGHUP end this process within `grace` plus the teardown, whatever
+/// phase it is in: the signals set the interrupt flag (which the phases check), and a
+/// thread of its own watches it. From `grace` after a signal on, as soon as this process
+/// holds run directories (a sandbox, an evaluation's staging), the thread tears them down
+/// as `fork gc` would (kills the sandboxes, removes their cgroups, unmounts and deletes)
+/// and ends the process at once with `exit_code`, without running destructors; while it
+/// holds none, the main thread is left to finish (nothing of a run would remain).
+/// Installed once per process; later calls do nothing.
+pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        crate::sandbox::signals::install_interrupt_flag();
+        let spawned = std::thread::Builder::new()
+            .name("fork-interrupt".into())
+            .spawn(move || {
+                let mut signalled: Option<std::time::Instant> = None;
+                loop {
+                    std::thread::sleep(WATCH_EVERY);
+                    if !crate::sandbox::signals::interrupted() {
+                        continue;
+                    }
+                    let since = *signalled.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < grace {
+                        continue;
+                    }
+                    // Past the grace: as soon as the process holds a run, tear it down.
+                    let live = crate::rundir::live();
+                    if live.is_empty() {
+                        drop(live);
+                        continue;
+                    }
+                    let rep = reclaim_own(&live);
+                    for e in &rep.errors {
+                        tracing::error!("tearing down after the interrupt: {e}");
+                    }
+                    tracing::warn!("interrupted: {} run(s) torn down", live.len());
+                    crate::sandbox::signals::exit_now(exit_code);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no interrupt watcher ({e}): interrupts are seen between phases only");
+        }
+    });
 }

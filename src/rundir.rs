@@ -3,6 +3,10 @@
 //! taken belongs to a dead supervisor: `fork gc` (and every `fork evaluate` at start)
 //! reclaims it: its processes, mounts, cgroups and files.
 //!
+//! This process's own live run directories are also listed in memory ([`live`]), so that an
+//! interrupted supervisor can tear them down from another thread (`gc::reclaim_on_interrupt`)
+//! whatever its main thread is doing.
+//!
 //! Layout:
 //! ```text
 //! fork-<id>/lock       the supervisor's flock
@@ -13,11 +17,24 @@
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use thiserror::Error;
+
+/// This process's live run directories, by id. Creating a run directory holds the lock from
+/// before its `mkdir` until it is listed; a teardown that takes the lock and never gives it
+/// back (the process exits) therefore sees every run directory, and none is made after.
+static LIVE: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+
+/// This process's live run directories (id -> path), locked: while the guard lives, none is
+/// created or released.
+pub fn live() -> MutexGuard<'static, BTreeMap<String, PathBuf>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[derive(Debug, Error)]
 pub enum RunDirError {
@@ -82,6 +99,7 @@ impl RunDir {
     }
 
     fn create_at(id: &str, name: String) -> Result<RunDir, RunDirError> {
+        let mut live = live();
         let base = base_dir();
         let path = base.join(name);
         let mk = |p: &Path| {
@@ -118,6 +136,7 @@ impl RunDir {
             _lock: lock,
         };
         rd.write_meta(None);
+        live.insert(rd.id.clone(), rd.path.clone());
         Ok(rd)
     }
 
@@ -145,6 +164,12 @@ impl RunDir {
         if let Err(e) = ok {
             tracing::warn!("cannot write run metadata in {}: {e}", self.path.display());
         }
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        live().remove(&self.id);
     }
 }
 

@@ -34,6 +34,12 @@ pub const BAD_INPUT: i32 = 65;
 pub const UNAVAILABLE: i32 = 69;
 pub const INTERNAL: i32 = 70;
 pub const INTERRUPTED: i32 = 130;
+/// `fork run` whose sandbox was killed (by a budget or an interruption): 128 + SIGKILL.
+pub const RUN_KILLED: i32 = 137;
+/// How long after SIGINT/SIGTERM/SIGHUP the phase in progress may take to end by itself
+/// before the interrupt watcher tears the process's runs down and exits (see
+/// `gc::reclaim_on_interrupt`): the whole answer stays under a second.
+pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// An error that reached the command line: its message and the exit code it maps to.
 #[derive(Debug)]

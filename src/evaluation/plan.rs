@@ -103,9 +103,19 @@ pub fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
         None => {
             let p = crate::identity::default_node_key_path();
             if !p.exists() {
-                let public = crate::identity::generate_node_key(&p, false)
-                    .map_err(|e| EvaluateError::Internal(format!("creating the node key: {e}")))?;
-                eprintln!("fork: no node key yet: created {} ({public})", p.display());
+                // Evaluations started together may all find no key: one creates it (the
+                // move into place refuses to replace a file), the others load that one.
+                match crate::identity::generate_node_key(&p, false) {
+                    Ok(public) => {
+                        eprintln!("fork: no node key yet: created {} ({public})", p.display())
+                    }
+                    Err(crate::identity::IdentityError::KeyExists { .. }) => {}
+                    Err(e) => {
+                        return Err(EvaluateError::Internal(format!(
+                            "creating the node key: {e}"
+                        )))
+                    }
+                }
             }
             crate::identity::load_node_key(&p).map_err(|e| EvaluateError::Usage(e.to_string()))
         }

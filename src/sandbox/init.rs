@@ -4,8 +4,8 @@
 //!
 //! It enters the cgroup namespace (the supervisor has already moved it into the sandbox
 //! cgroup), builds the root and pivots into it, names the host, brings loopback up, then
-//! forks the command. The command drops every capability and sets no_new_privs
-//! ([`super::caps`]), restricts itself with Landlock, installs the seccomp filters and
+//! forks the command. The command lowers its resource limits ([`super::rlimits`]), drops
+//! every capability and sets no_new_privs ([`super::caps`]), restricts itself with Landlock, installs the seccomp filters and
 //! execs. Namespace steps are in [`super::namespaces`], raw system calls in `sys`. The init reaps every
 //! orphan, forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the command's process
 //! group, and when the command ends reports its status on the status pipe and exits:
@@ -225,6 +225,10 @@ fn command_child(
     let _ = nix::unistd::setsid();
     if let Err(e) = std::env::set_current_dir(&cfg.cwd) {
         status.error("exec", format!("chdir {}: {e}", cfg.cwd.display()));
+        return code::CANNOT_EXECUTE;
+    }
+    if let Err(e) = super::rlimits::apply() {
+        status.error("rlimits", e);
         return code::CANNOT_EXECUTE;
     }
     if let Err(e) = super::caps::drop_privileges() {

@@ -26,6 +26,7 @@ pub mod namespaces;
 pub mod net;
 pub mod probe;
 mod reclaim;
+pub mod rlimits;
 pub mod seccomp;
 pub mod signals;
 pub mod spec;
@@ -299,8 +300,9 @@ impl Sandbox {
             None
         };
         let (host_uid, host_gid) = if is_root() {
-            // A per-run unprivileged uid: never host root, never shared with another run.
-            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..6], 16).unwrap_or(0);
+            // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
+            // runs at once share one with a chance of about 2e-8.
+            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..7], 16).unwrap_or(0);
             let id = 1_000_000_000 + n;
             (id, id)
         } else {
@@ -469,6 +471,13 @@ impl Sandbox {
         let ws = self.workspace();
         for d in [ws.clone(), ws.join("home")] {
             std::fs::create_dir_all(&d).ctx("create workspace", &d)?;
+        }
+        if self.disk_mounted {
+            // The sandbox's /dev/shm, on the capped disk (see mounts::plan).
+            let shm = self.disk().join(mounts::SHM_DIR);
+            std::fs::create_dir_all(&shm).ctx("create /dev/shm", &shm)?;
+            std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+                .ctx("chmod /dev/shm", &shm)?;
         }
         self.chown_workspace()?;
         let spec = self.spec.clone();

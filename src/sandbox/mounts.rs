@@ -9,7 +9,9 @@
 //! - `/proc`: a fresh procfs for the sandbox's pid namespace, with the kernel's
 //!   sensitive files masked and `/proc/sys` read-only;
 //! - `/dev`: a read-only tmpfs with null, zero, full, random, urandom, tty (bound from the
-//!   host), a private devpts at /dev/pts (+ ptmx), a private tmpfs /dev/shm; no block devices;
+//!   host), a private devpts at /dev/pts (+ ptmx), /dev/shm (a directory of the capped
+//!   disk, `/tmp/.fork-shm`, so it counts against the disk budget; without a capped disk
+//!   a private tmpfs of the policy's `shm` size); no block devices;
 //! - `/sys`: with a network namespace, a fresh sysfs (its `class/net` shows only the
 //!   sandbox's loopback; `fs/cgroup` is empty); else the host's, read-only;
 //! - the spec's read-only binds (e.g. a protected tree over the workspace);
@@ -66,7 +68,8 @@ pub enum MountOp {
     Tmpfs { dst: PathBuf, size: u64 },
     /// A fresh procfs at /proc with sensitive entries masked.
     Proc,
-    /// The minimal /dev.
+    /// The minimal /dev, with a tmpfs of `shm_size` bytes at /dev/shm (0: none, a bind
+    /// follows).
     Dev { shm_size: u64 },
     /// Hide a host path: an empty read-only dir over a directory, an empty read-only file
     /// of mode 000 (from a tmpfs made inside the sandbox) over a file.
@@ -87,6 +90,9 @@ pub enum MountOp {
     /// Make the new root's base mount read-only (minimal mode).
     Seal,
 }
+
+/// The directory of the capped disk (the sandbox's /tmp) that is also its /dev/shm.
+pub const SHM_DIR: &str = ".fork-shm";
 
 /// Inputs for planning a root.
 #[derive(Debug, Clone)]
@@ -122,14 +128,22 @@ pub fn plan(p: &RootPlan<'_>) -> Vec<MountOp> {
         }
     }
     ops.push(MountOp::Proc);
+    // On a capped disk, /dev/shm is a directory of that disk (inside the disk budget),
+    // bound over the /dev/shm that `Dev` then leaves without a filesystem of its own.
     ops.push(MountOp::Dev {
-        shm_size: p.shm_size,
+        shm_size: if p.tmp_src.is_some() { 0 } else { p.shm_size },
     });
     match p.tmp_src {
-        Some(src) => ops.push(MountOp::BindRw {
-            src: src.to_path_buf(),
-            dst: PathBuf::from("/tmp"),
-        }),
+        Some(src) => {
+            ops.push(MountOp::BindRw {
+                src: src.to_path_buf(),
+                dst: PathBuf::from("/tmp"),
+            });
+            ops.push(MountOp::BindRw {
+                src: src.join(SHM_DIR),
+                dst: PathBuf::from("/dev/shm"),
+            });
+        }
         None => {
             ops.push(MountOp::Tmpfs {
                 dst: PathBuf::from("/tmp"),
@@ -596,15 +610,18 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
     symlink("pts/ptmx", dev.join("ptmx")).ctx("symlink", &dev.join("ptmx"))?;
     let shm = dev.join("shm");
     mkdirs(&shm)?;
-    let data = format!("mode=1777,size={shm_size}");
-    mount(
-        Some("tmpfs"),
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(data.as_str()),
-    )
-    .map_err(sys_err("mount /dev/shm", &shm))?;
+    // 0: the capped disk's shm directory is bound here instead (see `plan`).
+    if shm_size > 0 {
+        let data = format!("mode=1777,size={shm_size}");
+        mount(
+            Some("tmpfs"),
+            &shm,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        )
+        .map_err(sys_err("mount /dev/shm", &shm))?;
+    }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -678,6 +695,12 @@ mod tests {
             src: PathBuf::from("/x/disk"),
             dst: PathBuf::from("/tmp")
         }));
+        // /dev/shm lives on the capped disk: no tmpfs of its own, the disk's directory.
+        assert!(ops.contains(&MountOp::Dev { shm_size: 0 }));
+        assert!(ops.contains(&MountOp::BindRw {
+            src: PathBuf::from("/x/disk").join(SHM_DIR),
+            dst: PathBuf::from("/dev/shm")
+        }));
         assert!(ops.contains(&MountOp::Hide {
             dst: PathBuf::from("/etc"),
             dir: true
@@ -732,5 +755,6 @@ mod tests {
             dst: PathBuf::from("/tmp"),
             size: 1 << 20
         }));
+        assert!(ops.contains(&MountOp::Dev { shm_size: 1 << 20 }));
     }
 }

@@ -13,12 +13,21 @@ pub fn default_sigpipe() {
 }
 
 /// SIGINT, SIGTERM and SIGHUP only set a flag from now on (see [`interrupted`]); the
-/// supervisor checks it between phases and destroys everything before it stops.
+/// supervisor checks it between phases and destroys everything before it stops. Installed
+/// once per process: installing it again would forget a signal that already came, and
+/// would replace the handler the supervisor's runtime chains onto it.
 pub fn install_interrupt_flag() {
-    sys::flag_on_signals(&[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]);
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| sys::flag_on_signals(&[Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]));
 }
 
 /// Whether SIGINT/SIGTERM/SIGHUP arrived since [`install_interrupt_flag`].
 pub fn interrupted() -> bool {
     sys::signal_flag()
+}
+
+/// Ends the process at once with `code`: no destructor, no atexit handler, no other
+/// thread runs any further (for a teardown that has already released everything).
+pub fn exit_now(code: i32) -> ! {
+    sys::exit_now(code)
 }

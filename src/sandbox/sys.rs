@@ -386,10 +386,9 @@ extern "C" fn raise_flag(_: libc::c_int) {
     SIGNAL_FLAG.store(true, Ordering::SeqCst);
 }
 
-/// Lowers the process-wide signal flag, then makes each of `sigs` only raise it
-/// (SA_RESTART); read it with [`signal_flag`].
+/// Makes each of `sigs` only raise the process-wide signal flag (SA_RESTART); read it with
+/// [`signal_flag`]. A signal that already raised it is not forgotten.
 pub fn flag_on_signals(sigs: &[Signal]) {
-    SIGNAL_FLAG.store(false, Ordering::SeqCst);
     let sa = SigAction::new(
         SigHandler::Handler(raise_flag),
         SaFlags::SA_RESTART,

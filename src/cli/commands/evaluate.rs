@@ -77,6 +77,7 @@ impl EvaluateArgs {
 }
 
 pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
+    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
     let ev = evaluate(&a.request()?)?;
     let v = &ev.verdict;
     if a.json {

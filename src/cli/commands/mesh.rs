@@ -1,7 +1,7 @@
 //! `fork mesh serve|propose`: mesh re-verification over NATS.
 
 use crate::cli::args::print_json;
-use crate::cli::exit::CliError;
+use crate::cli::exit::{self, CliError};
 use crate::mesh::consensus::Quorum;
 use crate::mesh::propose::ProposeOptions;
 use crate::mesh::serve::ServeOptions;
@@ -90,6 +90,7 @@ pub struct ProposeArgs {
 pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
     match cmd {
         MeshCommand::Serve(a) => {
+            crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
             crate::mesh::serve::serve_blocking(ServeOptions {
                 nats: a.nats,
                 runtime: a.runtime,

@@ -37,6 +37,7 @@ pub struct ReverifyArgs {
 }
 
 pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
+    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
     let req = ReverifyRequest {
         verdict: a.verdict.clone(),
         patch: a.patch.clone(),

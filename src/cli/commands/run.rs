@@ -30,6 +30,7 @@ pub struct RunArgs {
 }
 
 pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
+    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::RUN_KILLED);
     let policy = load_policy(a.policy.as_deref(), &a.budget)?;
     let limits = policy.budgets.clone();
     let r = run(RunRequest {

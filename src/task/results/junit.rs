@@ -10,6 +10,10 @@ use super::{
 pub const MAX_XML_DEPTH: usize = 64;
 /// Most elements (of any kind) accepted in a JUnit document.
 pub const MAX_XML_ELEMENTS: usize = 2_000_000;
+/// Most attributes accepted on one element whose attributes are read.
+pub const MAX_XML_ATTRIBUTES: usize = 256;
+/// Longest start tag (name and attributes) accepted, in bytes.
+pub const MAX_XML_TAG_BYTES: usize = 1 << 20;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Frame {
@@ -134,25 +138,43 @@ pub fn parse_junit(xml: &[u8]) -> Result<TestReport, ResultsError> {
     let mut root_seen = false;
     let mut elements = 0usize;
 
-    // Decode one attribute of `e`, refusing malformed attributes and unknown entities.
-    fn attr(e: &BytesStart<'_>, key: &[u8], pos: u64) -> Result<Option<String>, ResultsError> {
-        for a in e.attributes() {
-            let a = a.map_err(|err| ResultsError::Junit {
-                position: pos,
-                message: format!("malformed attribute: {err}"),
-            })?;
-            if a.key.local_name().as_ref() == key {
-                let v = a.unescape_value().map_err(|err| ResultsError::Junit {
-                    position: pos,
-                    message: format!(
-                        "attribute `{}`: {err} (only the five predefined XML entities and character references are accepted)",
-                        String::from_utf8_lossy(key)
-                    ),
-                })?;
-                return Ok(Some(v.into_owned()));
+    // Decode the attributes `keys` of `e` in one pass over its attributes (linear: the
+    // reader's own duplicate check is quadratic, so it is off, and only the keys read are
+    // checked for duplicates), refusing more than MAX_XML_ATTRIBUTES attributes, malformed
+    // attributes and unknown entities.
+    fn attrs<const N: usize>(
+        e: &BytesStart<'_>,
+        keys: [&[u8]; N],
+        pos: u64,
+    ) -> Result<[Option<String>; N], ResultsError> {
+        let bad = |message: String| ResultsError::Junit {
+            position: pos,
+            message,
+        };
+        let mut out: [Option<String>; N] = std::array::from_fn(|_| None);
+        for (count, a) in e.attributes().with_checks(false).enumerate() {
+            if count >= MAX_XML_ATTRIBUTES {
+                return Err(bad(format!(
+                    "more than {MAX_XML_ATTRIBUTES} attributes on one element; refusing an oversized report"
+                )));
             }
+            let a = a.map_err(|err| bad(format!("malformed attribute: {err}")))?;
+            let local = a.key.local_name();
+            let Some(i) = keys.iter().position(|k| *k == local.as_ref()) else {
+                continue;
+            };
+            let key = String::from_utf8_lossy(keys[i]);
+            if out[i].is_some() {
+                return Err(bad(format!("duplicate attribute `{key}`")));
+            }
+            let v = a.unescape_value().map_err(|err| {
+                bad(format!(
+                    "attribute `{key}`: {err} (only the five predefined XML entities and character references are accepted)"
+                ))
+            })?;
+            out[i] = Some(v.into_owned());
         }
-        Ok(None)
+        Ok(out)
     }
 
     loop {
@@ -180,6 +202,12 @@ pub fn parse_junit(xml: &[u8]) -> Result<TestReport, ResultsError> {
                 return Err(err_at(
                     pos,
                     format!("elements nested deeper than {MAX_XML_DEPTH} levels"),
+                ));
+            }
+            if e.len() > MAX_XML_TAG_BYTES {
+                return Err(err_at(
+                    pos,
+                    format!("a start tag longer than {MAX_XML_TAG_BYTES} bytes; refusing an oversized report"),
                 ));
             }
             let local = e.local_name();
@@ -214,16 +242,18 @@ pub fn parse_junit(xml: &[u8]) -> Result<TestReport, ResultsError> {
                                 format!("more than {MAX_TEST_CASES} test cases; refusing an oversized report"),
                             ));
                         }
-                        let n = attr(e, b"name", pos)?.ok_or_else(|| {
+                        let [n, classname, time] =
+                            attrs(e, [b"name".as_slice(), b"classname", b"time"], pos)?;
+                        let n = n.ok_or_else(|| {
                             err_at(pos, "<testcase> without a `name` attribute".into())
                         })?;
-                        let classname = attr(e, b"classname", pos)?.unwrap_or_default();
+                        let classname = classname.unwrap_or_default();
                         let full = if classname.trim().is_empty() {
                             n
                         } else {
                             format!("{}.{}", classname.trim(), n.trim())
                         };
-                        let time_s = attr(e, b"time", pos)?
+                        let time_s = time
                             .and_then(|t| t.trim().parse::<f64>().ok())
                             .filter(|t| t.is_finite() && *t >= 0.0);
                         case = Some(CaseBuilder {
@@ -254,7 +284,8 @@ pub fn parse_junit(xml: &[u8]) -> Result<TestReport, ResultsError> {
                     match (kind, case.as_mut()) {
                         (Some(k), Some(c)) => {
                             c.text.clear();
-                            c.attr_message = attr(e, b"message", pos)?;
+                            let [message] = attrs(e, [b"message".as_slice()], pos)?;
+                            c.attr_message = message;
                             Frame::Detail(k)
                         }
                         _ => Frame::Other,
@@ -558,5 +589,64 @@ E       assert 1 == 2</failure></testcase>
             r.cases[0].message.as_ref().unwrap().chars().count(),
             MAX_MESSAGE_CHARS + 1
         );
+    }
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+
+    /// One `<testcase>` with a million attributes (about 8 MiB): the reader's own duplicate
+    /// check made this quadratic (minutes of CPU); it is refused in one linear pass.
+    #[test]
+    fn a_million_attributes_are_refused_at_once() {
+        let mut xml = String::from("<testsuite><testcase name='t' ");
+        for i in 0..1_000_000 {
+            xml.push_str(&format!("a{i}='' "));
+        }
+        xml.push_str("/></testsuite>");
+        assert!(xml.len() > 7 << 20 && xml.len() < 16 << 20, "{}", xml.len());
+        let t = std::time::Instant::now();
+        let e = parse_junit(xml.as_bytes()).unwrap_err();
+        let took = t.elapsed();
+        assert!(e.to_string().contains("start tag longer"), "{e}");
+        assert!(
+            took < std::time::Duration::from_millis(500),
+            "took {took:?}"
+        );
+        // 100,000 attributes in a tag under the byte cap (20 s before): the attribute cap.
+        let mut xml = String::from("<testsuite><testcase name='t' ");
+        for i in 0..100_000 {
+            xml.push_str(&format!("a{i}='' "));
+        }
+        xml.push_str("/></testsuite>");
+        assert!(xml.len() < MAX_XML_TAG_BYTES);
+        let t = std::time::Instant::now();
+        let e = parse_junit(xml.as_bytes()).unwrap_err();
+        let took = t.elapsed();
+        assert!(e.to_string().contains("more than 256 attributes"), "{e}");
+        assert!(
+            took < std::time::Duration::from_millis(200),
+            "took {took:?}"
+        );
+    }
+
+    #[test]
+    fn attributes_up_to_the_cap_parse_and_duplicates_of_read_keys_are_refused() {
+        let extra: String = (0..MAX_XML_ATTRIBUTES - 2)
+            .map(|i| format!(" x{i}='1'"))
+            .collect();
+        let xml = format!("<testsuite><testcase name='t' time='2'{extra}/></testsuite>");
+        let r = parse_junit(xml.as_bytes()).unwrap();
+        assert_eq!(r.cases[0].time_s, Some(2.0));
+        let xml = "<testsuite><testcase name='t' name='u'/></testsuite>";
+        let e = parse_junit(xml.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("duplicate attribute `name`"), "{e}");
+        let tag = format!(
+            "<testsuite><testcase name='t' x='{}'/></testsuite>",
+            "v".repeat(MAX_XML_TAG_BYTES)
+        );
+        let e = parse_junit(tag.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("start tag longer"), "{e}");
     }
 }

@@ -12,7 +12,9 @@
 //!   link, and files over a size limit (checked before and while reading).
 //! * `junit` ([`parse_junit`]): refuses DTDs (so no entity can be defined or expanded),
 //!   unknown entity references, truncated documents, nesting deeper than [`MAX_XML_DEPTH`],
-//!   more than [`MAX_XML_ELEMENTS`] elements and more than [`MAX_TEST_CASES`] test cases.
+//!   more than [`MAX_XML_ELEMENTS`] elements, more than [`MAX_TEST_CASES`] test cases, more
+//!   than [`MAX_XML_ATTRIBUTES`] attributes on an element it reads and start tags over
+//!   [`MAX_XML_TAG_BYTES`]; attributes are read in one linear pass.
 //! * `tap` ([`parse_tap`]): a missing or unmet plan and `Bail out!` are failures (as `prove`
 //!   treats them), never success.
 //! * `gotest` ([`parse_go_test_json`]) and `libtest` ([`parse_libtest_json`]) read event
@@ -34,6 +36,8 @@ use crate::manifest::ResultsFormat;
 
 mod events;
 mod gotest;
+#[cfg(test)]
+mod hostile_tests;
 mod junit;
 mod libtest;
 mod metrics;
@@ -41,7 +45,9 @@ mod open;
 mod tap;
 
 pub use gotest::{parse_go_test_json, GO_PACKAGE_CASE_SUFFIX};
-pub use junit::{parse_junit, MAX_XML_DEPTH, MAX_XML_ELEMENTS};
+pub use junit::{
+    parse_junit, MAX_XML_ATTRIBUTES, MAX_XML_DEPTH, MAX_XML_ELEMENTS, MAX_XML_TAG_BYTES,
+};
 pub use libtest::{parse_libtest_json, LIBTEST_SUITE_CASE};
 pub use metrics::{parse_metrics, MAX_METRICS};
 pub use open::{read_report_file, DEFAULT_MAX_REPORT_BYTES};
