@@ -16,6 +16,7 @@
 pub mod collect;
 pub mod conclude;
 pub mod judge;
+pub mod outputs;
 pub mod plan;
 pub mod prepare;
 pub mod request;
@@ -81,12 +82,17 @@ fn sha256_hex(bytes: &[u8]) -> String {
 pub struct Evaluation {
     pub out_dir: PathBuf,
     pub verdict: Verdict,
+    /// Why a CI output (`--junit`, `--summary`, the step summary) could not be written.
+    /// The verdict stands (signed, bundled, recorded); the caller shows it, then this.
+    pub ci_error: Option<String>,
 }
 
 /// The whole evaluation. Errors are failures to answer (bad input, a missing layer);
 /// a patch that fails a gate, does not apply or blows a budget is a REJECT verdict.
 pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     crate::sandbox::signals::install_interrupt_flag();
+    // Every output path first: nothing is worth running if its answer cannot be written.
+    outputs::check(a)?;
     // Reclaim what crashed runs left behind before starting a new one.
     let gc = crate::gc::collect();
     if !gc.runs.is_empty() {
