@@ -94,3 +94,111 @@ fn negative_budget_values_get_forks_own_error() {
         text(&o)
     );
 }
+
+/// The demo's `tests` task on the no-op patch, its progress on stderr: piped (plain lines),
+/// or, when `tty`, under `script` (a pseudo-terminal: a live line). `vars` go into the
+/// environment.
+fn progress_of(env: &Env, name: &str, tty: bool, vars: &[(&str, &str)]) -> String {
+    let out = env.out(name);
+    let mut c = env.cmd();
+    c.arg("evaluate")
+        .arg(patch("noop-comment"))
+        .arg("--runtime")
+        .arg(demo())
+        .args(["--task", "tests", "--no-cache", "--out"])
+        .arg(&out)
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .env_remove("FORK_LOG");
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let o = if tty {
+        // script(1) runs the command on a pseudo-terminal and copies what it writes.
+        let mut argv = vec![fork_bin().display().to_string()];
+        argv.extend(c.get_args().map(|a| a.to_string_lossy().into_owned()));
+        let shell = argv
+            .iter()
+            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut s = std::process::Command::new("script");
+        s.args(["-qec", &shell, "/dev/null"])
+            .stdin(std::process::Stdio::null());
+        for (k, v) in c.get_envs() {
+            match v {
+                Some(v) => s.env(k, v),
+                None => s.env_remove(k),
+            };
+        }
+        s.output().expect("script(1) from util-linux")
+    } else {
+        c.output().unwrap()
+    };
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let both = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        both.contains("task: tests (1 of 1)")
+            && both.contains("run task tests, patched: exit 0 in ")
+            && both.contains("tests 29 passed, 0 failed"),
+        "{both}"
+    );
+    both
+}
+
+/// `evaluate` shows its phases and each run on stderr as they happen: plain lines without
+/// a single escape code when piped; on a terminal a live line (rewritten in place) and
+/// colour, except with NO_COLOR; RUST_LOG works as FORK_LOG does.
+#[test]
+fn progress_on_stderr_as_it_happens() {
+    need_root!();
+    let env = Env::new("cv-progress");
+    let piped = progress_of(&env, "piped", false, &[]);
+    for phase in [
+        "plan:",
+        "gates:",
+        "snapshot:",
+        "patch:",
+        "task:",
+        "verdict:",
+    ] {
+        assert!(piped.contains(&format!("fork: {phase}")), "{piped}");
+    }
+    assert!(
+        piped.contains("fork: run task tests, patched: running\n"),
+        "{piped}"
+    );
+    assert!(!piped.contains('\x1b') && !piped.contains('\r'), "{piped}");
+    assert!(!piped.contains("ledger: appended row"), "{piped}");
+
+    let tty = progress_of(&env, "tty", true, &[]);
+    assert!(
+        tty.contains("running\x1b[0m\r\x1b[2Kfork: \x1b[32mrun task tests, patched: exit 0"),
+        "a live line replaced by the run's result: {tty:?}"
+    );
+    assert!(tty.contains("\x1b[1mtask: tests"), "{tty:?}");
+
+    let no_colour = progress_of(&env, "nocolour", true, &[("NO_COLOR", "1")]);
+    assert!(
+        no_colour.contains("running\r\x1b[2Kfork: run task tests, patched: exit 0"),
+        "still a live line: {no_colour:?}"
+    );
+    assert!(!no_colour.contains("\x1b[0m"), "no colour: {no_colour:?}");
+
+    let logged = progress_of(&env, "rustlog", false, &[("RUST_LOG", "info")]);
+    assert!(logged.contains("ledger: appended row"), "{logged}");
+    let logged = progress_of(
+        &env,
+        "forklog",
+        false,
+        &[("FORK_LOG", "info"), ("RUST_LOG", "off")],
+    );
+    assert!(
+        logged.contains("ledger: appended row"),
+        "FORK_LOG wins: {logged}"
+    );
+}

@@ -19,6 +19,7 @@ pub mod judge;
 pub mod outputs;
 pub mod plan;
 pub mod prepare;
+pub mod progress;
 pub mod request;
 pub mod reverify;
 pub mod side;
@@ -99,10 +100,12 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         tracing::info!("reclaimed {} stale run(s)", gc.runs.len());
     }
     // 1 PLAN
+    progress::phase("plan", &format!("patch {}", a.patch.display()));
     let p = plan::plan(a)?;
     let node = plan::load_node_key(a.key.as_deref())?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
     let exclude = &p.manifest.runtime.exclude;
+    progress::phase("gates", &format!("run {}, checking the patch", p.run_id));
     // The size gate judges the file's size: of a larger patch only a bounded prefix was read.
     let checked = match patch::size_stop(p.patch_size, &p.policy.gates) {
         Some(stop) => Err(stop),
@@ -181,6 +184,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     check_interrupt()?;
 
     // 2 FORK: one snapshot of each state store, shared by both sides.
+    progress::phase("snapshot", "the state stores, once for every side");
     let (snap_dir, state_hash) = staging::snapshot_state(&p, &staging)?;
 
     // The cache: the same patch on the same source tree, state, task and policy was
@@ -208,6 +212,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 3 PATCH: the first patched workspace.
+    progress::phase("patch", "applying the patch to the copy");
     let first_task = p
         .tasks
         .first()
@@ -263,6 +268,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             )));
             continue;
         }
+        progress::phase(
+            "task",
+            &format!("{} ({} of {})", t.name, runs.len() + 1, p.tasks.len()),
+        );
         let run = task_run::run_task(&p, t, &sources, first.take(), any_judged)?;
         if run.decision.verdict != VerdictKind::Approve {
             stopped_by = Some((t.name.clone(), run.decision.verdict));
@@ -271,6 +280,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 5 VERDICT: the plan's decisions combined into one.
+    progress::phase("verdict", "deciding and signing");
     let decisions: Vec<TaskDecision<'_>> = p
         .tasks
         .iter()

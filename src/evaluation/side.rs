@@ -90,6 +90,7 @@ pub fn run_side(
                 break;
             }
         }
+        super::progress::run_started(&t.name, side, attempt);
         let r = if t.spec.judge.is_some() {
             let stage = Stager {
                 dir: &side_dir,
@@ -99,6 +100,7 @@ pub fn run_side(
         } else {
             run_attempt(p, t, &mut sb, &env, &side_dir, &prefix, &log)?
         };
+        super::progress::run_finished(&t.name, side, attempt, &r);
         let failed = r.outcome.budget_exceeded.is_none()
             && r.outcome.exec_error.is_none()
             && r.tests.as_ref().is_some_and(|t| t.failed() > 0);
