@@ -202,3 +202,155 @@ fn progress_on_stderr_as_it_happens() {
         "FORK_LOG wins: {logged}"
     );
 }
+
+/// Keys in the formats users already hold: a node key made by ssh-keygen (OpenSSH), by
+/// OpenSSL (PKCS#8 PEM) or by an earlier fork ("FORK NODE KEY") endorses verdicts, and
+/// `--trust` takes its public half as a file or a string in OpenSSH, SubjectPublicKeyInfo
+/// PEM or `ed25519:<base64>`. `fork keygen` writes PKCS#8 and SubjectPublicKeyInfo PEM,
+/// and names what it wrote without calling a steward's key a node key.
+#[test]
+fn standard_key_formats_sign_and_are_trusted() {
+    need_root!();
+    let env = Env::new("cv-keys");
+    let tool = |cmd: &str, args: &[&str]| {
+        let o = std::process::Command::new(cmd)
+            .args(args)
+            .current_dir(&env.dir)
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        assert!(o.status.success(), "{cmd} {args:?}: {}", text(&o));
+        o
+    };
+    tool(
+        "ssh-keygen",
+        &["-q", "-t", "ed25519", "-N", "", "-C", "n", "-f", "ssh.key"],
+    );
+    tool(
+        "openssl",
+        &["genpkey", "-algorithm", "ed25519", "-out", "ossl.key"],
+    );
+    tool(
+        "openssl",
+        &["pkey", "-in", "ossl.key", "-pubout", "-out", "ossl.pub"],
+    );
+    let legacy_seed = [7u8; 32];
+    let legacy = env.dir.join("legacy.key");
+    std::fs::write(
+        &legacy,
+        format!(
+            "-----BEGIN FORK NODE KEY-----\nKey-Type: ed25519\n\n{}\n-----END FORK NODE KEY-----\n",
+            base64_std(&legacy_seed)
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for k in ["ssh.key", "ossl.key", "legacy.key"] {
+        std::fs::set_permissions(env.dir.join(k), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let legacy_pub = fork::identity::load_node_key(&legacy)
+        .unwrap()
+        .public()
+        .to_string();
+    let ssh_line = std::fs::read_to_string(env.dir.join("ssh.key.pub")).unwrap();
+    let ossl_pem = std::fs::read_to_string(env.dir.join("ossl.pub")).unwrap();
+    let cases: [(&str, Vec<String>); 3] = [
+        (
+            "ssh.key",
+            vec![
+                env.dir.join("ssh.key.pub").display().to_string(),
+                ssh_line.trim().to_string(),
+            ],
+        ),
+        (
+            "ossl.key",
+            vec![
+                env.dir.join("ossl.pub").display().to_string(),
+                ossl_pem.clone(),
+            ],
+        ),
+        ("legacy.key", vec![legacy_pub]),
+    ];
+    for (key, trusts) in cases {
+        let key_path = env.dir.join(key);
+        let out = env.out(key);
+        let o = env
+            .cmd()
+            .arg("evaluate")
+            .arg(patch("noop-comment"))
+            .arg("--runtime")
+            .arg(demo())
+            .args(["--task", "tests", "--no-ledger", "--key"])
+            .arg(&key_path)
+            .arg("--policy")
+            .arg(human_policy())
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{key}: {}", text(&o));
+        for trust in trusts {
+            let o = env
+                .cmd()
+                .arg("verify")
+                .arg(&out)
+                .args(["--trust", &trust])
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{key} trusted as {trust}: {}",
+                text(&o)
+            );
+        }
+        // Another key's public half is not trusted.
+        let o = env
+            .cmd()
+            .arg("verify")
+            .arg(&out)
+            .args(["--trust", &ossl_pem])
+            .output()
+            .unwrap();
+        let expected = if key == "ossl.key" { 0 } else { 1 };
+        assert_eq!(o.status.code(), Some(expected), "{key}: {}", text(&o));
+    }
+
+    let steward = env.dir.join("steward.key");
+    let o = env
+        .cmd()
+        .args([
+            "keygen",
+            "--out",
+            steward.to_str().unwrap(),
+            "--public-format",
+            "openssh",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("node key"), "{}", text(&o));
+    assert!(
+        err.contains("key written to") && err.contains("steward.pub"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("ssh-ed25519 AAAA"),
+        "{}",
+        text(&o)
+    );
+    let pem = std::fs::read_to_string(&steward).unwrap();
+    assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "{pem}");
+    // OpenSSL reads both halves, and they match.
+    let derived = tool("openssl", &["pkey", "-in", "steward.key", "-pubout"]);
+    assert_eq!(
+        String::from_utf8_lossy(&derived.stdout),
+        std::fs::read_to_string(env.dir.join("steward.pub")).unwrap()
+    );
+}
+
+fn base64_std(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}

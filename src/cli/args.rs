@@ -64,7 +64,8 @@ pub fn load_policy(path: Option<&Path>, b: &BudgetArgs) -> Result<Policy, CliErr
     Ok(p)
 }
 
-/// Public keys from `--trust`-style arguments: the key itself, or a file holding one.
+/// Public keys from `--trust`-style arguments: the key itself (`ed25519:<base64>`,
+/// SubjectPublicKeyInfo PEM or an OpenSSH line), or a file holding one.
 pub fn parse_keys(
     args: &[String],
     flag: &str,
@@ -74,7 +75,7 @@ pub fn parse_keys(
         let key = if Path::new(t).is_file() {
             crate::identity::read_public_key(Path::new(t))
         } else {
-            crate::identity::PublicKey::parse(t)
+            crate::identity::PublicKey::parse_any(t)
         }
         .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
         out.push(key);

@@ -29,7 +29,7 @@ pub struct ReverifyArgs {
     pub out: Option<PathBuf>,
     /// Node keys trusted to have endorsed the verdict (default: its own endorser, which
     /// then only proves the bundle is intact, not who made it).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub trust: Vec<String>,
     /// Print the agreement report as JSON.
     #[arg(long)]
