@@ -22,6 +22,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# The CI-output tests read fork's JUnit report back with junitparser (PyPI), as CI tools do.
+if ! python3 -c 'import junitparser' >/dev/null 2>&1; then
+  python3 -m pip install --quiet junitparser || {
+    echo "scripts/test.sh: please install junitparser (python3 -m pip install junitparser)" >&2
+    exit 1
+  }
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "scripts/test.sh: cargo is missing: install Rust (rustup) first" >&2
   exit 1

@@ -17,7 +17,9 @@
 //! characters of the sha256 of the 32 public key bytes ([`PublicKey::key_id`]).
 //!
 //! # Node key file format
-//! A small PEM-like text file:
+//! Written as PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`, RFC 8410), with the public half
+//! beside it as SubjectPublicKeyInfo PEM; read also from unencrypted OpenSSH private keys
+//! (see [`crate::keyformat`]) and from fork's own earlier format, a small PEM-like file:
 //! ```text
 //! -----BEGIN FORK NODE KEY-----
 //! Key-Type: ed25519
@@ -28,8 +30,8 @@
 //! ```
 //! Headers come first, then one empty line, then the base64 seed. `Key-Type` is required;
 //! `Public-Key` is optional on load, but when present it must match the seed (this catches
-//! a damaged or hand-edited file). The `node.pub` file holds the single line
-//! `ed25519:<base64>`.
+//! a damaged or hand-edited file). Earlier `node.pub` files hold the single line
+//! `ed25519:<base64>`; [`read_public_key`] reads every format.
 
 use crate::ioerr::{IoContext, IoError};
 use base64::engine::general_purpose::STANDARD;
@@ -69,7 +71,7 @@ pub enum IdentityError {
     Malformed { path: PathBuf, reason: String },
     #[error(transparent)]
     Io(#[from] IoError),
-    #[error("`{input}` is not a public key: {reason} (expected ed25519:<base64 of 32 bytes>)")]
+    #[error("`{input}` is not a public key: {reason} (expected ed25519:<base64 of 32 bytes>, a SubjectPublicKeyInfo PEM key or an OpenSSH `ssh-ed25519` line, or a file holding one)")]
     BadPublicKey { input: String, reason: String },
     #[error("the signature does not verify with key {key}")]
     BadSignature { key: String },
@@ -115,6 +117,41 @@ impl PublicKey {
             IdentityError::BadPublicKey { reason, .. } => bad(&reason),
             other => other,
         })
+    }
+
+    /// Parses a public key in any format a user may hold it in: fork's `ed25519:<base64>`,
+    /// SubjectPublicKeyInfo PEM (`-----BEGIN PUBLIC KEY-----`) or an OpenSSH line
+    /// (`ssh-ed25519 AAAA... comment`). Documents fork writes keep [`PublicKey::parse`].
+    pub fn parse_any(text: &str) -> Result<PublicKey, IdentityError> {
+        let t = text.trim();
+        match crate::keyformat::decode_public(t) {
+            None => PublicKey::parse(t),
+            Some(decoded) => {
+                let shown: String = t.chars().take(80).collect();
+                let bytes = decoded.map_err(|reason| IdentityError::BadPublicKey {
+                    input: shown.clone(),
+                    reason,
+                })?;
+                PublicKey::from_bytes(&bytes).map_err(|e| match e {
+                    IdentityError::BadPublicKey { reason, .. } => IdentityError::BadPublicKey {
+                        input: shown,
+                        reason,
+                    },
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// SubjectPublicKeyInfo PEM (what `openssl pkey -pubin` reads).
+    pub fn to_spki_pem(&self) -> String {
+        // Invariant: encoding a valid ed25519 point into memory cannot fail.
+        crate::keyformat::encode_public_spki(&self.0).unwrap_or_default()
+    }
+
+    /// One OpenSSH `authorized_keys`-style line with `comment`.
+    pub fn to_openssh(&self, comment: &str) -> String {
+        crate::keyformat::encode_public_openssh(&self.0, comment).unwrap_or_default()
     }
 
     /// The 32 raw bytes.
@@ -331,7 +368,9 @@ pub fn public_key_path(key_path: &Path) -> PathBuf {
     key_path.with_extension("pub")
 }
 
-fn encode_key_file(signing: &SigningKey) -> Zeroizing<String> {
+/// The fork format's text (read for keys written before PKCS#8; kept for the tests).
+#[cfg(test)]
+fn encode_legacy_key_file(signing: &SigningKey) -> Zeroizing<String> {
     let seed = Zeroizing::new(signing.to_bytes());
     let seed_b64 = Zeroizing::new(STANDARD.encode(seed.as_slice()));
     let public = PublicKey(signing.verifying_key());
@@ -353,9 +392,16 @@ fn decode_key_file(path: &Path, text: &str) -> Result<SigningKey, IdentityError>
         path: path.to_path_buf(),
         reason: reason.to_string(),
     };
+    if crate::keyformat::private_format(text).is_some() {
+        return crate::keyformat::decode_private(text).map_err(|e| bad(&e));
+    }
     let mut lines = text.lines().map(str::trim_end);
     if lines.next() != Some(NODE_KEY_BEGIN) {
-        return Err(bad(&format!("the first line is not `{NODE_KEY_BEGIN}`")));
+        return Err(bad(&format!(
+            "the first line is not `{}`, `{}` or `{NODE_KEY_BEGIN}`",
+            crate::keyformat::PKCS8_BEGIN,
+            crate::keyformat::OPENSSH_PRIVATE_BEGIN
+        )));
     }
     let mut key_type = None;
     let mut claimed_public = None;
@@ -443,7 +489,8 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
 
     let signing = SigningKey::generate(&mut rand::rngs::OsRng);
     let public = PublicKey(signing.verifying_key());
-    let text = encode_key_file(&signing);
+    let text = crate::keyformat::encode_private_pkcs8(&signing)
+        .map_err(|e| IoError::new("encode", path, io::Error::other(e)))?;
 
     let mut tmp = tempfile::Builder::new()
         .prefix(".node-key-")
@@ -474,7 +521,7 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
         .permissions(fs::Permissions::from_mode(0o644))
         .tempfile_in(&parent)
         .ctx("create a temporary file in", &parent)?;
-    writeln!(tmp, "{public}")
+    write!(tmp, "{}", public.to_spki_pem())
         .and_then(|_| tmp.as_file().sync_all())
         .ctx("write", tmp.path())?;
     tmp.persist(&pub_path)
@@ -529,10 +576,14 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
     Ok(NodeKey::from_signing(signing, Some(path.to_path_buf())))
 }
 
-/// Reads a public key file (`node.pub`: one line `ed25519:<base64>`).
+/// Reads a public key file in any format [`PublicKey::parse_any`] takes (`node.pub` is
+/// SubjectPublicKeyInfo PEM; older ones hold the line `ed25519:<base64>`).
 pub fn read_public_key(path: &Path) -> Result<PublicKey, IdentityError> {
-    let text = fs::read_to_string(path).ctx("read", path)?;
-    PublicKey::parse(text.trim())
+    let mut text = String::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(MAX_KEY_FILE_BYTES).read_to_string(&mut text))
+        .ctx("read", path)?;
+    PublicKey::parse_any(&text)
 }
 
 #[cfg(test)]
@@ -584,6 +635,35 @@ mod tests {
     }
 
     #[test]
+    fn keys_in_the_earlier_fork_format_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let signing = SigningKey::generate(&mut rand::rngs::OsRng);
+        let path = dir.path().join("old.key");
+        fs::write(&path, encode_legacy_key_file(&signing).as_bytes()).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let public = PublicKey(signing.verifying_key());
+        assert_eq!(load_node_key(&path).unwrap().public(), public);
+        let old_pub = dir.path().join("old.pub");
+        fs::write(&old_pub, format!("{public}\n")).unwrap();
+        assert_eq!(read_public_key(&old_pub).unwrap(), public);
+        // What fork writes now: PKCS#8 and SubjectPublicKeyInfo PEM.
+        let new = dir.path().join("new.key");
+        let p = generate_node_key(&new, false).unwrap();
+        assert!(fs::read_to_string(&new)
+            .unwrap()
+            .starts_with("-----BEGIN PRIVATE KEY-----"));
+        let spki = fs::read_to_string(public_key_path(&new)).unwrap();
+        assert!(spki.starts_with("-----BEGIN PUBLIC KEY-----"), "{spki}");
+        assert_eq!(PublicKey::parse_any(&spki).unwrap(), p);
+        assert_eq!(PublicKey::parse_any(&p.to_openssh("n")).unwrap(), p);
+        assert_eq!(PublicKey::parse_any(&p.to_string()).unwrap(), p);
+        assert!(
+            PublicKey::parse(&spki).is_err(),
+            "documents keep ed25519:<base64>"
+        );
+    }
+
+    #[test]
     fn keygen_load_and_refusals() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cfg").join("fork").join("node.key");
@@ -625,8 +705,8 @@ mod tests {
         );
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
 
-        // A file whose header does not match its secret is refused.
-        let text = fs::read_to_string(&path).unwrap();
+        // A file (fork's earlier format) whose header does not match its secret is refused.
+        let text = encode_legacy_key_file(&load_node_key(&path).unwrap().signing);
         let other = EphemeralKey::generate().public().to_string();
         let tampered = text.replace(&new_public.to_string(), &other);
         fs::write(&path, tampered).unwrap();

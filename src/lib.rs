@@ -18,6 +18,7 @@ pub mod gateway;
 pub mod gc;
 pub mod identity;
 pub mod ioerr;
+pub mod keyformat;
 pub mod ledger;
 pub mod manifest;
 pub mod mesh;

@@ -150,13 +150,14 @@ fn one() -> u32 {
     1
 }
 
-/// `results = { format = "junit", path = "tests.xml" }`.
+/// `results = { format = "junit", path = "tests.xml" }`, or `{ format = "exit_status" }`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResultsSpec {
     pub format: ResultsFormat,
-    /// Relative to `$FORK_REPORTS`.
-    pub path: String,
+    /// Relative to `$FORK_REPORTS`; every format but `exit_status` needs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -380,7 +381,19 @@ impl Manifest {
             }
         }
         if let Some(res) = &t.results {
-            self.report_path(&field("results.path"), &res.path)?;
+            match (&res.path, res.format) {
+                (Some(p), _) => self.report_path(&field("results.path"), p)?,
+                (None, ResultsFormat::ExitStatus) => {}
+                (None, f) => {
+                    return Err(self.invalid(
+                        field("results.path"),
+                        format!(
+                            "the `{}` format reads a report: give its path, relative to $FORK_REPORTS (only `exit_status` needs none)",
+                            serde_json::to_value(f).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+                        ),
+                    ))
+                }
+            }
         }
         if let Some(m) = &t.metrics {
             self.report_path(&field("metrics"), m)?;
@@ -669,7 +682,7 @@ env = { MODE = "fast" }
             tests.results,
             Some(ResultsSpec {
                 format: ResultsFormat::Junit,
-                path: "tests.xml".into()
+                path: Some("tests.xml".into())
             })
         );
         assert_eq!((tests.repeat, tests.baseline), (1, false));

@@ -722,13 +722,24 @@ fn junit_and_markdown_summaries_for_ci() {
     assert!(n_tests > 0, "{}", a.ctx());
     let own = parse_junit(&std::fs::read(a.artifact("tests.xml")).unwrap()).unwrap();
     assert_eq!(own.cases.len(), n_tests);
-    let tests = names_with(&r, "tests.");
-    assert_eq!(tests.len(), n_tests);
-    assert_eq!(
-        tests,
-        own.cases.iter().map(|c| c.name.clone()).collect(),
-        "the test cases are the task's own"
+    let own_names: BTreeSet<String> = own.cases.iter().map(|c| c.name.clone()).collect();
+    let tests: BTreeSet<String> = r
+        .cases
+        .iter()
+        .map(|c| c.name.clone())
+        .filter(|n| own_names.contains(n))
+        .collect();
+    assert_eq!(tests, own_names, "the test cases are the task's own");
+    assert!(
+        own.cases.iter().all(|c| c.classname.is_some()),
+        "the demo's report has classnames"
     );
+    assert_eq!(
+        r.cases.iter().map(|c| &c.classname).collect::<Vec<_>>()[..n_tests],
+        own.cases.iter().map(|c| &c.classname).collect::<Vec<_>>()[..],
+        "the task's own classnames, in order"
+    );
+    junitparser_agrees(&ja, &a.artifact("tests.xml"), metric_count(&a), 0);
     let metric_names: BTreeSet<String> = a.verdict["metrics"]
         .as_array()
         .unwrap()
@@ -750,7 +761,7 @@ fn junit_and_markdown_summaries_for_ci() {
     assert_eq!(
         r.cases
             .iter()
-            .filter(|c| c.name.starts_with("tests.") && c.outcome == TestOutcome::Passed)
+            .filter(|c| own_names.contains(&c.name) && c.outcome == TestOutcome::Passed)
             .count(),
         t["passed"].as_u64().unwrap() as usize
     );
@@ -813,6 +824,150 @@ fn junit_and_markdown_summaries_for_ci() {
     assert!(
         jb_text.contains("flaky: failed in 1 of 2 runs"),
         "{jb_text}"
+    );
+}
+
+fn metric_count(e: &Eval) -> usize {
+    e.verdict["metrics"].as_array().map_or(0, |m| m.len())
+}
+
+/// What junitparser (a JUnit reader from PyPI; scripts/test.sh installs it) reads in each
+/// file: per path, its suites' counts and its cases as `[classname, name, result]`.
+fn junitparser_read(paths: &[&Path]) -> Value {
+    let script = repo().join("tests/common/junit_read.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .args(paths)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "junitparser could not read the reports (scripts/test.sh installs it: pip install junitparser): {}",
+        text(&o)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// junitparser reads fork's JUnit report (`ours`) with every case of the task's own report
+/// (`theirs`) under the task's own classname and name, with the same result, plus
+/// `metrics` metric cases and the verdict (`fork`/`verdict`); the suite's counts add up.
+fn junitparser_agrees(ours: &Path, theirs: &Path, metrics: usize, failures: u64) {
+    let read = junitparser_read(&[ours, theirs]);
+    let doc = |p: &Path| read[p.to_str().unwrap()].clone();
+    let (ours_doc, theirs_doc) = (doc(ours), doc(theirs));
+    let cases = |d: &Value| -> Vec<(String, String, String)> {
+        d["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let s = |i: usize| c[i].as_str().unwrap_or("").to_string();
+                (s(0), s(1), s(2))
+            })
+            .collect()
+    };
+    let (ours_cases, theirs_cases) = (cases(&ours_doc), cases(&theirs_doc));
+    assert!(!theirs_cases.is_empty(), "{theirs_doc}");
+    assert_eq!(
+        ours_cases[..theirs_cases.len()],
+        theirs_cases[..],
+        "the task's own classnames, names and results, in order"
+    );
+    let rest = &ours_cases[theirs_cases.len()..];
+    assert_eq!(rest.len(), metrics + 1, "{ours_doc}");
+    assert!(
+        rest[..metrics].iter().all(|c| c.0 == "metrics"),
+        "{ours_doc}"
+    );
+    assert_eq!(
+        (rest[metrics].0.as_str(), rest[metrics].1.as_str()),
+        ("fork", "verdict")
+    );
+    let suites = ours_doc["suites"].as_array().unwrap();
+    assert_eq!(suites.len(), 1, "{ours_doc}");
+    assert_eq!(suites[0]["tests"], ours_cases.len() as u64, "{ours_doc}");
+    assert_eq!(suites[0]["failures"], failures, "{ours_doc}");
+    let count = |kind: &str| ours_cases.iter().filter(|c| c.2 == kind).count() as u64;
+    assert_eq!(suites[0]["errors"], count("error"), "{ours_doc}");
+    assert_eq!(suites[0]["skipped"], count("skipped"), "{ours_doc}");
+    assert_eq!(count("failure"), failures, "{ours_doc}");
+}
+
+/// Every output path is checked before any work: an unwritable `--junit`, `--summary` or
+/// `--out` parent is a usage error (64) naming the path, and nothing runs.
+#[test]
+fn unwritable_ci_outputs_are_refused_before_any_work() {
+    need_root!();
+    let env = Env::new("vd-ci-paths");
+    let rt = env.runtime("hermes-demo", BOTH_TASK);
+    let file = env.dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let missing = env.dir.join("no/such/dir/j.xml");
+    let under_file = file.join("j.xml");
+    let bad_out = file.join("bundle");
+    for (flag, path, named) in [
+        ("--junit", &missing, &missing),
+        ("--summary", &env.dir, &env.dir),
+        ("--junit", &under_file, &file),
+    ] {
+        let a = ["--task", "both", flag, path.to_str().unwrap()];
+        let e = common::lifecycle::evaluate(&env, &patch("swap-compressor"), &rt, "refused", &a);
+        assert_eq!(e.code, 64, "{}", e.ctx());
+        assert!(e.stderr.contains(named.to_str().unwrap()), "{}", e.ctx());
+        assert!(e.sandboxes.is_empty(), "nothing ran: {}", e.ctx());
+        assert!(!e.out.exists(), "{}", e.ctx());
+    }
+    let o = env
+        .cmd()
+        .args(["evaluate"])
+        .arg(patch("swap-compressor"))
+        .arg("--runtime")
+        .arg(&rt)
+        .args(["--task", "both", "--out"])
+        .arg(&bad_out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(bad_out.to_str().unwrap()),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A report that fails after the verdict (here `/dev/full`: writable, but every write
+/// fails) never hides it: the verdict is printed and recorded, then the failure is named
+/// and the exit code is 73.
+#[test]
+fn a_failing_ci_output_never_hides_the_verdict() {
+    need_root!();
+    let env = Env::new("vd-ci-full");
+    let e = common::lifecycle::evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "full",
+        &["--task", "tests", "--junit", "/dev/full"],
+    );
+    assert_eq!(e.code, 73, "{}", e.ctx());
+    assert!(
+        e.stdout.starts_with("APPROVE"),
+        "the verdict is printed: {}",
+        e.ctx()
+    );
+    assert!(e.stdout.contains(e.run_id()), "{}", e.ctx());
+    assert!(
+        e.stderr.contains("/dev/full") && e.stderr.contains("the verdict above stands"),
+        "{}",
+        e.ctx()
+    );
+    let v = env.cmd().arg("verify").arg(&e.out).output().unwrap();
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+    let h = env.cmd().args(["history", "--json"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&h.stdout).contains(e.run_id()),
+        "recorded in the ledger: {}",
+        text(&h)
     );
 }
 

@@ -6,32 +6,34 @@ use crate::policy::Policy;
 use clap::Args;
 use std::path::{Path, PathBuf};
 
-/// Budget overrides shared by `run` and `evaluate`.
+/// Budget overrides shared by `run` and `evaluate`. Every value is taken as text (a
+/// negative-looking one too: `--wall -5` is a value, not a flag) and checked by fork's one
+/// budget pipeline, so a bad value gets fork's own error naming the field.
 #[derive(Debug, Clone, Default, Args)]
 pub struct BudgetArgs {
     /// Wall-clock budget, e.g. 30s, 10m, 1h.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub wall: Option<String>,
     /// CPU quota in percent of one core (200 = two cores).
-    #[arg(long)]
-    pub cpu: Option<u32>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub cpu: Option<String>,
     /// Memory budget, e.g. 512MiB, 2GiB.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub memory: Option<String>,
     /// Maximum number of processes and threads.
-    #[arg(long)]
-    pub pids: Option<u64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub pids: Option<String>,
     /// Disk budget for the workspace and /tmp together, e.g. 64MiB, 10GiB.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub disk: Option<String>,
-    /// API cost budget in USD.
-    #[arg(long = "api-cost")]
-    pub api_cost: Option<f64>,
+    /// API cost budget in USD, e.g. 5.00.
+    #[arg(long = "api-cost", allow_hyphen_values = true)]
+    pub api_cost: Option<String>,
     /// Total CPU time budget of each run, e.g. 10m (kills the sandbox when passed).
-    #[arg(long = "cpu-time")]
+    #[arg(long = "cpu-time", allow_hyphen_values = true)]
     pub cpu_time: Option<String>,
     /// Wall-clock budget of the whole evaluation (every run together), e.g. 2h.
-    #[arg(long = "evaluation-wall")]
+    #[arg(long = "evaluation-wall", allow_hyphen_values = true)]
     pub evaluation_wall: Option<String>,
 }
 
@@ -40,11 +42,11 @@ impl BudgetArgs {
     pub fn overrides(&self) -> Result<BudgetOverrides, CliError> {
         BudgetText {
             wall: self.wall.clone(),
-            cpu: self.cpu.map(|c| c.to_string()),
+            cpu: self.cpu.clone(),
             memory: self.memory.clone(),
-            pids: self.pids.map(|p| p.to_string()),
+            pids: self.pids.clone(),
             disk: self.disk.clone(),
-            api_cost: self.api_cost.map(|a| a.to_string()),
+            api_cost: self.api_cost.clone(),
             cpu_time: self.cpu_time.clone(),
             evaluation_wall: self.evaluation_wall.clone(),
         }
@@ -62,7 +64,8 @@ pub fn load_policy(path: Option<&Path>, b: &BudgetArgs) -> Result<Policy, CliErr
     Ok(p)
 }
 
-/// Public keys from `--trust`-style arguments: the key itself, or a file holding one.
+/// Public keys from `--trust`-style arguments: the key itself (`ed25519:<base64>`,
+/// SubjectPublicKeyInfo PEM or an OpenSSH line), or a file holding one.
 pub fn parse_keys(
     args: &[String],
     flag: &str,
@@ -72,7 +75,7 @@ pub fn parse_keys(
         let key = if Path::new(t).is_file() {
             crate::identity::read_public_key(Path::new(t))
         } else {
-            crate::identity::PublicKey::parse(t)
+            crate::identity::PublicKey::parse_any(t)
         }
         .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
         out.push(key);

@@ -9,6 +9,7 @@
 //! | 65 | bad input: malformed patch, manifest, policy, task or verdict |
 //! | 69 | a required isolation layer is unavailable on this host (fail closed) |
 //! | 70 | internal error |
+//! | 73 | a CI output could not be written (the verdict was printed and recorded first) |
 //! | 130 | interrupted |
 
 use crate::evaluation::reverify::ReverifyError;
@@ -33,6 +34,9 @@ pub const USAGE: i32 = 64;
 pub const BAD_INPUT: i32 = 65;
 pub const UNAVAILABLE: i32 = 69;
 pub const INTERNAL: i32 = 70;
+/// An output file could not be created (sysexits' EX_CANTCREAT): a CI report, after the
+/// verdict was printed and recorded.
+pub const CANT_CREATE: i32 = 73;
 pub const INTERRUPTED: i32 = 130;
 /// `fork run` whose sandbox was killed (by a budget or an interruption): 128 + SIGKILL.
 pub const RUN_KILLED: i32 = 137;

@@ -5,6 +5,7 @@
 pub mod args;
 pub mod commands;
 pub mod exit;
+pub mod progress;
 
 pub use exit::CliError;
 
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand};
     about = "Evaluate a self-modification patch in a hard sandbox and emit a signed verdict"
 )]
 pub struct Cli {
-    /// More logging on stderr (-v info, -vv debug).
+    /// More logging on stderr (-v info, -vv debug; FORK_LOG or RUST_LOG take a filter).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     #[command(subcommand)]
@@ -59,19 +60,7 @@ pub use crate::sandbox::signals::default_sigpipe;
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
-    let level = match cli.verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FORK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
-        )
-        .with_writer(std::io::stderr)
-        .without_time()
-        .try_init();
+    progress::init(cli.verbose);
     let r = match cli.command {
         Command::Run(a) => commands::run::run_cmd(a),
         Command::Check(a) => commands::check::check(a),

@@ -155,24 +155,27 @@ pub fn collect(
     let mut tests = None;
     let mut results_error = None;
     let evidence = reading == Reading::Evidence;
-    if let Some(r) = task.results.as_ref().filter(|_| evidence) {
-        match results::read_report_file(
-            disk,
-            &in_reports(&r.path),
-            results::DEFAULT_MAX_REPORT_BYTES,
-        ) {
+    // `exit_status` without a path declares no report: the exit status is the result.
+    let declared_report = task
+        .results
+        .as_ref()
+        .filter(|_| evidence)
+        .and_then(|r| Some((r.format, r.path.as_ref()?)));
+    if let Some((format, path)) = declared_report {
+        match results::read_report_file(disk, &in_reports(path), results::DEFAULT_MAX_REPORT_BYTES)
+        {
             Ok(bytes) => {
-                match results::parse_report(r.format, &bytes) {
+                match results::parse_report(format, &bytes) {
                     Ok(t) => tests = Some(t),
-                    Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+                    Err(e) => results_error = Some(format!("{path}: {e}")),
                 }
-                let name = Path::new(&r.path)
+                let name = Path::new(path)
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "results".into());
                 artifacts.push((ArtifactType::TestReport, stage(name, &bytes)?));
             }
-            Err(e) => results_error = Some(format!("{}: {e}", r.path)),
+            Err(e) => results_error = Some(format!("{path}: {e}")),
         }
     }
     let mut metrics = None;
@@ -193,7 +196,7 @@ pub fn collect(
     let declared: Vec<&str> = task
         .results
         .iter()
-        .map(|r| r.path.as_str())
+        .filter_map(|r| r.path.as_deref())
         .chain(task.metrics.as_deref())
         .filter(|_| evidence)
         .collect();

@@ -182,9 +182,10 @@ pub fn cached(
         "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",
         entry.run_id
     );
-    let ev = Evaluation {
+    let mut ev = Evaluation {
         out_dir: p.out_dir.clone(),
         verdict: verified.verdict,
+        ci_error: None,
     };
     // The CI outputs, as for a fresh verdict (the tests from the bundle's own report).
     let tests = ev
@@ -195,15 +196,7 @@ pub fn cached(
         .and_then(|art| std::fs::read(ev.out_dir.join(&art.path)).ok())
         .and_then(|b| results::parse_junit(&b).ok());
     let rules = plan_rules(p);
-    crate::verdict::report::write_ci_outputs(
-        &ev.verdict,
-        tests.as_ref(),
-        &rules,
-        &ev.out_dir,
-        p.ci.junit.as_deref(),
-        p.ci.summary.as_deref(),
-    )
-    .map_err(|e| EvaluateError::Internal(format!("writing the CI outputs: {e}")))?;
+    ev.ci_error = write_ci(p, &ev, &rules, tests.as_ref());
     Ok(Some(ev))
 }
 
@@ -273,14 +266,35 @@ fn patched_source_hash(p: &Plan, probe: &CacheProbe<'_>) -> Result<String, Strin
     result
 }
 
-/// Appends the verdict to the ledger and writes the CI outputs.
+/// The CI outputs of a verdict; a failure is returned, never raised, so that it cannot
+/// hide the verdict (the caller shows the verdict first, then the failure).
+fn write_ci(
+    p: &Plan,
+    ev: &Evaluation,
+    rules: &crate::verdict::decide::DecisionRules,
+    tests: Option<&results::TestReport>,
+) -> Option<String> {
+    crate::verdict::report::write_ci_outputs(
+        &ev.verdict,
+        tests,
+        rules,
+        &ev.out_dir,
+        p.ci.junit.as_deref(),
+        p.ci.summary.as_deref(),
+    )
+    .err()
+    .map(|e| format!("writing the CI outputs: {e}"))
+}
+
+/// Appends the verdict to the ledger, then writes the CI outputs (a failure of those is
+/// returned, see [`write_ci`]).
 fn record(
     p: &Plan,
     ev: &Evaluation,
     key: &crate::ledger::CacheKey,
     rules: &crate::verdict::decide::DecisionRules,
     tests: Option<&results::TestReport>,
-) -> Result<(), EvaluateError> {
+) -> Option<String> {
     if let Some(path) = &p.ledger {
         let verdict_bytes = std::fs::read(ev.out_dir.join("verdict.json")).unwrap_or_default();
         let bundle_dir = std::fs::canonicalize(&ev.out_dir).unwrap_or_else(|_| ev.out_dir.clone());
@@ -303,19 +317,7 @@ fn record(
             Err(e) => eprintln!("fork: warning: the verdict was not recorded in the ledger: {e}"),
         }
     }
-    if let Err(e) = crate::verdict::report::write_ci_outputs(
-        &ev.verdict,
-        tests,
-        rules,
-        &ev.out_dir,
-        p.ci.junit.as_deref(),
-        p.ci.summary.as_deref(),
-    ) {
-        return Err(EvaluateError::Internal(format!(
-            "writing the CI outputs: {e}"
-        )));
-    }
-    Ok(())
+    write_ci(p, ev, rules, tests)
 }
 
 /// What a verdict is made of, besides the plan: the decision and the evidence behind it.
@@ -450,8 +452,8 @@ pub fn seal(
     let tests = plan_tests(&c);
     let signed = sign(p, c, &ephemeral, node);
     ephemeral.destroy();
-    let ev = signed?;
-    record(p, &ev, cache_key, &rules, tests.as_ref())?;
+    let mut ev = signed?;
+    ev.ci_error = record(p, &ev, cache_key, &rules, tests.as_ref());
     Ok(ev)
 }
 
@@ -571,5 +573,6 @@ fn sign(
     Ok(Evaluation {
         out_dir: written.dir,
         verdict: written.verdict,
+        ci_error: None,
     })
 }

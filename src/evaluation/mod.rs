@@ -16,8 +16,10 @@
 pub mod collect;
 pub mod conclude;
 pub mod judge;
+pub mod outputs;
 pub mod plan;
 pub mod prepare;
+pub mod progress;
 pub mod protect;
 pub mod request;
 pub mod reverify;
@@ -81,22 +83,29 @@ fn sha256_hex(bytes: &[u8]) -> String {
 pub struct Evaluation {
     pub out_dir: PathBuf,
     pub verdict: Verdict,
+    /// Why a CI output (`--junit`, `--summary`, the step summary) could not be written.
+    /// The verdict stands (signed, bundled, recorded); the caller shows it, then this.
+    pub ci_error: Option<String>,
 }
 
 /// The whole evaluation. Errors are failures to answer (bad input, a missing layer);
 /// a patch that fails a gate, does not apply or blows a budget is a REJECT verdict.
 pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     crate::sandbox::signals::install_interrupt_flag();
+    // Every output path first: nothing is worth running if its answer cannot be written.
+    outputs::check(a)?;
     // Reclaim what crashed runs left behind before starting a new one.
     let gc = crate::gc::collect();
     if !gc.runs.is_empty() {
         tracing::info!("reclaimed {} stale run(s)", gc.runs.len());
     }
     // 1 PLAN
+    progress::phase("plan", &format!("patch {}", a.patch.display()));
     let p = plan::plan(a)?;
     let node = plan::load_node_key(a.key.as_deref())?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
     let exclude = &p.manifest.runtime.exclude;
+    progress::phase("gates", &format!("run {}, checking the patch", p.run_id));
     // The size gate judges the file's size: of a larger patch only a bounded prefix was read.
     let checked = match patch::size_stop(p.patch_size, &p.policy.gates) {
         Some(stop) => Err(stop),
@@ -176,6 +185,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     check_interrupt()?;
 
     // 2 FORK: one snapshot of each state store, shared by both sides.
+    progress::phase("snapshot", "the state stores, once for every side");
     let (snap_dir, state_hash) = staging::snapshot_state(&p, &staging)?;
 
     // The cache: the same patch on the same source tree, state, task and policy was
@@ -203,6 +213,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 3 PATCH: the first patched workspace.
+    progress::phase("patch", "applying the patch to the copy");
     let first_task = p
         .tasks
         .first()
@@ -258,6 +269,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             )));
             continue;
         }
+        progress::phase(
+            "task",
+            &format!("{} ({} of {})", t.name, runs.len() + 1, p.tasks.len()),
+        );
         let run = task_run::run_task(&p, t, &sources, first.take(), any_judged)?;
         if run.decision.verdict != VerdictKind::Approve {
             stopped_by = Some((t.name.clone(), run.decision.verdict));
@@ -266,6 +281,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 5 VERDICT: the plan's decisions combined into one.
+    progress::phase("verdict", "deciding and signing");
     let decisions: Vec<TaskDecision<'_>> = p
         .tasks
         .iter()

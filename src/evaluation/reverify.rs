@@ -48,8 +48,36 @@ pub struct MetricAgreement {
     pub name: String,
     pub theirs: f64,
     pub ours: Option<f64>,
+    /// How far apart the two are: the relative changes' difference with baselines, else
+    /// the values' relative difference.
     pub relative_difference: Option<f64>,
+    /// Whether that difference is within the noise band (nothing else).
     pub within_band: bool,
+    /// Whether the two measurements agree, and why (see [`Agreed`]); `None`: they do not.
+    pub agreed: Option<Agreed>,
+}
+
+/// Why two measurements of one metric agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agreed {
+    /// Their difference is within the noise band.
+    WithinBand,
+    /// Both found the same significant change (same direction), or both found none.
+    SameConclusion,
+    /// Their confidence intervals overlap.
+    OverlappingIntervals,
+}
+
+impl Agreed {
+    /// How the command line says it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Agreed::WithinBand => "within the noise band",
+            Agreed::SameConclusion => "the same conclusion (significance and direction)",
+            Agreed::OverlappingIntervals => "overlapping confidence intervals",
+        }
+    }
 }
 
 /// The agreement report.
@@ -117,7 +145,7 @@ fn metric_agrees(
     t: &crate::verdict::Metric,
     o: &crate::verdict::Metric,
     band: f64,
-) -> (bool, Option<f64>) {
+) -> (Option<Agreed>, f64) {
     match (t.change, o.change) {
         (Some(tc), Some(oc)) => {
             let diff = (oc - tc).abs();
@@ -130,7 +158,16 @@ fn metric_agrees(
                 (Some(a), Some(b), Some(c), Some(d)) => a <= d && c <= b,
                 _ => false,
             };
-            (same_conclusion || diff <= band || overlap, Some(diff))
+            let why = if diff <= band {
+                Some(Agreed::WithinBand)
+            } else if same_conclusion {
+                Some(Agreed::SameConclusion)
+            } else if overlap {
+                Some(Agreed::OverlappingIntervals)
+            } else {
+                None
+            };
+            (why, diff)
         }
         _ => {
             let rel = if t.patched == 0.0 {
@@ -142,7 +179,7 @@ fn metric_agrees(
             } else {
                 (o.patched - t.patched).abs() / t.patched.abs()
             };
-            (rel <= band, Some(rel))
+            ((rel <= band).then_some(Agreed::WithinBand), rel)
         }
     }
 }
@@ -153,17 +190,21 @@ pub fn compare(theirs: &Verdict, ours: &Verdict, band: f64) -> (bool, Vec<Metric
     let mut all = true;
     for m in &theirs.metrics {
         let o = ours.metrics.iter().find(|x| x.name == m.name);
-        let (within, rel) = match o {
-            Some(o) => metric_agrees(m, o, band),
-            None => (false, None),
+        let (agreed, rel) = match o {
+            Some(o) => {
+                let (why, rel) = metric_agrees(m, o, band);
+                (why, Some(rel))
+            }
+            None => (None, None),
         };
-        all &= within;
+        all &= agreed.is_some();
         metrics.push(MetricAgreement {
             name: m.name.clone(),
             theirs: m.patched,
             ours: o.map(|o| o.patched),
             relative_difference: rel,
-            within_band: within,
+            within_band: rel.is_some_and(|r| r <= band),
+            agreed,
         });
     }
     (theirs.verdict == ours.verdict && all, metrics)
@@ -304,7 +345,11 @@ mod tests {
         // Neither significant: agreement whatever the noise.
         a.metrics[0].significant = Some(false);
         b.metrics[0].significant = Some(false);
-        assert!(compare(&a, &b, 0.01).0);
+        let (agree, m) = compare(&a, &b, 0.01);
+        assert!(agree);
+        // 2 points apart, beyond the 1% band: they agree, but not "within the band".
+        assert!(!m[0].within_band);
+        assert_eq!(m[0].agreed, Some(Agreed::SameConclusion));
     }
 
     #[test]

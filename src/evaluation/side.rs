@@ -90,6 +90,7 @@ pub fn run_side(
                 break;
             }
         }
+        super::progress::run_started(&t.name, side, attempt);
         let r = if t.spec.judge.is_some() {
             let stage = Stager {
                 dir: &side_dir,
@@ -99,6 +100,7 @@ pub fn run_side(
         } else {
             run_attempt(p, t, &mut sb, &env, &side_dir, &prefix, &log)?
         };
+        super::progress::run_finished(&t.name, side, attempt, &r);
         // A changed protected tree is a REJECT already (and the workspace it left is not
         // one to serve the protected tree over again): no rerun.
         let failed = r.outcome.budget_exceeded.is_none()

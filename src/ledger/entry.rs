@@ -18,6 +18,9 @@ pub struct Entry {
     pub task: String,
     pub patch_hash: String,
     pub state_hash: String,
+    /// The parent's source tree, the tree the patch applies to (an input, like the other
+    /// hashes of the cache key). Not the verdict's `source_hash`, which is the patched
+    /// tree the successor ran; the column keeps its name so rows stay readable.
     pub source_hash: String,
     pub task_hash: String,
     pub policy_hash: String,
@@ -41,6 +44,7 @@ pub struct NewEntry {
     pub task: String,
     pub patch_hash: String,
     pub state_hash: String,
+    /// The parent's source tree (see [`Entry::source_hash`]).
     pub source_hash: String,
     pub task_hash: String,
     pub policy_hash: String,

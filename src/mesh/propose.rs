@@ -134,7 +134,7 @@ fn parse_key(flag: &str, s: &str) -> Result<PublicKey, MeshError> {
     let r = if Path::new(s).is_file() {
         crate::identity::read_public_key(Path::new(s))
     } else {
-        PublicKey::parse(s)
+        PublicKey::parse_any(s)
     };
     r.map_err(|e| {
         MeshError::Usage(format!(

@@ -13,7 +13,7 @@ pub struct ApproveArgs {
     #[arg(long)]
     pub key: PathBuf,
     /// Node keys trusted to have endorsed the verdict (default: the local node key).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub trust: Vec<String>,
 }
 

@@ -12,7 +12,7 @@ pub struct ConsensusArgs {
     #[arg(required = true)]
     pub verdicts: Vec<PathBuf>,
     /// Node public keys whose votes count (ed25519:<base64>, or a file holding one).
-    #[arg(long, required = true)]
+    #[arg(long, allow_hyphen_values = true, required = true)]
     pub trust: Vec<String>,
     /// The share of responding nodes that must approve.
     #[arg(long, default_value = "2/3")]
@@ -22,7 +22,7 @@ pub struct ConsensusArgs {
     #[arg(long, default_value_t = 2)]
     pub min_nodes: usize,
     /// Also require a steward's approval (fork approve) of one of the approving verdicts.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub steward: Option<String>,
     /// The patch the votes must be about (its sha256 is compared).
     #[arg(long)]

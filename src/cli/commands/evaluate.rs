@@ -107,5 +107,16 @@ pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
         println!("  patch {}", v.patch_hash);
         println!("  verdict: {}", ev.out_dir.join("verdict.json").display());
     }
+    // The verdict is shown (and signed and recorded) first; a report that could not be
+    // written is then an error of its own, never one that hides the answer.
+    if let Some(e) = &ev.ci_error {
+        return Err(CliError::new(
+            exit::CANT_CREATE,
+            format!(
+                "{e} (the verdict above stands: {})",
+                ev.out_dir.join("verdict.json").display()
+            ),
+        ));
+    }
     Ok(exit::verdict(v.verdict))
 }

@@ -70,10 +70,15 @@ pub struct ProposeArgs {
     pub min_nodes: usize,
     /// A trusted node key (ed25519:<base64>), or a file holding one. Repeatable (or
     /// comma-separated); only these nodes' verdicts count.
-    #[arg(long, required = true, value_delimiter = ',')]
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        required = true,
+        value_delimiter = ','
+    )]
     pub trust: Vec<String>,
     /// A steward key (or file): an approving verdict must carry this steward's approval.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub steward: Option<String>,
     /// Where the received bundles go: OUT/<proposal_id>/<node key id>-<n>/ (default:
     /// ./fork-mesh).

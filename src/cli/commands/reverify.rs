@@ -4,7 +4,7 @@
 use crate::cli::args::parse_keys;
 use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
-use crate::evaluation::reverify::{reverify, ReverifyRequest};
+use crate::evaluation::reverify::{reverify, MetricAgreement, ReverifyRequest};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -29,7 +29,7 @@ pub struct ReverifyArgs {
     pub out: Option<PathBuf>,
     /// Node keys trusted to have endorsed the verdict (default: its own endorser, which
     /// then only proves the bundle is intact, not who made it).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub trust: Vec<String>,
     /// Print the agreement report as JSON.
     #[arg(long)]
@@ -73,11 +73,7 @@ pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
                 m.ours
                     .map(|o| o.to_string())
                     .unwrap_or_else(|| "missing".into()),
-                if m.within_band {
-                    "within band"
-                } else {
-                    "OUTSIDE band"
-                }
+                agreement(m)
             );
         }
         println!(
@@ -86,4 +82,58 @@ pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
         );
     }
     Ok(exit::verdict(ours.verdict.verdict))
+}
+
+/// How one metric's agreement reads: why the two agree, or that they do not, and how far
+/// apart they are ("within the noise band" only when they are).
+fn agreement(m: &MetricAgreement) -> String {
+    let apart = match m.relative_difference {
+        Some(d) if d.is_finite() => format!("{:.1}% apart", d * 100.0),
+        Some(_) => "incomparable (one is 0)".to_string(),
+        None => return "DISAGREE: missing from ours".to_string(),
+    };
+    match m.agreed {
+        Some(why) if m.within_band => format!("agree: {} ({apart})", why.describe()),
+        Some(why) => format!("agree: {}; {apart}, beyond the noise band", why.describe()),
+        None => format!("DISAGREE: {apart}, beyond the noise band"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evaluation::reverify::Agreed;
+
+    fn m(diff: Option<f64>, within_band: bool, agreed: Option<Agreed>) -> MetricAgreement {
+        MetricAgreement {
+            name: "p50_ms".into(),
+            theirs: 1.0,
+            ours: diff.map(|_| 1.0),
+            relative_difference: diff,
+            within_band,
+            agreed,
+        }
+    }
+
+    #[test]
+    fn never_says_within_the_band_for_values_beyond_it() {
+        let beyond = agreement(&m(Some(0.046), false, Some(Agreed::SameConclusion)));
+        assert_eq!(
+            beyond,
+            "agree: the same conclusion (significance and direction); 4.6% apart, beyond the noise band"
+        );
+        assert!(!beyond.contains("within"));
+        assert_eq!(
+            agreement(&m(Some(0.004), true, Some(Agreed::WithinBand))),
+            "agree: within the noise band (0.4% apart)"
+        );
+        assert_eq!(
+            agreement(&m(Some(0.046), false, None)),
+            "DISAGREE: 4.6% apart, beyond the noise band"
+        );
+        assert_eq!(
+            agreement(&m(None, false, None)),
+            "DISAGREE: missing from ours"
+        );
+    }
 }

@@ -12,7 +12,7 @@ pub struct VerifyArgs {
     pub path: PathBuf,
     /// A trusted node public key (ed25519:<base64>), or a file holding one. Repeatable.
     /// Without any, the local node key's public half is trusted.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub trust: Vec<String>,
     /// Print the verified verdict as JSON.
     #[arg(long)]

@@ -127,6 +127,7 @@ impl EventCase {
         };
         Some(TestCase {
             name: self.name,
+            classname: None,
             outcome,
             time_s: self.time_s,
             message,

@@ -204,6 +204,7 @@ pub fn parse_go_test_json(text: &[u8]) -> Result<TestReport, ResultsError> {
             let shown = if name.is_empty() { "package" } else { &name };
             report.cases.push(TestCase {
                 name: clean_name(&format!("{shown}{GO_PACKAGE_CASE_SUFFIX}")),
+                classname: None,
                 outcome: TestOutcome::Error,
                 time_s: None,
                 message: Some(clean(&m, MAX_MESSAGE_CHARS, true)),

@@ -38,6 +38,7 @@ enum DetailKind {
 #[derive(Default)]
 struct CaseBuilder {
     name: String,
+    classname: Option<String>,
     time_s: Option<f64>,
     failure: Option<String>,
     error: Option<String>,
@@ -103,6 +104,7 @@ impl CaseBuilder {
         };
         TestCase {
             name: self.name,
+            classname: self.classname,
             outcome,
             time_s: self.time_s,
             message,
@@ -256,8 +258,14 @@ pub fn parse_junit(xml: &[u8]) -> Result<TestReport, ResultsError> {
                         let time_s = time
                             .and_then(|t| t.trim().parse::<f64>().ok())
                             .filter(|t| t.is_finite() && *t >= 0.0);
+                        // Kept when the cleaned name still starts with it (the JUnit
+                        // report fork writes splits the name there again).
+                        let name = clean_name(&full);
+                        let classname = Some(clean_name(&classname))
+                            .filter(|c| !c.is_empty() && name.starts_with(&format!("{c}.")));
                         case = Some(CaseBuilder {
-                            name: clean_name(&full),
+                            name,
+                            classname,
                             time_s,
                             ..CaseBuilder::default()
                         });

@@ -105,6 +105,7 @@ pub fn parse_libtest_json(text: &[u8]) -> Result<TestReport, ResultsError> {
             if synthetic.len() < MAX_TEST_CASES {
                 synthetic.push(TestCase {
                     name: LIBTEST_SUITE_CASE.into(),
+                    classname: None,
                     outcome: TestOutcome::Error,
                     time_s: None,
                     message: Some(message),

@@ -136,6 +136,10 @@ pub enum TestOutcome {
 pub struct TestCase {
     /// `classname.name` for JUnit (just `name` without a classname); the description for TAP.
     pub name: String,
+    /// JUnit's `classname`, as the report gave it (trimmed, cleaned); `None` for formats
+    /// without one. `name` then starts with it and a dot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classname: Option<String>,
     /// How it ended.
     pub outcome: TestOutcome,
     /// Duration in seconds, when the report gives a finite, non-negative one.

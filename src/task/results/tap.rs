@@ -108,6 +108,7 @@ pub fn parse_tap(text: &[u8]) -> Result<TestReport, ResultsError> {
     if let Some(reason) = bail {
         report.cases.push(TestCase {
             name: TAP_BAIL_CASE.into(),
+            classname: None,
             outcome: TestOutcome::Error,
             time_s: None,
             message: clean_message(&reason).or_else(|| Some("the test run bailed out".into())),
@@ -126,6 +127,7 @@ pub fn parse_tap(text: &[u8]) -> Result<TestReport, ResultsError> {
         if let Some(p) = problem {
             report.cases.push(TestCase {
                 name: TAP_PLAN_CASE.into(),
+                classname: None,
                 outcome: TestOutcome::Error,
                 time_s: None,
                 message: Some(p),
@@ -229,6 +231,7 @@ fn tap_case(ok: bool, rest: &str, seq: usize) -> TestCase {
     };
     TestCase {
         name,
+        classname: None,
         outcome,
         time_s: None,
         message,

@@ -416,6 +416,7 @@ pub(super) mod tests {
     fn case(name: &str, outcome: TestOutcome) -> TestCase {
         TestCase {
             name: name.into(),
+            classname: None,
             outcome,
             time_s: Some(0.01),
             message: None,

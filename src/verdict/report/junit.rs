@@ -107,7 +107,7 @@ enum Status {
 }
 
 struct Case {
-    classname: &'static str,
+    classname: String,
     name: String,
     time_s: Option<f64>,
     status: Status,
@@ -147,9 +147,19 @@ fn test_cases(report: &TestReport) -> impl Iterator<Item = Case> + '_ {
                 }),
             ),
         };
+        // The task's own classname and name, so CI test views keep its grouping; a case
+        // without a classname (TAP, go test, libtest) goes under `tests`.
+        let (classname, name) = match tc
+            .classname
+            .as_deref()
+            .and_then(|c| Some((c, tc.name.strip_prefix(c)?.strip_prefix('.')?)))
+        {
+            Some((c, n)) => (c.to_string(), n.to_string()),
+            None => (CLASS_TESTS.to_string(), tc.name.clone()),
+        };
         Case {
-            classname: CLASS_TESTS,
-            name: tc.name.clone(),
+            classname,
+            name,
             time_s: tc.time_s,
             status,
             system_out,
@@ -213,7 +223,7 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
         ),
     };
     Case {
-        classname: CLASS_METRICS,
+        classname: CLASS_METRICS.to_string(),
         name: m.name.clone(),
         time_s: None,
         status,
@@ -261,7 +271,7 @@ fn verdict_case(v: &Verdict) -> Case {
         )
     };
     Case {
-        classname: CLASS_VERDICT,
+        classname: CLASS_VERDICT.to_string(),
         name: VERDICT_CASE.to_string(),
         time_s: Some(v.budget.used.wall_s),
         status,
@@ -287,7 +297,10 @@ fn write_case<W: io::Write>(w: &mut Writer<W>, c: &Case) -> io::Result<()> {
         .time_s
         .filter(|t| t.is_finite() && *t >= 0.0)
         .map(|t| format!("{t:.3}"));
-    let mut attrs = vec![("classname", c.classname), ("name", c.name.as_str())];
+    let mut attrs = vec![
+        ("classname", c.classname.as_str()),
+        ("name", c.name.as_str()),
+    ];
     attrs.extend(time.as_deref().map(|t| ("time", t)));
     let start = element("testcase", &attrs);
     if matches!(c.status, Status::Passed) && c.system_out.is_none() {
@@ -326,7 +339,8 @@ fn write_case<W: io::Write>(w: &mut Writer<W>, c: &Case) -> io::Result<()> {
 /// JUnit XML for CI systems (GitHub test reporters, GitLab `artifacts:reports:junit`).
 ///
 /// `<testsuites>` holding one `<testsuite name="fork: <task>">` with:
-/// * one `<testcase classname="tests">` per case of `tests` (its name as parsed):
+/// * one `<testcase>` per case of `tests`, with the task's own `classname` and `name`
+///   (`classname="tests"` and the whole name for formats without classnames):
 ///   `<failure>` for Failed, `<error>` for Error, `<skipped/>` for Skipped; Flaky passes,
 ///   with a `<system-out>` note of the failed attempts;
 /// * one `<testcase classname="metrics">` per verdict metric: `<failure type="regression">`

@@ -177,6 +177,7 @@ pub(super) mod tests {
     pub(super) fn case(name: &str, outcome: TestOutcome, message: Option<&str>) -> TestCase {
         TestCase {
             name: name.to_string(),
+            classname: None,
             outcome,
             time_s: Some(0.25),
             message: message.map(str::to_string),
