@@ -816,3 +816,48 @@ fn without_the_disk_layer_the_workspace_is_still_there() {
     );
     assert!(r.report["isolation"]["disk"].is_null(), "{}", r.report);
 }
+
+#[test]
+fn hiding_and_binding_keep_the_mount_flags_a_user_namespace_locks() {
+    need_root!();
+    // As on a distribution or container root: /dev (where the /dev/null hiding a file comes
+    // from) mounted noexec,noatime, and the run directory on a noexec,strictatime filesystem.
+    // In the sandbox's user namespace the kernel locks those flags: a remount that dropped
+    // one failed with EPERM ("hide (read-only) /etc/shadow"). Everything happens in a
+    // private mount namespace of this test's own.
+    let d = scratch("locked");
+    let runs = d.join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    let nodisk = d.join("nodisk.toml");
+    std::fs::write(&nodisk, "[layers]\ndisk = \"off\"\n").unwrap();
+    for policy in [None, Some(&nodisk)] {
+        let policy_flag = policy
+            .map(|p| format!("--policy {}", p.display()))
+            .unwrap_or_default();
+        let script = format!(
+            "set -e; mount -o remount,bind,nosuid,noexec,noatime /dev; \
+             mount -t tmpfs -o nosuid,nodev,noexec,strictatime,size=1m fork-test {runs}; \
+             chmod 755 {runs}; \
+             FORK_RUN_ROOT={runs} {fork} run {policy_flag} -- sh -c 'stat -c %F /etc/shadow; echo ok > /tmp/successor/f; cat /tmp/successor/f'",
+            runs = runs.display(),
+            fork = fork_bin().display(),
+        );
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{policy_flag}: {stdout} {stderr}"
+        );
+        assert_eq!(
+            stdout.trim(),
+            "character special file\nok",
+            "{policy_flag}: {stderr}"
+        );
+    }
+}
