@@ -14,7 +14,7 @@ step() {
   out=$("$@" 2>&1)
   rc=$?
   if [ $rc = 0 ]; then
-    echo "vm: $name: PASS"
+    echo "vm: $name: PASS $(echo "$out" | head -n 1 | cut -c1-120)"
     pass=$((pass + 1))
   else
     echo "vm: $name: FAIL (exit $rc): $(echo "$out" | tail -n 4 | tr '\n' ' ')"
@@ -102,11 +102,51 @@ step "root: fork run -- /bin/true (cgroup v2, cgroupns in the report)" reported_
 step "root: memory budget kills at 64MiB (v2 memory.max)" memory_budget /tmp/fork-vm/root-mem.json
 step "root: pids budget caps the tasks (v2 pids.max)" pids_budget
 step "root: wall budget kills the whole tree (v2 kill)" wall_kill
+landlock_and_netns() {
+  # Landlock as the kernel has it (ABI 2 on Debian 12: filesystem only, partially_enforced),
+  # and the network namespace still isolating: a host loopback listener is unreachable.
+  local r=/tmp/fork-vm/ll-report.json rc=0
+  python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",18765)); s.listen(); time.sleep(60)' &
+  local listener=$!
+  sleep 1
+  "$fork" run --report $r -- python3 -c 'import socket
+try:
+    socket.create_connection(("127.0.0.1", 18765), 2); print("REACHED")
+except OSError as e:
+    print("refused", e)' || rc=$?
+  kill $listener
+  wait $listener 2>/dev/null
+  python3 - "$r" "$rc" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+iso = r["isolation"]
+print(iso)
+assert sys.argv[2] == "0", sys.argv[2]
+assert iso["netns"] is True
+abi = iso["landlock_abi"]
+assert abi >= 1
+if abi < 4:
+    assert iso["landlock_enforced"] == "partially_enforced", iso
+assert r["usage"]["memory_peak_bytes"] > 0 and r["usage"]["pids_peak"] >= 1, r["usage"]
+PY
+}
+evaluate_demo() {
+  local d=/tmp/fork-vm/home/eval-$1
+  shift
+  rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d"
+  XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
+    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --task judged --no-ledger --out "$d/out" "$@" >"$d/verdict.txt" || true
+  cat "$d/verdict.txt"
+  grep -q '^APPROVE' "$d/verdict.txt"
+}
+
 step "root: no sandbox cgroup left" leftovers
+step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
+step "root: fork evaluate of the demo patch (judged) is APPROVE" evaluate_demo root
 
 as_user() {
-  export -f reported_run memory_budget
-  export fork
+  export -f reported_run memory_budget evaluate_demo
+  export fork FORK_VM_REPO
   (
     echo "$BASHPID" >$cg/fork-vm/user/shell/cgroup.procs
     cd /tmp/fork-vm/home && exec env HOME=/tmp/fork-vm/home \
@@ -116,14 +156,27 @@ as_user() {
 step "user: fork check --policy (disk optional)" as_user "$fork" check --policy $user_policy
 step "user: fork run -- /bin/true (cgroup v2, cgroupns in the report)" as_user reported_run /tmp/fork-vm/home/user.json --policy $user_policy
 step "user: memory budget kills at 64MiB in the delegated subtree" as_user memory_budget /tmp/fork-vm/home/user-mem.json --policy $user_policy
+step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluate_demo user --policy $user_policy
 step "user: no sandbox cgroup left" leftovers
 
 if [ "${FORK_VM_MODE:-smoke}" = full ]; then
   for t in $FORK_VM_TESTS; do
     name=${t%%=*}
     bin=${t#*=}
+    # The whole output goes back to the host (FORK_VM_OUT is a host directory); the
+    # summary line and the failing tests' names are printed here.
     # shellcheck disable=SC2086
-    step "root: cargo test --test $name" "$bin" --test-threads=1 ${FORK_VM_ARGS:-}
+    (cd "$FORK_VM_REPO" && "$bin" --test-threads=1 ${FORK_VM_ARGS:-}) >"$FORK_VM_OUT/$name.log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result' "$FORK_VM_OUT/$name.log" | tail -n 1)
+    failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$FORK_VM_OUT/$name.log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
+    if [ $rc = 0 ]; then
+      echo "vm: root: cargo test --test $name: PASS ($summary)"
+      pass=$((pass + 1))
+    else
+      echo "vm: root: cargo test --test $name: FAIL ($summary) failed: $failed_tests"
+      fail=$((fail + 1))
+    fi
   done
 fi
 

@@ -51,14 +51,16 @@ for l in sys.stdin:
 target=${CARGO_TARGET_DIR:-$PWD/target}
 mkdir -p "$target/tmp"
 
-log=$(mktemp /var/tmp/fork-vm-XXXXXX.log)
-echo "vm-test: kernel $kernel, mode $mode, log $log"
+out=$(mktemp -d /var/tmp/fork-vm-XXXXXX)
+chmod 755 "$out"
+log=$out/console.log
+echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
 # and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
 status=0
 timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G --cpus 2 \
-  --overlay-rwdir "$target/tmp" \
-  --exec "env FORK_VM_MODE=$mode FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' FORK_VM_BIN='$target/debug/fork' bash $PWD/scripts/vm-guest.sh" \
+  --overlay-rwdir "$target/tmp" --rwdir "$out" \
+  --exec "env FORK_VM_MODE=$mode FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' FORK_VM_BIN='$target/debug/fork' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
   >"$log" 2>&1 || status=$?
 grep -E '^vm: ' "$log" || true
 result=$(grep -E '^vm-result: ' "$log" | tail -n 1 || true)
