@@ -4,7 +4,7 @@
 # with every controller, AppArmor and Landlock in the LSM list and /dev mounted noexec.
 #
 #   scripts/vm-test.sh            # smoke: fork check + fork run, as root and as a user
-#   scripts/vm-test.sh full       # smoke, then the sandbox and evaluate suites as root
+#   scripts/vm-test.sh full       # smoke, then the sandbox, portability and evaluate suites as root
 #   scripts/vm-test.sh full ARGS  # ARGS go to the suites' test binaries (a name filter...)
 #
 # Prints one line per step and a closing "N passed, N failed". Exits non-zero when a step
@@ -42,7 +42,7 @@ kernel=${FORK_VM_KERNEL:-$(ls /boot/vmlinuz-* | sort -V | tail -n 1)}
 
 # Build on the host (the guest sees the tree read-only) and find the suites' test binaries.
 cargo build --all-targets --locked
-tests=$(cargo test --locked --no-run --message-format=json --test sandbox --test evaluate 2>/dev/null |
+tests=$(cargo test --locked --no-run --message-format=json --test sandbox --test portability --test evaluate 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
