@@ -139,9 +139,10 @@ evaluate_demo() {
   shift
   rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d"
   XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
-    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --task judged --no-ledger --out "$d/out" "$@" >"$d/verdict.txt" || true
+    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --task judged --no-ledger --out "$d/out" "$@" \
+    >"$d/verdict.txt" 2>"$d/stderr.txt" || true
   cat "$d/verdict.txt"
-  grep -q '^APPROVE' "$d/verdict.txt"
+  grep -q '^APPROVE' "$d/verdict.txt" || { cat "$d/stderr.txt"; return 1; }
 }
 
 step "root: no sandbox cgroup left" leftovers
