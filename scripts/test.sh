@@ -10,6 +10,8 @@ missing=()
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v perl >/dev/null 2>&1 || missing+=(perl)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+# The AppArmor profile under policies/apparmor is checked with apparmor_parser -Q.
+[ -x /sbin/apparmor_parser ] || [ -x /usr/sbin/apparmor_parser ] || missing+=(apparmor)
 # The mesh tests run a real NATS server (loopback only).
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -21,14 +21,32 @@ pub struct CheckReport {
     pub kernel: String,
     pub policy: String,
     pub layers: Vec<LayerReport>,
+    /// The trial launch ([`check_with_trial`]); absent from a probe-only check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trial: Option<Trial>,
+}
+
+/// A trial launch: `true` run in a sandbox under the policy, as `fork run` would run it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    /// False when a required layer was already missing (the launch would be refused).
+    pub ran: bool,
+    pub ok: bool,
+    /// The step that failed (`layer cgroup`, `mounts`, `run directory`, ...); empty when ok.
+    pub step: String,
+    pub detail: String,
+    /// What to do (empty when ok).
+    pub fix: String,
 }
 
 impl CheckReport {
-    /// True when every layer the policy requires is available.
+    /// True when every layer the policy requires is available (and the trial launch, when
+    /// there was one, succeeded).
     pub fn ok(&self) -> bool {
         self.layers
             .iter()
             .all(|l| l.available || l.requirement != Requirement::Required)
+            && self.trial.as_ref().is_none_or(|t| t.ok)
     }
 
     /// A table for people.
@@ -56,8 +74,21 @@ impl CheckReport {
                 s.push_str(&format!("{:<9} fix: {}\n", "", l.fix));
             }
         }
+        if let Some(t) = &self.trial {
+            if t.ok {
+                s.push_str(&format!("trial launch: ok ({})\n", t.detail));
+            } else if t.ran {
+                s.push_str(&format!(
+                    "trial launch: FAILED at {}: {}\n{:<9} fix: {}\n",
+                    t.step, t.detail, "", t.fix
+                ));
+            }
+        }
+        let trial_failed = self.trial.as_ref().is_some_and(|t| t.ran && !t.ok);
         s.push_str(if self.ok() {
             "every layer this policy requires is available\n"
+        } else if trial_failed {
+            "the trial launch failed: `fork run` and `fork evaluate` would fail the same way\n"
         } else {
             "a layer this policy requires is missing: `fork run` and `fork evaluate` refuse to run (exit 69)\n"
         });
@@ -181,6 +212,18 @@ pub fn check(policy: &Policy) -> CheckReport {
         detail: cg.summary(),
         fix: cg.fix.join("; "),
     });
+    // The cgroup namespace is rooted at the sandbox's cgroup: without one, `fork run` does
+    // without it (or refuses, when it is required), and so does this report.
+    if !cg.usable || req(Layer::Cgroup) == Requirement::Off {
+        if let Some(ns) = layers
+            .iter_mut()
+            .find(|l| l.layer == Layer::Cgroupns && l.available)
+        {
+            ns.available = false;
+            ns.detail = crate::sandbox::CGROUPNS_NEEDS_CGROUP.to_string();
+            ns.fix = crate::sandbox::CGROUPNS_NEEDS_CGROUP_FIX.to_string();
+        }
+    }
     let root = nix::unistd::geteuid().is_root();
     layers.push(LayerReport {
         layer: Layer::Disk,
@@ -202,5 +245,105 @@ pub fn check(policy: &Policy) -> CheckReport {
         kernel: kernel(),
         policy: policy.origin.clone(),
         layers,
+        trial: None,
+    }
+}
+
+/// [`check`], then a trial launch: `true` in a sandbox built under `policy` exactly as
+/// `fork run` builds it (same layer resolution, same mounts, cgroups, seccomp, Landlock), with
+/// a short wall budget and without the model gateway. Whatever would make `fork run` fail
+/// makes the trial fail, naming the step and the fix.
+pub fn check_with_trial(policy: &Policy) -> CheckReport {
+    let mut report = check(policy);
+    if !report.ok() {
+        report.trial = Some(Trial {
+            ran: false,
+            ok: false,
+            step: "layers".into(),
+            detail: "not launched: a required layer is missing".into(),
+            fix: "see the missing layers above".into(),
+        });
+        return report;
+    }
+    let mut trial_policy = policy.clone();
+    trial_policy.budgets.wall = std::time::Duration::from_secs(60);
+    trial_policy.gateway = None;
+    let started = std::time::Instant::now();
+    let result = crate::run::run(crate::run::RunRequest {
+        policy: trial_policy,
+        workspace: None,
+        allow_git_internals: false,
+        command: vec!["true".into()],
+    });
+    report.trial = Some(trial_of(result, started.elapsed()));
+    report
+}
+
+fn trial_of(
+    result: Result<crate::run::RunResult, crate::run::RunError>,
+    took: std::time::Duration,
+) -> Trial {
+    use crate::run::RunError;
+    use crate::sandbox::SandboxError;
+    let failed = |step: &str, detail: String, fix: String| Trial {
+        ran: true,
+        ok: false,
+        step: step.to_string(),
+        detail,
+        fix,
+    };
+    match result {
+        Ok(r) if r.outcome.exit_code == 0 || r.outcome.exec_error.is_some() => Trial {
+            ran: true,
+            ok: true,
+            step: String::new(),
+            detail: match &r.outcome.exec_error {
+                // The sandbox was built; only this policy's root has no `true` to run.
+                Some(e) => format!("sandbox built in {:.2?}; {e}", took),
+                None => format!("`true` ran in the sandbox in {:.2?}", took),
+            },
+            fix: String::new(),
+        },
+        Ok(r) => failed(
+            "command",
+            format!(
+                "`true` ended with {} (budget exceeded: {:?})",
+                r.outcome.exit_code,
+                r.outcome.budget_exceeded.map(|b| b.as_str())
+            ),
+            "a budget of the policy is too small to start a process: raise it".into(),
+        ),
+        Err(RunError::Sandbox(SandboxError::LayerUnavailable { layer, reason, fix })) => {
+            failed(&format!("layer {}", layer.name()), reason, fix)
+        }
+        Err(RunError::Sandbox(SandboxError::Setup { stage, message })) => {
+            let fix = setup_fix(&stage);
+            failed(&stage, message, fix)
+        }
+        Err(RunError::Sandbox(e @ SandboxError::RunDir(_))) => failed(
+            "run directory",
+            e.to_string(),
+            "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (or leave it unset)".into(),
+        ),
+        Err(RunError::Sandbox(e @ SandboxError::Seccomp(_))) => failed(
+            "seccomp",
+            e.to_string(),
+            "fix the policy's seccomp profile".into(),
+        ),
+        Err(e) => failed(
+            "sandbox",
+            e.to_string(),
+            "`fork run` fails the same way: fix what the message names".into(),
+        ),
+    }
+}
+
+/// The fix for a setup step that failed inside the sandbox.
+fn setup_fix(stage: &str) -> String {
+    match stage {
+        "mounts" => "a mount the sandbox's root needs was refused (message above): remove the path from the policy's `hide` or `binds`, or set FORK_RUN_ROOT to a directory on a local filesystem".into(),
+        "run directory" => "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (or leave it unset)".into(),
+        "cgroupns" | "netns" | "utsns" => format!("the kernel refused the {stage} layer: mark it `optional` in the policy's [layers], or use a kernel that allows it"),
+        other => format!("`fork run` fails the same way at {other}: fix what the message names"),
     }
 }

@@ -102,8 +102,16 @@ fn no_privileges_inside() {
     ] {
         assert_eq!(iso[k], true, "{k}: {iso}");
     }
-    assert_eq!(iso["landlock_enforced"], "fully_enforced");
-    assert!(iso["landlock_abi"].as_u64().unwrap() >= 1);
+    // Everything the policy asks of Landlock needs ABI 6 (TCP rules 4, scoping 6); an older
+    // kernel's ruleset is partially enforced, as documented ("Host shapes").
+    let abi = iso["landlock_abi"].as_u64().unwrap();
+    assert!(abi >= 1);
+    let expected = if abi >= 6 {
+        "fully_enforced"
+    } else {
+        "partially_enforced"
+    };
+    assert_eq!(iso["landlock_enforced"], expected, "{iso}");
     assert_eq!(iso["seccomp"], "default");
     assert!(iso["cgroup"] == "v1" || iso["cgroup"] == "v2");
 }
@@ -335,6 +343,14 @@ fn landlock_restricts_tcp_by_policy() {
     // The default policy refuses TCP bind/connect (Landlock ABI >= 4) inside the sandbox too.
     let r = probe(&[], &["bind-tcp", "0"]);
     let p = r.probe();
+    let iso = &r.report["isolation"];
+    if iso["landlock_abi"].as_u64().unwrap() < 4 {
+        // Kernels 5.13-6.6 have no TCP rules: the ruleset says so, and the network
+        // namespace (loopback only) is what still isolates.
+        assert_eq!(iso["landlock_enforced"], "partially_enforced", "{iso}");
+        assert_eq!(iso["netns"], true, "{iso}");
+        return;
+    }
     assert_eq!(p["succeeded"], false, "{p}");
     assert_eq!(p["errno"].as_i64(), Some(EACCES), "{p}");
 }

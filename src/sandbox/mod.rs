@@ -82,6 +82,12 @@ pub enum SandboxError {
     Io(#[from] IoError),
 }
 
+/// Why the cgroup namespace is missing when the cgroup layer is (`fork check` says the same).
+pub const CGROUPNS_NEEDS_CGROUP: &str = "no sandbox cgroup to root the cgroup namespace at";
+/// The fix for [`CGROUPNS_NEEDS_CGROUP`].
+pub const CGROUPNS_NEEDS_CGROUP_FIX: &str =
+    "make the cgroup layer available (see `cgroup`), or mark cgroupns optional";
+
 fn sys_err(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
     move |source| SandboxError::Sys { op, source }
 }
@@ -529,8 +535,8 @@ impl Sandbox {
             require_missing(
                 layers,
                 Layer::Cgroupns,
-                "no sandbox cgroup to root the cgroup namespace at",
-                "make the cgroup layer available",
+                CGROUPNS_NEEDS_CGROUP,
+                CGROUPNS_NEEDS_CGROUP_FIX,
             )?;
             cgroupns = false;
         }

@@ -236,6 +236,47 @@ pub(super) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
 pub(super) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
+/// The flags of the mount at `path` that a bind remount must keep: in a user namespace the
+/// kernel locks the flags of every mount inherited from the parent namespace (nosuid,
+/// nodev, noexec, read-only and the atime mode, `MNT_LOCK_*`), and a remount that would
+/// drop one fails with EPERM. This is how a hidden file or a read-only bind on an
+/// overlayfs, 9p or container root (mounted noexec, noatime, ...) keeps working.
+fn kept_flags(st: nix::sys::statvfs::FsFlags) -> MsFlags {
+    use nix::sys::statvfs::FsFlags as F;
+    let mut keep = MsFlags::empty();
+    for (f, m) in [
+        (F::ST_RDONLY, MsFlags::MS_RDONLY),
+        (F::ST_NOSUID, MsFlags::MS_NOSUID),
+        (F::ST_NODEV, MsFlags::MS_NODEV),
+        (F::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (F::ST_NOATIME, MsFlags::MS_NOATIME),
+        (F::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (F::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if st.contains(f) {
+            keep |= m;
+        }
+    }
+    // A remount without an atime flag means relatime: keep strictatime explicitly.
+    if !st.intersects(F::ST_NOATIME | F::ST_RELATIME) {
+        keep |= MsFlags::MS_STRICTATIME;
+    }
+    keep
+}
+
+/// `mount(MS_BIND | MS_REMOUNT | flags)` on the bind mount at `path`, keeping the flags it
+/// already has (see `kept_flags`): it only ever adds restrictions.
+fn remount_bind(path: &Path, flags: MsFlags) -> nix::Result<()> {
+    let st = nix::sys::statvfs::statvfs(path)?;
+    mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags | kept_flags(st.flags()),
+        None::<&str>,
+    )
+}
+
 fn touch(p: &Path) -> Result<(), MountError> {
     std::fs::OpenOptions::new()
         .create(true)
@@ -419,14 +460,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                     None::<&str>,
                 )
                 .map_err(sys_err("bind", src))?;
-                mount(
-                    None::<&str>,
-                    &d,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REMOUNT | nosuid_nodev,
-                    None::<&str>,
-                )
-                .map_err(sys_err("remount nosuid,nodev", &d))?;
+                remount_bind(&d, nosuid_nodev).map_err(sys_err("remount nosuid,nodev", &d))?;
             }
             MountOp::Tmpfs { dst, size } => {
                 let d = inside(newroot, dst);
@@ -512,14 +546,8 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
                 .map_err(sys_err("mount sysfs", &d))?;
             }
             MountOp::Seal => {
-                mount(
-                    None::<&str>,
-                    newroot,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
-                    None::<&str>,
-                )
-                .map_err(sys_err("remount root read-only", newroot))?;
+                remount_bind(newroot, MsFlags::MS_RDONLY | nosuid_nodev)
+                    .map_err(sys_err("remount root read-only", newroot))?;
             }
         }
     }
@@ -632,16 +660,9 @@ fn mount_dev(newroot: &Path, shm_size: u64) -> Result<(), MountError> {
         symlink(target, dev.join(name)).ctx("symlink", &dev.join(name))?;
     }
     // The /dev directory itself is read-only; the device binds, pts and shm keep their own flags.
-    mount(
-        None::<&str>,
+    remount_bind(
         &dev,
-        None::<&str>,
-        MsFlags::MS_BIND
-            | MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NOEXEC,
-        None::<&str>,
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
     )
     .map_err(sys_err("remount /dev read-only", &dev))?;
     Ok(())
@@ -722,6 +743,19 @@ mod tests {
             .position(|o| matches!(o, MountOp::BindRw { .. }))
             .unwrap();
         assert!(tmp_pos < first_hide);
+    }
+
+    #[test]
+    fn a_remount_keeps_the_locked_flags() {
+        use nix::sys::statvfs::FsFlags as F;
+        let k = kept_flags(F::ST_NOSUID | F::ST_NODEV | F::ST_NOEXEC | F::ST_NOATIME);
+        assert!(k.contains(MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC));
+        assert!(k.contains(MsFlags::MS_NOATIME) && !k.contains(MsFlags::MS_STRICTATIME));
+        let k = kept_flags(F::ST_RDONLY | F::ST_RELATIME | F::ST_NODIRATIME);
+        assert!(k.contains(MsFlags::MS_RDONLY | MsFlags::MS_RELATIME | MsFlags::MS_NODIRATIME));
+        assert!(!k.contains(MsFlags::MS_NOEXEC));
+        // Neither noatime nor relatime: strictatime, which a bare remount would drop.
+        assert_eq!(kept_flags(F::empty()), MsFlags::MS_STRICTATIME);
     }
 
     #[test]

@@ -20,9 +20,31 @@ fn read_sysctl(path: &str) -> Option<i64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// The fix for AppArmor's restriction of unprivileged user namespaces.
+pub const APPARMOR_USERNS_FIX: &str = "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1): install the profile shipped as policies/apparmor/fork (`sudo install -m 644 policies/apparmor/fork /etc/apparmor.d/fork && sudo apparmor_parser -r /etc/apparmor.d/fork`, attachment path adjusted to where fork is), or `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`";
+
+/// Whether AppArmor's `apparmor_restrict_unprivileged_userns` confines the user namespaces
+/// this process creates: the restriction is on, we are not root, and no profile of ours
+/// grants `userns` (we run unconfined). unshare(CLONE_NEWUSER) then still succeeds on
+/// Ubuntu's kernels, but the namespace gets no capabilities, so no mount would work in it.
+pub fn apparmor_confines_userns(restrict: Option<i64>, root: bool, label: &str) -> bool {
+    restrict == Some(1) && !root && label.trim_end_matches(['\n', '\0']).trim() == "unconfined"
+}
+
+fn apparmor_restricts_us() -> bool {
+    let label = std::fs::read_to_string("/proc/self/attr/apparmor/current")
+        .or_else(|_| std::fs::read_to_string("/proc/self/attr/current"))
+        .unwrap_or_default();
+    apparmor_confines_userns(
+        read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+        nix::unistd::geteuid().is_root(),
+        &label,
+    )
+}
+
 fn userns_fix(err: nix::Error) -> String {
     if read_sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
-        return "AppArmor restricts unprivileged user namespaces: allow them for fork with an AppArmor profile granting `userns,` (see README), or `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`".into();
+        return APPARMOR_USERNS_FIX.into();
     }
     if read_sysctl("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
         return "unprivileged user namespaces are disabled: `sysctl -w kernel.unprivileged_userns_clone=1`".into();
@@ -40,8 +62,19 @@ fn userns_fix(err: nix::Error) -> String {
 /// Probes user, pid, mount, net, ipc, uts and cgroup namespaces.
 pub fn probe_namespaces() -> Vec<LayerProbe> {
     let mut out = Vec::new();
-    let user = unshare_in_child(CloneFlags::empty());
+    let mut user = unshare_in_child(CloneFlags::empty());
     out.push(match user {
+        Ok(()) if apparmor_restricts_us() => {
+            user = Err(nix::Error::EPERM);
+            LayerProbe {
+                layer: Layer::Userns,
+                ok: false,
+                detail:
+                    "unshare(CLONE_NEWUSER) works, but AppArmor gives the namespace no capabilities"
+                        .into(),
+                fix: APPARMOR_USERNS_FIX.into(),
+            }
+        }
         Ok(()) => LayerProbe {
             layer: Layer::Userns,
             ok: true,
@@ -118,4 +151,24 @@ pub fn probe_namespaces() -> Vec<LayerProbe> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apparmor_userns_restriction_is_detected_for_unconfined_users_only() {
+        assert!(apparmor_confines_userns(Some(1), false, "unconfined\n"));
+        // Our profile (or any other) grants what it grants; root is not restricted.
+        assert!(!apparmor_confines_userns(
+            Some(1),
+            false,
+            "fork (unconfined)\n"
+        ));
+        assert!(!apparmor_confines_userns(Some(1), true, "unconfined\n"));
+        assert!(!apparmor_confines_userns(Some(0), false, "unconfined\n"));
+        assert!(!apparmor_confines_userns(None, false, ""));
+        assert!(APPARMOR_USERNS_FIX.contains("policies/apparmor/fork"));
+    }
 }

@@ -168,14 +168,81 @@ fn compile_labelled(name: &str, label: &str, json: &[u8]) -> Result<CompiledProf
     let arch = Arch::current().ok_or(SeccompError::UnsupportedArch {
         arch: std::env::consts::ARCH,
     })?;
+    compile_for(name, label, json, arch)
+}
+
+/// Whether seccompiler knows `syscall` on `arch` (a one-rule filter compiles).
+fn syscall_exists(syscall: &str, arch: Arch) -> bool {
+    let json = serde_json::json!({"probe": {
+        "mismatch_action": "allow",
+        "match_action": {"errno": 1},
+        "filter": [{"syscall": syscall}],
+    }});
+    seccompiler::compile_from_json(json.to_string().as_bytes(), arch.target()).is_ok()
+}
+
+/// One source list for every architecture: the profile's rules for syscalls that `arch`
+/// does not have but another supported architecture does (x86_64's legacy `open`, `stat`,
+/// `fork`, ... on aarch64) are left out for `arch`: a syscall that does not exist cannot be
+/// called, so an allowlist loses nothing. A name no architecture knows stays in, and the
+/// compile reports it. Returns the profile without them and the names left out.
+fn without_foreign_syscalls(json: &[u8], arch: Arch) -> Option<(Vec<u8>, Vec<String>)> {
+    let mut value: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let others: Vec<Arch> = [Arch::X86_64, Arch::Aarch64, Arch::Riscv64]
+        .into_iter()
+        .filter(|a| *a != arch)
+        .collect();
+    let mut dropped: Vec<String> = Vec::new();
+    for filter in value.as_object_mut()?.values_mut() {
+        let Some(rules) = filter.get_mut("filter").and_then(|r| r.as_array_mut()) else {
+            continue;
+        };
+        rules.retain(|rule| {
+            let Some(name) = rule.get("syscall").and_then(|s| s.as_str()) else {
+                return true;
+            };
+            let foreign = !syscall_exists(name, arch)
+                && others.iter().any(|other| syscall_exists(name, *other));
+            if foreign && !dropped.iter().any(|d| d == name) {
+                dropped.push(name.to_string());
+            }
+            !foreign
+        });
+    }
+    Some((serde_json::to_vec(&value).ok()?, dropped))
+}
+
+/// Compiles a profile for `arch` (which need not be the running one: the aarch64 profile is
+/// compiled in a test on x86_64).
+fn compile_for(
+    name: &str,
+    label: &str,
+    json: &[u8],
+    arch: Arch,
+) -> Result<CompiledProfile, SeccompError> {
     check_structure(label, json)?;
-    let mut compiled = seccompiler::compile_from_json(json, arch.target()).map_err(|source| {
-        SeccompError::Compile {
-            profile: label.to_string(),
-            arch: arch.as_str(),
-            source,
-        }
-    })?;
+    let compile_error = |source| SeccompError::Compile {
+        profile: label.to_string(),
+        arch: arch.as_str(),
+        source,
+    };
+    // The common case compiles as it is; only a profile naming another architecture's
+    // syscalls pays for looking each name up.
+    let mut compiled = match seccompiler::compile_from_json(json, arch.target()) {
+        Ok(c) => c,
+        Err(first) => match without_foreign_syscalls(json, arch) {
+            Some((portable, dropped)) if !dropped.is_empty() => {
+                tracing::debug!(
+                    "seccomp profile {label}: {} has no {}",
+                    arch.as_str(),
+                    dropped.join(", ")
+                );
+                seccompiler::compile_from_json(portable.as_slice(), arch.target())
+                    .map_err(compile_error)?
+            }
+            _ => return Err(compile_error(first)),
+        },
+    };
     let mut programs = Vec::with_capacity(FILTER_NAMES.len());
     for filter in FILTER_NAMES {
         let program = compiled
@@ -497,6 +564,50 @@ mod tests {
         let back: CompiledProfile = serde_json::from_str(&json).expect("deserialize");
         assert_eq!(back.instruction_counts(), counts);
         assert!(format!("{back:?}").len() < 300, "Debug stays short");
+    }
+
+    /// One source list: the shipped profile compiles for aarch64 too, leaving out only
+    /// x86_64's legacy syscalls, and a name no architecture knows is still an error there.
+    #[test]
+    fn shipped_profile_compiles_for_aarch64_from_the_same_list() {
+        let json = std::fs::read(profile_path()).unwrap();
+        let arm = compile_for("default", "default", &json, Arch::Aarch64).unwrap();
+        assert_eq!(arm.arch, Arch::Aarch64);
+        assert_eq!(arm.filter_count(), 2);
+        assert!(arm.instruction_counts().values().all(|&n| n > 0));
+        let (_, dropped) = without_foreign_syscalls(&json, Arch::Aarch64).unwrap();
+        for legacy in ["open", "stat", "fork", "pipe", "poll", "access", "unlink"] {
+            assert!(dropped.iter().any(|d| d == legacy), "{legacy}: {dropped:?}");
+        }
+        for common in [
+            "read",
+            "openat",
+            "clone",
+            "execve",
+            "exit_group",
+            "newfstatat",
+        ] {
+            assert!(
+                !dropped.iter().any(|d| d == common),
+                "{common}: {dropped:?}"
+            );
+        }
+        // On x86_64 nothing is left out.
+        let (_, none) = without_foreign_syscalls(&json, Arch::X86_64).unwrap();
+        assert!(none.is_empty(), "{none:?}");
+        let x86 = compile_for("default", "default", &json, Arch::X86_64).unwrap();
+        assert_eq!(x86.filter_count(), 2);
+
+        let typo = String::from_utf8(json).unwrap().replacen(
+            "\"syscall\": \"read\"",
+            "\"syscall\": \"raed\"",
+            1,
+        );
+        assert!(typo.contains("raed"));
+        assert!(matches!(
+            compile_for("typo", "typo", typo.as_bytes(), Arch::Aarch64),
+            Err(SeccompError::Compile { .. })
+        ));
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub struct CheckArgs {
 
 pub fn check(a: CheckArgs) -> Result<i32, CliError> {
     let policy = Policy::load(a.policy.as_deref())?;
-    let report = crate::check::check(&policy);
+    let report = crate::check::check_with_trial(&policy);
     if a.json {
         print_json(&report)?;
     } else {

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Runs INSIDE the VM that scripts/vm-test.sh boots (as the guest's root, in its root cgroup).
+# Not meant to be run on a host: it writes the cgroup root's subtree_control and bind-mounts
+# over the fork binary, which only the throwaway guest may do.
+set -uo pipefail
+fork=$FORK_VM_BIN
+cg=/sys/fs/cgroup
+pass=0
+fail=0
+
+step() {
+  local name=$1 out rc
+  shift
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ $rc = 0 ]; then
+    echo "vm: $name: PASS $(echo "$out" | head -n 1 | cut -c1-120)"
+    pass=$((pass + 1))
+  else
+    echo "vm: $name: FAIL (exit $rc): $(echo "$out" | tail -n 4 | tr '\n' ' ')"
+    fail=$((fail + 1))
+  fi
+}
+
+echo "vm: kernel $(uname -r); lsm $(cat /sys/kernel/security/lsm); cgroup root controllers: $(cat $cg/cgroup.controllers)"
+
+# The delegation systemd would do: the root cgroup enables the controllers for its children
+# (the root is exempt from the no-internal-processes rule), `fork-vm` is a slice, this
+# script's own processes sit in its leaf `harness`, root's runs get `root/` and the user's
+# subtree `user/` is chowned to the user as `Delegate=yes` does (the directory and its
+# cgroup.procs, cgroup.threads and cgroup.subtree_control).
+ctl="+memory +cpu +pids"
+echo "$ctl" >$cg/cgroup.subtree_control
+mkdir -p $cg/fork-vm/harness $cg/fork-vm/root $cg/fork-vm/user/shell
+echo $$ >$cg/fork-vm/harness/cgroup.procs
+echo "$ctl" >$cg/fork-vm/cgroup.subtree_control
+echo "$ctl" >$cg/fork-vm/root/cgroup.subtree_control
+echo "$ctl" >$cg/fork-vm/user/cgroup.subtree_control
+# The unprivileged user: a plain uid with its own home (no login needed).
+uid=1500
+mkdir -p /tmp/fork-vm/home && chown $uid:$uid /tmp/fork-vm/home
+chown $uid:$uid $cg/fork-vm/user $cg/fork-vm/user/cgroup.procs $cg/fork-vm/user/cgroup.threads \
+  $cg/fork-vm/user/cgroup.subtree_control
+chown -R $uid:$uid $cg/fork-vm/user/shell
+
+# Each fork invocation starts as the only process of a fresh cgroup of the delegated subtree,
+# as `systemd-run [--user] --scope -p Delegate=yes fork ...` starts it (the test suites spawn
+# fork directly, so a small shim stands over the binary inside this guest only).
+mkdir -p /tmp/fork-vm && chmod 755 /tmp/fork-vm
+touch /tmp/fork-vm/fork.real
+mount --bind "$fork" /tmp/fork-vm/fork.real
+cat >/tmp/fork-vm/fork <<'EOF'
+#!/bin/sh
+if [ "$(id -u)" = 0 ]; then base=/sys/fs/cgroup/fork-vm/root; else base=/sys/fs/cgroup/fork-vm/user; fi
+# A uid the subtree is not delegated to (the suites' tests as nobody) stays where it is,
+# as on a host without delegation.
+if mkdir -p "$base/run-$$" 2>/dev/null; then
+  echo $$ >"$base/run-$$/cgroup.procs" || exit 70
+fi
+exec /tmp/fork-vm/fork.real "$@"
+EOF
+chmod 755 /tmp/fork-vm/fork
+mount --bind /tmp/fork-vm/fork "$fork"
+
+user_policy=/tmp/fork-vm/user.toml
+# Without root the capped tmpfs cannot be mounted on the host: disk is the one layer made optional.
+printf '[layers]\ndisk = "optional"\n' >$user_policy
+chmod 644 $user_policy
+
+leftovers() {
+  # No sandbox cgroup of any run remains (the run-* scopes are the shim's, as systemd's are).
+  ! find $cg/fork-vm -name 'fork-[0-9a-f]*' -type d | grep -q .
+}
+
+# Runs `fork run` (with the given flags), writes its report to $1.
+reported_run() {
+  local r=$1
+  shift
+  rm -f "$r"
+  "$fork" run "$@" --report "$r" -- /bin/true || return 1
+  grep -q '"cgroup":"v2"' $r || grep -q '"cgroup": "v2"' $r || { cat $r; return 1; }
+  grep -q '"cgroupns":true' $r || grep -q '"cgroupns": true' $r || { cat $r; return 1; }
+}
+memory_budget() {
+  local r=$1 rc=0
+  shift
+  rm -f "$r"
+  "$fork" run "$@" --memory 64MiB --report $r -- sh -c 'x=$(head -c 200000000 /dev/zero | tr "\0" a); echo ${#x}' || rc=$?
+  [ $rc = 137 ] && grep -q '"budget_exceeded":"memory"\|"budget_exceeded": "memory"' $r || { echo "rc=$rc"; cat $r; return 1; }
+}
+pids_budget() {
+  local r=/tmp/fork-vm/pids-report.json rc=0
+  "$fork" run --pids 8 --report $r -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 5 & done; wait' || rc=$?
+  grep -q '"pids_peak"' $r || { echo "rc=$rc"; cat $r; return 1; }
+  # The pids limit refused forks: the shell saw errors and never reached 12 sleeps.
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["usage"]["pids_peak"]<=8, r' $r
+}
+wall_kill() {
+  local r=/tmp/fork-vm/wall-report.json rc=0
+  "$fork" run --wall 3s --report $r -- sh -c 'sleep 60 & sleep 60 & wait' || rc=$?
+  [ $rc = 137 ] && grep -q 'wall' $r || { echo "rc=$rc"; cat $r; return 1; }
+}
+
+step "root: fork check" "$fork" check
+step "root: fork run -- /bin/true (cgroup v2, cgroupns in the report)" reported_run /tmp/fork-vm/root.json
+step "root: memory budget kills at 64MiB (v2 memory.max)" memory_budget /tmp/fork-vm/root-mem.json
+step "root: pids budget caps the tasks (v2 pids.max)" pids_budget
+step "root: wall budget kills the whole tree (v2 kill)" wall_kill
+landlock_and_netns() {
+  # Landlock as the kernel has it (ABI 2 on Debian 12: filesystem only, partially_enforced),
+  # and the network namespace still isolating: a host loopback listener is unreachable.
+  local r=/tmp/fork-vm/ll-report.json rc=0
+  python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",18765)); s.listen(); time.sleep(60)' &
+  local listener=$!
+  sleep 1
+  "$fork" run --report $r -- python3 -c 'import socket
+try:
+    socket.create_connection(("127.0.0.1", 18765), 2); print("REACHED")
+except OSError as e:
+    print("refused", e)' || rc=$?
+  kill $listener
+  wait $listener 2>/dev/null
+  python3 - "$r" "$rc" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+iso = r["isolation"]
+print(iso)
+assert sys.argv[2] == "0", sys.argv[2]
+assert iso["netns"] is True
+abi = iso["landlock_abi"]
+assert abi >= 1
+if abi < 4:
+    assert iso["landlock_enforced"] == "partially_enforced", iso
+assert r["usage"]["memory_peak_bytes"] > 0 and r["usage"]["pids_peak"] >= 1, r["usage"]
+PY
+}
+evaluate_demo() {
+  local d=/tmp/fork-vm/home/eval-$1
+  shift
+  rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d"
+  XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
+    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --task judged --no-ledger --out "$d/out" "$@" \
+    >"$d/verdict.txt" 2>"$d/stderr.txt" || true
+  cat "$d/verdict.txt"
+  grep -q '^APPROVE' "$d/verdict.txt" || { cat "$d/stderr.txt"; return 1; }
+}
+
+step "root: no sandbox cgroup left" leftovers
+step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
+step "root: fork evaluate of the demo patch (judged) is APPROVE" evaluate_demo root
+
+as_user() {
+  export -f reported_run memory_budget evaluate_demo
+  export fork FORK_VM_REPO
+  (
+    echo "$BASHPID" >$cg/fork-vm/user/shell/cgroup.procs
+    cd /tmp/fork-vm/home && exec env HOME=/tmp/fork-vm/home \
+      setpriv --reuid $uid --regid $uid --clear-groups -- bash -c '"$@"' bash "$@"
+  )
+}
+step "user: fork check --policy (disk optional)" as_user "$fork" check --policy $user_policy
+step "user: fork run -- /bin/true (cgroup v2, cgroupns in the report)" as_user reported_run /tmp/fork-vm/home/user.json --policy $user_policy
+step "user: memory budget kills at 64MiB in the delegated subtree" as_user memory_budget /tmp/fork-vm/home/user-mem.json --policy $user_policy
+step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluate_demo user --policy $user_policy
+step "user: no sandbox cgroup left" leftovers
+
+if [ "${FORK_VM_MODE:-smoke}" = full ]; then
+  for t in $FORK_VM_TESTS; do
+    name=${t%%=*}
+    bin=${t#*=}
+    # The whole output goes back to the host (FORK_VM_OUT is a host directory); the
+    # summary line and the failing tests' names are printed here.
+    # shellcheck disable=SC2086
+    (cd "$FORK_VM_REPO" && "$bin" --test-threads=1 ${FORK_VM_ARGS:-}) >"$FORK_VM_OUT/$name.log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result' "$FORK_VM_OUT/$name.log" | tail -n 1)
+    failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$FORK_VM_OUT/$name.log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
+    if [ $rc = 0 ]; then
+      echo "vm: root: cargo test --test $name: PASS ($summary)"
+      pass=$((pass + 1))
+    else
+      echo "vm: root: cargo test --test $name: FAIL ($summary) failed: $failed_tests"
+      fail=$((fail + 1))
+    fi
+  done
+fi
+
+echo "vm-result: passed=$pass failed=$fail"

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Boots Debian's stock kernel in qemu (virtme-ng, software emulation) over this host's root
+# filesystem and runs fork inside, as root and as an unprivileged user, on a cgroup v2 host
+# with every controller, AppArmor and Landlock in the LSM list and /dev mounted noexec.
+#
+#   scripts/vm-test.sh            # smoke: fork check + fork run, as root and as a user
+#   scripts/vm-test.sh full       # smoke, then the sandbox, portability and evaluate suites as root
+#   scripts/vm-test.sh full ARGS  # ARGS go to the suites' test binaries (a name filter...)
+#
+# Prints one line per step and a closing "N passed, N failed". Exits non-zero when a step
+# fails or when the VM did not boot or did not finish: it never skips. Run it as root (it
+# installs qemu, the kernel package and virtme-ng when they are missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-smoke}
+shift || true
+case "$mode" in smoke | full) ;; *)
+  echo "usage: scripts/vm-test.sh [smoke|full] [test args...]" >&2
+  exit 64
+  ;;
+esac
+
+# shellcheck source=scripts/target-dir.sh
+. scripts/target-dir.sh
+
+venv=${FORK_VM_VENV:-/var/tmp/fork-vng}
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! ls /boot/vmlinuz-* >/dev/null 2>&1 \
+  || ! command -v busybox >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "scripts/vm-test.sh: install qemu-system-x86 linux-image-amd64 busybox-static (as root)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 linux-image-amd64 busybox-static
+fi
+if [ ! -x "$venv/bin/vng" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q virtme-ng
+fi
+export PATH="$venv/bin:$PATH"
+kernel=${FORK_VM_KERNEL:-$(ls /boot/vmlinuz-* | sort -V | tail -n 1)}
+
+# Build on the host (the guest sees the tree read-only) and find the suites' test binaries.
+cargo build --all-targets --locked
+tests=$(cargo test --locked --no-run --message-format=json --test sandbox --test portability --test evaluate 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"] + "=" + m["executable"])')
+target=${CARGO_TARGET_DIR:-$PWD/target}
+mkdir -p "$target/tmp"
+
+out=$(mktemp -d /var/tmp/fork-vm-XXXXXX)
+chmod 755 "$out"
+log=$out/console.log
+echo "vm-test: kernel $kernel, mode $mode, output in $out"
+# virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
+# and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
+status=0
+timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G --cpus 2 \
+  --overlay-rwdir "$target/tmp" --rwdir "$out" \
+  --exec "env FORK_VM_MODE=$mode FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' FORK_VM_BIN='$target/debug/fork' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
+  >"$log" 2>&1 || status=$?
+grep -E '^vm: ' "$log" || true
+result=$(grep -E '^vm-result: ' "$log" | tail -n 1 || true)
+if [ -z "$result" ]; then
+  echo "vm-test: the VM did not boot or did not finish (vng exit $status); see $log" >&2
+  tail -n 30 "$log" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+passed=$(echo "$result" | sed -E 's/.*passed=([0-9]+).*/\1/')
+failed=$(echo "$result" | sed -E 's/.*failed=([0-9]+).*/\1/')
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
