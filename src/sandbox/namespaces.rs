@@ -84,7 +84,9 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
             .lines()
             .filter_map(|l| l.split(' ').nth(4).map(super::reclaim::unescape_mountinfo))
             .filter(|p| {
-                detach.iter().any(|d| p.starts_with(d))
+                // Strictly beneath: a run root that is itself a mount (a tmpfs, say) holds
+                // the sandbox's root directory and stays.
+                detach.iter().any(|d| p != d && p.starts_with(d))
                     || p.components()
                         .any(|c| crate::rundir::is_run_dir_name(&c.as_os_str().to_string_lossy()))
             })
