@@ -313,7 +313,8 @@ fn a_judged_subject_sees_no_fork_variables() {
         &patch("judged-env-probe"),
         &demo(),
         "probe",
-        &["--task", "judged", "--no-ledger"],
+        // The judged contract alone: what the subject sees is the point, not its latency.
+        &["--task", "contract", "--no-ledger"],
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     let log = std::fs::read_to_string(e.artifact("subject-output.log")).unwrap();
