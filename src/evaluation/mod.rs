@@ -15,6 +15,7 @@
 
 pub mod collect;
 pub mod conclude;
+pub mod evidence;
 pub mod judge;
 pub mod outputs;
 pub mod plan;

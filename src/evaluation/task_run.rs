@@ -5,7 +5,7 @@
 use super::collect::RunResult;
 use super::plan::{Plan, TaskPlan};
 use super::prepare::{self, PreparedSide};
-use super::{check_interrupt, conclude, side, EvaluateError};
+use super::{check_interrupt, evidence, side, EvaluateError};
 use crate::budget::Exceeded;
 use crate::patch::Patch;
 use crate::sandbox::BudgetKind;
@@ -117,11 +117,11 @@ pub fn run_task(
     if accept_self_reported {
         rules.self_reported = crate::verdict::decide::SelfReported::Accept;
     }
-    let baseline_samples = conclude::samples(&baseline);
+    let baseline_samples = evidence::samples(&baseline);
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
         let (mut evidence, chosen) =
-            conclude::evidence_for(t, runs, &baseline, &baseline_samples, &rules, r as u64);
+            evidence::evidence_for(t, runs, &baseline, &baseline_samples, &rules, r as u64);
         // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
         // it is blown for the verdict.
         if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {

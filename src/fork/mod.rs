@@ -6,6 +6,7 @@
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
 pub mod copyback;
+pub mod error;
 pub mod parent;
 pub mod snapshot;
 pub mod tree;

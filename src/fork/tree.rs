@@ -8,7 +8,7 @@
 //! is never followed, never blocks, and is never read. [`super::workspace`]'s copies and
 //! hashes read their source through here.
 
-use super::workspace::WorkspaceError;
+use super::error::WorkspaceError;
 use crate::fsx::FsxError;
 use crate::ioerr::IoError;
 use globset::GlobSet;

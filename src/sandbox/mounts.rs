@@ -362,9 +362,31 @@ impl EmptyFiles {
         let Some(fs) = &self.0 else {
             return Err(err("empty file")(nix::Error::EINVAL));
         };
-        let one = super::sys::open_tree_clone_at(fs.as_fd(), Self::NAME)
-            .map_err(err("clone the empty file"))?;
-        super::sys::move_mount_to(one.as_fd(), &cpath(target)?).map_err(err("cover"))
+        match super::sys::open_tree_clone_at(fs.as_fd(), Self::NAME) {
+            Ok(one) => {
+                super::sys::move_mount_to(one.as_fd(), &cpath(target)?).map_err(err("cover"))
+            }
+            // Kernels that cannot clone from a mount attached nowhere (Debian 12's 6.1, for
+            // one): /dev/null, read-only, as before (the README's known limits).
+            Err(nix::Error::EINVAL) => Self::cover_with_dev_null(target),
+            Err(e) => Err(err("clone the empty file")(e)),
+        }
+    }
+
+    fn cover_with_dev_null(target: &Path) -> Result<(), MountError> {
+        mount(
+            Some("/dev/null"),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(sys_err("hide (bind /dev/null over)", target))?;
+        remount_bind(
+            target,
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        )
+        .map_err(sys_err("hide (read-only)", target))
     }
 }
 
