@@ -188,7 +188,13 @@ fn gates_reject_before_anything_is_cloned() {
 fn noop_comment_is_approved() {
     need_root!();
     let env = Env::new("ev-noop");
-    let e = evaluate(&env, &patch("noop-comment"), &demo(), "noop", &[]);
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "noop",
+        &["--task", "tests"],
+    );
     assert_eq!(e.code, 0, "{}", e.ctx());
     assert_eq!(e.verdict["tests"]["failed"], 0);
     assert!(e.verdict["tests"]["passed"].as_u64().unwrap() > 0);
