@@ -479,3 +479,35 @@ results = { format = "junit", path = "tests.xml" }
     let log = std::fs::read_to_string(e.artifact("output.log")).unwrap();
     assert!(log.contains("Read-only file system"), "{log}");
 }
+
+/// Each task of a plan is held to the policy on its own: a judged task beside an unjudged
+/// one does not make the unjudged task's self-reported results acceptable (a patch could
+/// forge its own test report while the judged benchmark shows a real gain).
+#[test]
+fn a_judged_task_does_not_vouch_for_an_unjudged_one_in_the_same_plan() {
+    need_root!();
+    let env = Env::new("judge-mixed");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.selftests]\ngate = true\ncommand = [\"python3\", \"tests/run.py\"]\nresults = { format = \"junit\", path = \"tests.xml\" }\n",
+    );
+    let e = evaluate_with(
+        &env,
+        &patch("swap-compressor"),
+        &rt,
+        "mixed",
+        &["--no-ledger"],
+        With {
+            builtin_policy: true,
+            ..With::default()
+        },
+    );
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert_eq!(e.verdict["task"], "contract+bench+selftests", "{}", e.ctx());
+    let plan = e.verdict["plan"].as_array().unwrap();
+    assert_eq!(plan[0]["verdict"], "APPROVE", "{}", e.ctx());
+    assert_eq!(plan[1]["verdict"], "APPROVE", "{}", e.ctx());
+    assert_eq!(plan[2]["provenance"], "self_reported", "{}", e.ctx());
+    assert_eq!(plan[2]["verdict"], "NEEDS_REVISION", "{}", e.ctx());
+    assert!(e.summary().contains("self-reported"), "{}", e.ctx());
+}

@@ -259,7 +259,6 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         patch: &parsed,
         staging: staging.path(),
     };
-    let any_judged = p.tasks.iter().any(|t| t.spec.judge.is_some());
     let mut first = Some(first);
     let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();
     let mut stopped_by: Option<(String, VerdictKind)> = None;
@@ -274,7 +273,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             "task",
             &format!("{} ({} of {})", t.name, runs.len() + 1, p.tasks.len()),
         );
-        let run = task_run::run_task(&p, t, &sources, first.take(), any_judged)?;
+        let run = task_run::run_task(&p, t, &sources, first.take())?;
         if run.decision.verdict != VerdictKind::Approve {
             stopped_by = Some((t.name.clone(), run.decision.verdict));
         }

@@ -59,10 +59,15 @@ pub fn prepare_side(
 ) -> Result<Prepared, EvaluateError> {
     // Every sandbox of the evaluation is served the parent's protected tree read-only
     // (snapshotted next to the state: `<staging>/state` and `<staging>/protected`).
+    // Fail closed: without the staging directory there is no protected copy to serve.
+    let staging = snap_dir.parent().ok_or_else(|| {
+        EvaluateError::Internal(format!(
+            "the state snapshot {} has no staging directory above it",
+            snap_dir.display()
+        ))
+    })?;
     let mut spec = t.sandbox.clone();
-    if let Some(staging) = snap_dir.parent() {
-        spec.ro_binds = super::protect::binds(staging)?;
-    }
+    spec.ro_binds = super::protect::binds(staging)?;
     let sb = Sandbox::prepare(&spec)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;

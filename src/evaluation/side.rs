@@ -178,14 +178,18 @@ fn run_attempt(
         return Err(EvaluateError::Interrupted);
     }
     // The protected tree, before any result is read.
-    let protected_changes = match side_dir.parent() {
-        Some(staging) => super::protect::check(
-            staging,
-            &sb.workspace().join("src"),
-            &p.manifest.runtime.exclude,
-        )?,
-        None => Vec::new(),
-    };
+    // Fail closed: the protected tree is always checked against the staging copy.
+    let staging = side_dir.parent().ok_or_else(|| {
+        EvaluateError::Internal(format!(
+            "the side directory {} has no staging directory above it",
+            side_dir.display()
+        ))
+    })?;
+    let protected_changes = super::protect::check(
+        staging,
+        &sb.workspace().join("src"),
+        &p.manifest.runtime.exclude,
+    )?;
     // The successor is dead: read what it left (hostile input, read with care).
     let stage = Stager {
         dir: side_dir,

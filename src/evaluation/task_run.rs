@@ -52,14 +52,11 @@ fn prepare_patched(
 /// Runs one task: `repeat` rounds; in each, every replica of the patched side, then the
 /// baseline (interleaved, so drift on the machine hits both sides alike). `first` is a
 /// patched side already prepared (the evaluation's first, where the patch was tried).
-/// `accept_self_reported`: another task of the plan is judged, so this task's
-/// self-reported evidence is not the plan's only evidence.
 pub fn run_task(
     p: &Plan,
     t: &TaskPlan,
     s: &Sources<'_>,
     mut first: Option<Box<PreparedSide>>,
-    accept_self_reported: bool,
 ) -> Result<TaskRun, EvaluateError> {
     let replicas = p.replicas;
     let repeat = t.spec.repeat.max(1) as usize;
@@ -114,9 +111,6 @@ pub fn run_task(
     rules
         .lower_is_better
         .extend(t.spec.lower_is_better.iter().cloned());
-    if accept_self_reported {
-        rules.self_reported = crate::verdict::decide::SelfReported::Accept;
-    }
     let baseline_samples = evidence::samples(&baseline);
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {

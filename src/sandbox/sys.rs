@@ -500,6 +500,18 @@ pub fn landlock_abi_version() -> nix::Result<i64> {
 /// mount_setattr(2) on `path` and every mount below it (AT_RECURSIVE): sets `set`,
 /// clears `clr` (MOUNT_ATTR_* bits).
 pub fn mount_setattr_recursive(path: &CStr, set: u64, clr: u64) -> nix::Result<()> {
+    mount_setattr(libc::AT_FDCWD, path, AT_RECURSIVE, set, clr)
+}
+
+/// The one mount_setattr(2) call: on `dirfd` + `path` with `flags`, recursively setting
+/// `set` and clearing `clr`.
+fn mount_setattr(
+    dirfd: RawFd,
+    path: &CStr,
+    flags: libc::c_uint,
+    set: u64,
+    clr: u64,
+) -> nix::Result<()> {
     #[repr(C)]
     struct MountAttr {
         attr_set: u64,
@@ -513,14 +525,15 @@ pub fn mount_setattr_recursive(path: &CStr, set: u64, clr: u64) -> nix::Result<(
         propagation: 0,
         userns_fd: 0,
     };
-    // SAFETY: `path` is a valid NUL-terminated string, `attr` a properly laid-out struct
-    // mount_attr that lives for the call, and its size is passed alongside.
+    // SAFETY: `dirfd` is AT_FDCWD or a descriptor the caller keeps open for the call,
+    // `path` a valid NUL-terminated string, `attr` a properly laid-out struct mount_attr
+    // that lives for the call, and its size is passed alongside.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
-            AT_RECURSIVE,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -548,33 +561,13 @@ pub fn open_tree_clone(path: &CStr) -> nix::Result<OwnedFd> {
 /// mount_setattr(2) on the detached (or attached) mount tree `tree` refers to, recursively:
 /// sets `set`, clears `clr` (MOUNT_ATTR_* bits).
 pub fn mount_setattr_fd(tree: BorrowedFd<'_>, set: u64, clr: u64) -> nix::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clr,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: the descriptor is open for the call, the empty path is a valid C string,
-    // `attr` a properly laid-out struct mount_attr that lives for the call, and its size
-    // is passed alongside.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            AT_RECURSIVE | libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    Errno::result(r).map(drop)
+    mount_setattr(
+        tree.as_raw_fd(),
+        c"",
+        AT_RECURSIVE | libc::AT_EMPTY_PATH as libc::c_uint,
+        set,
+        clr,
+    )
 }
 
 /// move_mount(2) of the detached tree `tree` onto `dst` (MOVE_MOUNT_F_EMPTY_PATH).
