@@ -5,7 +5,6 @@
 use super::{evaluate, EvaluateError, Evaluation, LedgerChoice, Request};
 use crate::budget::BudgetOverrides;
 use crate::identity::PublicKey;
-use crate::verdict::sign::Endorsement;
 use crate::verdict::verify::VerifyError;
 use crate::verdict::{Verdict, VerdictKind};
 use serde::Serialize;
@@ -107,15 +106,9 @@ fn bundle_dir(p: &Path) -> PathBuf {
 /// The node key that endorsed a bundle, as the endorsement claims it (checked afterwards
 /// by `verify_bundle`).
 fn claimed_endorser(dir: &Path) -> Result<PublicKey, String> {
-    let path = dir.join(crate::verdict::bundle::ENDORSEMENT_FILE);
-    let (_, _, payload) = crate::verdict::verify::read_envelope(
-        &path,
-        crate::verdict::sign::ENDORSEMENT_PAYLOAD_TYPE,
-    )
-    .map_err(|e| e.to_string())?;
-    let e: Endorsement =
-        serde_json::from_slice(&payload).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(e.node_key)
+    crate::verdict::verify::claimed_endorsement(dir)
+        .map(|e| e.node_key)
+        .map_err(|e| e.to_string())
 }
 
 /// The budget that reproduces a verdict's limits, typed: no round trip through text.

@@ -1,7 +1,11 @@
 //! The human gate: a positive verdict never deploys by itself (a human steward countersigns it). A
 //! steward, a person holding their own long-term key, approves one verified APPROVE bundle
 //! with [`approve`], which writes `<bundle>/steward-<keyid>.dsse.json`: a DSSE envelope
-//! (payloadType [`APPROVAL_PAYLOAD_TYPE`]) over an [`Approval`], signed by the steward key.
+//! (payloadType [`APPROVAL_PAYLOAD_TYPE`], the in-toto one) over an in-toto Statement v1
+//! whose `predicateType` is [`APPROVAL_PREDICATE_TYPE`], whose one subject is the bundle's
+//! `verdict.json` (its sha256) and whose predicate is an [`Approval`], signed by the steward
+//! key. Approvals written before schema 1.4 ([`LEGACY_APPROVAL_PAYLOAD_TYPE`] over a bare
+//! [`LegacyApproval`]) are still checked, on bundles of before 1.4 only.
 //!
 //! The approval binds the exact bytes of the bundle's `verdict.json` (`verdict_sha256`),
 //! and through them the run, patch, task and proposal; [`check_approval`] checks the
@@ -14,7 +18,10 @@
 use crate::identity::{NodeKey, PublicKey};
 use crate::ioerr::{IoContext, IoError};
 use crate::verdict::bundle::VERDICT_FILE;
-use crate::verdict::sign::{Envelope, SignError};
+use crate::verdict::sign::{
+    parse_statement, Envelope, EnvelopeFormat, SignError, Statement, Subject, PAYLOAD_TYPE,
+    STATEMENT_TYPE,
+};
 use crate::verdict::{sha256_digest, verify_bundle, Verdict, VerdictKind, VerifyError};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -23,10 +30,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// payloadType of a steward approval envelope.
-pub const APPROVAL_PAYLOAD_TYPE: &str = "application/vnd.fork.approval+json";
-/// `_type` of an [`Approval`].
-pub const APPROVAL_TYPE: &str = "fork.approval/v1";
+/// payloadType of a steward approval envelope: the in-toto one, as for every envelope.
+pub const APPROVAL_PAYLOAD_TYPE: &str = PAYLOAD_TYPE;
+/// `predicateType` of an approval statement.
+pub const APPROVAL_PREDICATE_TYPE: &str = "https://fork.dev/approval/v1";
+/// Subject name, in an approval statement, of the bundle's verdict.json.
+pub const SUBJECT_VERDICT_DOCUMENT: &str = crate::verdict::sign::SUBJECT_VERDICT_DOCUMENT;
+/// payloadType of an approval written before schema 1.4 (still checked).
+pub const LEGACY_APPROVAL_PAYLOAD_TYPE: &str = "application/vnd.fork.approval+json";
+/// `_type` of a [`LegacyApproval`].
+pub const LEGACY_APPROVAL_TYPE: &str = "fork.approval/v1";
 /// Prefix of an approval's file name (`steward-<keyid>.dsse.json`).
 pub const APPROVAL_FILE_PREFIX: &str = "steward-";
 /// Suffix of an approval's file name.
@@ -35,13 +48,10 @@ pub const APPROVAL_FILE_SUFFIX: &str = ".dsse.json";
 /// Largest approval or verdict.json read.
 const MAX_READ_BYTES: u64 = 64 << 20;
 
-/// What a steward signs.
+/// What a steward signs: the predicate of an approval statement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Approval {
-    /// [`APPROVAL_TYPE`].
-    #[serde(rename = "_type")]
-    pub approval_type: String,
     pub patch_hash: String,
     pub task_hash: String,
     pub run_id: String,
@@ -51,6 +61,36 @@ pub struct Approval {
     pub steward_key: PublicKey,
     /// RFC 3339, UTC.
     pub timestamp: String,
+}
+
+/// An approval as written before schema 1.4: a bare document with a `_type`, in an envelope
+/// of [`LEGACY_APPROVAL_PAYLOAD_TYPE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyApproval {
+    /// [`LEGACY_APPROVAL_TYPE`].
+    #[serde(rename = "_type")]
+    pub approval_type: String,
+    pub patch_hash: String,
+    pub task_hash: String,
+    pub run_id: String,
+    pub verdict_sha256: String,
+    pub steward_key: PublicKey,
+    pub timestamp: String,
+}
+
+/// The approval statement of `approval` (its subject: verdict.json's digest).
+pub fn approval_statement(approval: &Approval) -> Statement<Approval> {
+    let hex = approval
+        .verdict_sha256
+        .strip_prefix("sha256:")
+        .unwrap_or(&approval.verdict_sha256);
+    Statement {
+        statement_type: STATEMENT_TYPE.to_string(),
+        subject: vec![Subject::sha256(SUBJECT_VERDICT_DOCUMENT, hex)],
+        predicate_type: APPROVAL_PREDICATE_TYPE.to_string(),
+        predicate: approval.clone(),
+    }
 }
 
 /// The outcome of checking a steward's approval of one bundle.
@@ -184,7 +224,6 @@ pub fn approve(
         });
     }
     let approval = Approval {
-        approval_type: APPROVAL_TYPE.to_string(),
         patch_hash: v.patch_hash.clone(),
         task_hash: v.task_hash.clone(),
         run_id: v.run_id.clone(),
@@ -192,9 +231,11 @@ pub fn approve(
         steward_key: key,
         timestamp: crate::verdict::now_rfc3339(),
     };
-    let payload = serde_json::to_vec(&approval).map_err(|source| SignError::Serialize {
-        what: "approval",
-        source,
+    let payload = serde_json::to_vec(&approval_statement(&approval)).map_err(|source| {
+        SignError::Serialize {
+            what: "approval",
+            source,
+        }
     })?;
     let envelope = Envelope::sign(APPROVAL_PAYLOAD_TYPE, &payload, steward);
     let bytes = envelope.to_json_pretty()?;
@@ -275,21 +316,25 @@ pub fn check_approval(bundle: &Path, steward: &PublicKey) -> Result<StewardCheck
             ))
         }
     };
-    let payload = match envelope.verify(APPROVAL_PAYLOAD_TYPE, steward) {
+    let legacy = match envelope.payload_type.as_str() {
+        APPROVAL_PAYLOAD_TYPE => false,
+        LEGACY_APPROVAL_PAYLOAD_TYPE => true,
+        other => {
+            return Ok(check(
+                false,
+                format!(
+                    "{} has payloadType `{other}`, expected `{APPROVAL_PAYLOAD_TYPE}`",
+                    path.display()
+                ),
+            ))
+        }
+    };
+    let payload = match envelope.verify(&envelope.payload_type, steward) {
         Ok(p) => p,
         Err(e) => {
             return Ok(check(
                 false,
                 format!("{}: {e} (forged, or signed by another key)", path.display()),
-            ))
-        }
-    };
-    let approval: Approval = match serde_json::from_slice(&payload) {
-        Ok(a) => a,
-        Err(e) => {
-            return Ok(check(
-                false,
-                format!("{} does not carry an approval: {e}", path.display()),
             ))
         }
     };
@@ -302,9 +347,18 @@ pub fn check_approval(bundle: &Path, steward: &PublicKey) -> Result<StewardCheck
             ))
         }
     };
+    let parsed = if legacy {
+        read_legacy(&payload, &verdict)
+    } else {
+        read_statement(&payload)
+    };
+    let (approval, subject) = match parsed {
+        Ok(a) => a,
+        Err(why) => return Ok(check(false, format!("{}: {why}", path.display()))),
+    };
     let digest = sha256_digest(&document);
     let mismatches: Vec<String> = [
-        ("_type", approval.approval_type.as_str(), APPROVAL_TYPE),
+        ("subject verdict.json", subject.as_str(), &digest),
         (
             "steward_key",
             &approval.steward_key.to_string(),
@@ -335,6 +389,52 @@ pub fn check_approval(bundle: &Path, steward: &PublicKey) -> Result<StewardCheck
             "approved by steward {steward} at {} (run {}, patch {})",
             approval.timestamp, approval.run_id, approval.patch_hash
         ),
+    ))
+}
+
+/// An approval statement's approval and its subject's digest (`sha256:<hex>`).
+fn read_statement(payload: &[u8]) -> Result<(Approval, String), String> {
+    let st: Statement<Approval> = parse_statement(payload, APPROVAL_PREDICATE_TYPE)
+        .map_err(|e| format!("not a steward approval: {e}"))?;
+    match st.subject.as_slice() {
+        [s] if s.name == SUBJECT_VERDICT_DOCUMENT => match s.digest.get("sha256") {
+            Some(hex) => Ok((st.predicate, format!("sha256:{hex}"))),
+            None => Err("its subject has no sha256 digest".to_string()),
+        },
+        _ => Err(format!(
+            "not a steward approval: expected one subject `{SUBJECT_VERDICT_DOCUMENT}`"
+        )),
+    }
+}
+
+/// An approval of before schema 1.4, for a verdict of before 1.4 only (a bundle never mixes
+/// formats).
+fn read_legacy(payload: &[u8], verdict: &Verdict) -> Result<(Approval, String), String> {
+    let version = &verdict.header.schema.version;
+    if EnvelopeFormat::of_schema(version) != EnvelopeFormat::Legacy {
+        return Err(format!(
+            "payloadType `{LEGACY_APPROVAL_PAYLOAD_TYPE}` (the format of before schema 1.4) on a schema {version} verdict: a bundle never mixes formats"
+        ));
+    }
+    let a: LegacyApproval =
+        serde_json::from_slice(payload).map_err(|e| format!("does not carry an approval: {e}"))?;
+    if a.approval_type != LEGACY_APPROVAL_TYPE {
+        return Err(format!(
+            "its _type is `{}`, expected `{LEGACY_APPROVAL_TYPE}`",
+            a.approval_type
+        ));
+    }
+    let subject = a.verdict_sha256.clone();
+    Ok((
+        Approval {
+            patch_hash: a.patch_hash,
+            task_hash: a.task_hash,
+            run_id: a.run_id,
+            verdict_sha256: a.verdict_sha256,
+            steward_key: a.steward_key,
+            timestamp: a.timestamp,
+        },
+        subject,
     ))
 }
 
@@ -450,12 +550,20 @@ pub(crate) mod tests {
         // The envelope is what the docs say.
         let env: Envelope = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         assert_eq!(env.payload_type, APPROVAL_PAYLOAD_TYPE);
-        let a: Approval = serde_json::from_slice(
+        let st: Statement<Approval> = serde_json::from_slice(
             &env.verify(APPROVAL_PAYLOAD_TYPE, &steward.public())
                 .unwrap(),
         )
         .unwrap();
-        assert_eq!(a.approval_type, APPROVAL_TYPE);
+        assert_eq!(st.statement_type, STATEMENT_TYPE);
+        assert_eq!(st.predicate_type, APPROVAL_PREDICATE_TYPE);
+        assert_eq!(st.subject.len(), 1);
+        assert_eq!(st.subject[0].name, "verdict.json");
+        let a = st.predicate;
+        assert_eq!(
+            format!("sha256:{}", st.subject[0].digest["sha256"]),
+            a.verdict_sha256
+        );
         assert_eq!(
             a.verdict_sha256,
             sha256_digest(&fs::read(b.join(VERDICT_FILE)).unwrap())
@@ -563,8 +671,9 @@ pub(crate) mod tests {
 
         // A re-encoded payload with a changed field: the signature no longer verifies.
         let mut env: Envelope = serde_json::from_slice(&fs::read(b.join(&name)).unwrap()).unwrap();
-        let mut approval: Approval = serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap();
-        approval.run_id = "run-a".into();
+        let mut approval: Statement<Approval> =
+            serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap();
+        approval.predicate.run_id = "run-a".into();
         use base64::Engine as _;
         env.payload = base64::engine::general_purpose::STANDARD
             .encode(serde_json::to_vec(&approval).unwrap());
@@ -577,6 +686,87 @@ pub(crate) mod tests {
         fs::remove_file(a.join(&name)).unwrap();
         fs::create_dir(a.join(&name)).unwrap();
         assert!(!check_approval(&a, &steward.public()).unwrap().ok);
+    }
+
+    /// Writes `payload` signed by `steward` as `payload_type` where its approval goes.
+    fn write_signed(b: &Path, steward: &NodeKey, payload_type: &str, payload: &[u8]) {
+        let env = Envelope::sign(payload_type, payload, steward);
+        fs::write(
+            b.join(approval_file_name(&steward.public())),
+            env.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+    }
+
+    fn legacy_approval(b: &Path, steward: &NodeKey) -> Vec<u8> {
+        let doc = fs::read(b.join(VERDICT_FILE)).unwrap();
+        let v = Verdict::from_json(&doc).unwrap();
+        serde_json::to_vec(&LegacyApproval {
+            approval_type: LEGACY_APPROVAL_TYPE.into(),
+            patch_hash: v.patch_hash,
+            task_hash: v.task_hash,
+            run_id: v.run_id,
+            verdict_sha256: sha256_digest(&doc),
+            steward_key: steward.public(),
+            timestamp: crate::verdict::now_rfc3339(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn approvals_of_before_1_4_count_on_bundles_of_before_1_4_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let node = NodeKey::generate();
+        let steward = NodeKey::generate();
+        let mut old = verdict(VerdictKind::Approve, "run-old", "p", "t");
+        old.header.schema.version = "1.3".into();
+        let b_old = bundle(tmp.path(), "run-old", &old, &node);
+        let b_new = bundle(
+            tmp.path(),
+            "run-new",
+            &verdict(VerdictKind::Approve, "run-new", "p", "t"),
+            &node,
+        );
+        // The earlier format on an earlier bundle: counted.
+        let payload = legacy_approval(&b_old, &steward);
+        write_signed(&b_old, &steward, LEGACY_APPROVAL_PAYLOAD_TYPE, &payload);
+        let c = check_approval(&b_old, &steward.public()).unwrap();
+        assert!(c.ok, "{}", c.detail);
+        verify_bundle(&b_old, &[node.public()]).unwrap();
+        // The earlier format on a 1.4 bundle: a mix, refused by name.
+        let payload = legacy_approval(&b_new, &steward);
+        write_signed(&b_new, &steward, LEGACY_APPROVAL_PAYLOAD_TYPE, &payload);
+        let c = check_approval(&b_new, &steward.public()).unwrap();
+        assert!(!c.ok);
+        assert!(c.detail.contains("never mixes formats"), "{}", c.detail);
+        // The earlier body under the in-toto payloadType: not a statement, refused.
+        write_signed(&b_new, &steward, APPROVAL_PAYLOAD_TYPE, &payload);
+        let c = check_approval(&b_new, &steward.public()).unwrap();
+        assert!(!c.ok);
+        assert!(c.detail.contains("Statement"), "{}", c.detail);
+        // A statement of another kind signed by the steward key (its endorsement, were it
+        // also a node key) is not an approval.
+        let end_env: Envelope =
+            serde_json::from_slice(&fs::read(b_new.join("endorsement.dsse.json")).unwrap())
+                .unwrap();
+        write_signed(
+            &b_new,
+            &steward,
+            APPROVAL_PAYLOAD_TYPE,
+            &end_env.payload_bytes().unwrap(),
+        );
+        let c = check_approval(&b_new, &steward.public()).unwrap();
+        assert!(!c.ok);
+        assert!(
+            c.detail
+                .contains("predicateType is `https://fork.dev/endorsement/v1`"),
+            "{}",
+            c.detail
+        );
+        // And the new format on the 1.4 bundle: counted.
+        fs::remove_file(b_new.join(approval_file_name(&steward.public()))).unwrap();
+        approve(&b_new, &steward, &[node.public()]).unwrap();
+        assert!(check_approval(&b_new, &steward.public()).unwrap().ok);
     }
 
     #[test]

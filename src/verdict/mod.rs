@@ -34,8 +34,11 @@ use std::time::SystemTime;
 
 /// The schema generation this code writes and the only one it reads.
 pub const SCHEMA_GENERATION: u32 = 1;
-/// The schema version this code writes; any `1.x` is read.
-pub const SCHEMA_VERSION: &str = "1.3";
+/// The schema version this code writes; any `1.x` is read. 1.4: every envelope of the
+/// bundle is an in-toto one (payloadType `application/vnd.in-toto+json` over a Statement
+/// v1, the endorsement included); bundles of 1.0-1.3 keep their own payloadTypes and still
+/// verify (see [`sign::EnvelopeFormat`]).
+pub const SCHEMA_VERSION: &str = "1.4";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
 
@@ -687,7 +690,7 @@ pub(crate) mod tests {
     fn patched_tree_hash_is_optional_and_checked() {
         let k = EphemeralKey::generate();
         let mut v = sample_verdict(&k.public());
-        assert_eq!(v.header.schema.version, "1.3");
+        assert_eq!(v.header.schema.version, "1.4");
         // absent: not written, still valid (1.0 and 1.1 documents have none)
         let doc = serde_json::to_value(&v).unwrap();
         assert!(doc.get("patched_tree_hash").is_none());

@@ -1,5 +1,5 @@
-//! Signatures: DSSE envelopes over an in-toto Statement v1 (the verdict) and over the
-//! node's endorsement of the run's ephemeral key.
+//! Signatures: DSSE envelopes over in-toto Statements v1: the verdict, and the node's
+//! endorsement of the run's ephemeral key.
 //!
 //! * DSSE (Dead Simple Signing Envelope, protocol v1.0): the signature is ed25519 over
 //!   `PAE(payloadType, payload)` where
@@ -8,15 +8,23 @@
 //!   `{"payload": base64, "payloadType": ..., "signatures": [{"keyid": ..., "sig": base64}]}`;
 //!   we write the standard base64 alphabet with padding and accept either alphabet, as the
 //!   spec requires. `keyid` is our key id (`PublicKey::key_id`), a hint only.
-//! * The verdict envelope (payloadType `application/vnd.fork.verdict+json`)
-//!   carries an in-toto Statement v1 (`_type` `https://in-toto.io/Statement/v1`) whose
-//!   predicate (`predicateType` `https://fork.dev/verdict/v1`) is the verdict document and
-//!   whose subjects are what the verdict is about, each with a `sha256` digest in bare hex:
-//!   `patch` (the patch, `patch_hash`), `source` (the patched source tree, `source_hash`)
-//!   and `verdict.json` (the exact bytes of the bundle's verdict document). It is signed
-//!   by the run's ephemeral key, the verdict's `successor_key`.
-//! * The endorsement envelope (payloadType `application/vnd.fork.endorsement+json`) is
-//!   signed by the node key and binds the ephemeral key to the run: [`Endorsement`].
+//! * Every envelope fork writes (schema 1.4 on) has the in-toto Attestation Framework's
+//!   payloadType [`PAYLOAD_TYPE`] (`application/vnd.in-toto+json`) and carries an in-toto
+//!   Statement v1 (`_type` `https://in-toto.io/Statement/v1`); what the statement says is
+//!   told by its `predicateType`, which a verifier must check ([`parse_statement`]): the
+//!   envelopes share one payloadType, so an endorsement must never pass for a verdict.
+//! * The verdict statement (`predicateType` `https://fork.dev/verdict/v1`): the predicate is
+//!   the verdict document, the subjects are what the verdict is about, each with a `sha256`
+//!   digest in bare hex: `patch` (the patch, `patch_hash`), `source` (the patched source
+//!   tree, `source_hash`) and `verdict.json` (the exact bytes of the bundle's verdict
+//!   document). It is signed by the run's ephemeral key, the verdict's `successor_key`.
+//! * The endorsement statement (`predicateType` `https://fork.dev/endorsement/v1`) is signed
+//!   by the node key and binds the ephemeral key to the run: its subject `verdict-statement`
+//!   is the verdict envelope's payload, its predicate an [`Endorsement`].
+//! * Before schema 1.4 the verdict envelope's payloadType was
+//!   [`LEGACY_VERDICT_PAYLOAD_TYPE`] (the same statement), and the endorsement envelope's was
+//!   [`LEGACY_ENDORSEMENT_PAYLOAD_TYPE`] over a bare [`LegacyEndorsement`]. Such bundles are
+//!   still verified ([`EnvelopeFormat`]); a mix of the two formats is refused.
 
 use crate::identity::{PublicKey, SigningIdentity};
 use crate::verdict::{sha256_digest, Verdict};
@@ -24,20 +32,29 @@ use base64::alphabet;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use thiserror::Error;
 
-/// payloadType of the verdict envelope.
-pub const VERDICT_PAYLOAD_TYPE: &str = "application/vnd.fork.verdict+json";
-/// payloadType of the endorsement envelope.
-pub const ENDORSEMENT_PAYLOAD_TYPE: &str = "application/vnd.fork.endorsement+json";
+/// payloadType of every envelope fork writes (schema 1.4 on): the in-toto Attestation
+/// Framework's.
+pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
+/// payloadType of the verdict envelope before schema 1.4 (still verified).
+pub const LEGACY_VERDICT_PAYLOAD_TYPE: &str = "application/vnd.fork.verdict+json";
+/// payloadType of the endorsement envelope before schema 1.4 (still verified).
+pub const LEGACY_ENDORSEMENT_PAYLOAD_TYPE: &str = "application/vnd.fork.endorsement+json";
 /// in-toto Statement v1 `_type`.
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// `predicateType` of a verdict statement.
 pub const VERDICT_PREDICATE_TYPE: &str = "https://fork.dev/verdict/v1";
-/// `_type` of an endorsement.
-pub const ENDORSEMENT_TYPE: &str = "https://fork.dev/endorsement/v1";
+/// `predicateType` of an endorsement statement (before schema 1.4: the `_type` of the bare
+/// endorsement, [`LegacyEndorsement`]).
+pub const ENDORSEMENT_PREDICATE_TYPE: &str = "https://fork.dev/endorsement/v1";
+/// The first verdict schema minor version (`1.x`) whose envelopes are in-toto ones.
+pub const IN_TOTO_SCHEMA_MINOR: u32 = 4;
+/// Subject name, in an endorsement statement, of the verdict envelope's payload.
+pub const SUBJECT_VERDICT_STATEMENT: &str = "verdict-statement";
 /// Subject name of the patch.
 pub const SUBJECT_PATCH: &str = "patch";
 /// Subject name of the patched source tree.
@@ -64,6 +81,53 @@ pub enum SignError {
     KeyMismatch { in_verdict: String, signer: String },
     #[error("the verdict's {field} `{value}` is not sha256:<hex>")]
     BadHash { field: &'static str, value: String },
+    #[error(
+        "the payload is not an in-toto Statement v1 with predicateType `{expected}`: {reason}"
+    )]
+    Statement {
+        expected: &'static str,
+        reason: String,
+    },
+}
+
+/// The envelope format of a bundle, told by its verdict's `header.schema.version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvelopeFormat {
+    /// Schema 1.4 on: every envelope is [`PAYLOAD_TYPE`] over an in-toto Statement v1.
+    InToto,
+    /// Before 1.4: [`LEGACY_VERDICT_PAYLOAD_TYPE`] and [`LEGACY_ENDORSEMENT_PAYLOAD_TYPE`].
+    Legacy,
+}
+
+impl EnvelopeFormat {
+    /// The format of a verdict of schema `version` (`1.x`; anything that is not a `1.x`
+    /// below 1.4 is taken as the current format, and fails the schema checks if wrong).
+    pub fn of_schema(version: &str) -> EnvelopeFormat {
+        let minor = version
+            .split_once('.')
+            .filter(|(major, _)| *major == "1")
+            .and_then(|(_, minor)| minor.parse::<u32>().ok());
+        match minor {
+            Some(m) if m < IN_TOTO_SCHEMA_MINOR => EnvelopeFormat::Legacy,
+            _ => EnvelopeFormat::InToto,
+        }
+    }
+
+    /// payloadType of the verdict envelope.
+    pub fn verdict_payload_type(self) -> &'static str {
+        match self {
+            EnvelopeFormat::InToto => PAYLOAD_TYPE,
+            EnvelopeFormat::Legacy => LEGACY_VERDICT_PAYLOAD_TYPE,
+        }
+    }
+
+    /// payloadType of the endorsement envelope.
+    pub fn endorsement_payload_type(self) -> &'static str {
+        match self {
+            EnvelopeFormat::InToto => PAYLOAD_TYPE,
+            EnvelopeFormat::Legacy => LEGACY_ENDORSEMENT_PAYLOAD_TYPE,
+        }
+    }
 }
 
 /// The DSSE pre-authentication encoding of `payload` with type `payload_type`.
@@ -205,13 +269,40 @@ pub struct Statement<P> {
     pub predicate: P,
 }
 
-/// The node's endorsement of a run's ephemeral key, signed by the node key.
+/// Parses `payload` as an in-toto Statement v1 whose `predicateType` is `predicate_type`:
+/// `_type` and `predicateType` are checked before the predicate is read, so a statement of
+/// another kind is refused by name (not as a predicate of the wrong shape), and at least
+/// one subject is required, each with a digest.
+pub fn parse_statement<P: DeserializeOwned>(
+    payload: &[u8],
+    predicate_type: &'static str,
+) -> Result<Statement<P>, SignError> {
+    let fail = |reason: String| SignError::Statement {
+        expected: predicate_type,
+        reason,
+    };
+    let head: Statement<IgnoredAny> =
+        serde_json::from_slice(payload).map_err(|e| fail(e.to_string()))?;
+    if head.statement_type != STATEMENT_TYPE {
+        return Err(fail(format!(
+            "_type is `{}`, expected `{STATEMENT_TYPE}`",
+            head.statement_type
+        )));
+    }
+    if head.predicate_type != predicate_type {
+        return Err(fail(format!("predicateType is `{}`", head.predicate_type)));
+    }
+    if head.subject.is_empty() || head.subject.iter().any(|s| s.digest.is_empty()) {
+        return Err(fail("a subject with a digest is required".to_string()));
+    }
+    serde_json::from_slice(payload).map_err(|e| fail(format!("its predicate: {e}")))
+}
+
+/// The node's endorsement of a run's ephemeral key: the predicate of an endorsement
+/// statement, signed by the node key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Endorsement {
-    /// [`ENDORSEMENT_TYPE`].
-    #[serde(rename = "_type")]
-    pub endorsement_type: String,
     /// The run's ephemeral key (the verdict's `successor_key`).
     pub ephemeral_key: PublicKey,
     pub run_id: String,
@@ -222,8 +313,78 @@ pub struct Endorsement {
     /// RFC 3339, UTC.
     pub timestamp: String,
     /// `sha256:<hex>` of the verdict envelope's payload (the statement): the node endorses
-    /// this verdict only, so even a leaked ephemeral key cannot sign another one.
+    /// this verdict only, so even a leaked ephemeral key cannot sign another one. The
+    /// statement's subject `verdict-statement` carries the same digest.
     pub statement_sha256: String,
+}
+
+/// The endorsement as written before schema 1.4: a bare document (no statement) with a
+/// `_type`, in an envelope of [`LEGACY_ENDORSEMENT_PAYLOAD_TYPE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyEndorsement {
+    /// [`ENDORSEMENT_PREDICATE_TYPE`].
+    #[serde(rename = "_type")]
+    pub endorsement_type: String,
+    pub ephemeral_key: PublicKey,
+    pub run_id: String,
+    pub patch_hash: String,
+    pub task_hash: String,
+    pub node_key: PublicKey,
+    pub timestamp: String,
+    pub statement_sha256: String,
+}
+
+impl LegacyEndorsement {
+    /// The endorsement it carries.
+    pub fn into_endorsement(self) -> Endorsement {
+        Endorsement {
+            ephemeral_key: self.ephemeral_key,
+            run_id: self.run_id,
+            patch_hash: self.patch_hash,
+            task_hash: self.task_hash,
+            node_key: self.node_key,
+            timestamp: self.timestamp,
+            statement_sha256: self.statement_sha256,
+        }
+    }
+}
+
+/// Reads an endorsement payload of `format` (NOT verified: the caller checks the envelope's
+/// signature). Returns the endorsement and, for the in-toto format, the statement's subject
+/// digests (name, `sha256:<hex>`).
+pub fn parse_endorsement(
+    payload: &[u8],
+    format: EnvelopeFormat,
+) -> Result<(Endorsement, Vec<(String, Option<String>)>), SignError> {
+    match format {
+        EnvelopeFormat::InToto => {
+            let st: Statement<Endorsement> = parse_statement(payload, ENDORSEMENT_PREDICATE_TYPE)?;
+            let subjects = st
+                .subject
+                .iter()
+                .map(|s| {
+                    let digest = s.digest.get("sha256").map(|h| format!("sha256:{h}"));
+                    (s.name.clone(), digest)
+                })
+                .collect();
+            Ok((st.predicate, subjects))
+        }
+        EnvelopeFormat::Legacy => {
+            let legacy: LegacyEndorsement =
+                serde_json::from_slice(payload).map_err(|e| SignError::Statement {
+                    expected: ENDORSEMENT_PREDICATE_TYPE,
+                    reason: format!("not a schema 1.0-1.3 endorsement either: {e}"),
+                })?;
+            if legacy.endorsement_type != ENDORSEMENT_PREDICATE_TYPE {
+                return Err(SignError::Statement {
+                    expected: ENDORSEMENT_PREDICATE_TYPE,
+                    reason: format!("the endorsement's _type is `{}`", legacy.endorsement_type),
+                });
+            }
+            Ok((legacy.into_endorsement(), Vec::new()))
+        }
+    }
 }
 
 fn bare_hex<'a>(field: &'static str, value: &'a str) -> Result<&'a str, SignError> {
@@ -279,35 +440,59 @@ pub fn sign_verdict(
         what: "statement",
         source,
     })?;
+    let format = EnvelopeFormat::of_schema(&verdict.header.schema.version);
     Ok((
-        Envelope::sign(VERDICT_PAYLOAD_TYPE, &payload, ephemeral),
+        Envelope::sign(format.verdict_payload_type(), &payload, ephemeral),
         payload,
     ))
 }
 
 /// The node's endorsement of `ephemeral` for `verdict`'s run, over the verdict envelope's
-/// payload `statement_payload`, signed by `node`.
+/// payload `statement_payload`, signed by `node`: an endorsement statement (in the format of
+/// the verdict's schema version).
 pub fn endorse(
     verdict: &Verdict,
     statement_payload: &[u8],
     ephemeral: &PublicKey,
     node: &dyn SigningIdentity,
 ) -> Result<(Endorsement, Envelope), SignError> {
+    let statement_sha256 = sha256_digest(statement_payload);
     let endorsement = Endorsement {
-        endorsement_type: ENDORSEMENT_TYPE.to_string(),
         ephemeral_key: *ephemeral,
         run_id: verdict.run_id.clone(),
         patch_hash: verdict.patch_hash.clone(),
         task_hash: verdict.task_hash.clone(),
         node_key: node.public_key(),
         timestamp: crate::verdict::now_rfc3339(),
-        statement_sha256: sha256_digest(statement_payload),
+        statement_sha256: statement_sha256.clone(),
     };
-    let payload = serde_json::to_vec(&endorsement).map_err(|source| SignError::Serialize {
+    let format = EnvelopeFormat::of_schema(&verdict.header.schema.version);
+    let payload = match format {
+        EnvelopeFormat::InToto => serde_json::to_vec(&Statement {
+            statement_type: STATEMENT_TYPE.to_string(),
+            subject: vec![Subject::sha256(
+                SUBJECT_VERDICT_STATEMENT,
+                bare_hex("statement", &statement_sha256)?,
+            )],
+            predicate_type: ENDORSEMENT_PREDICATE_TYPE.to_string(),
+            predicate: endorsement.clone(),
+        }),
+        EnvelopeFormat::Legacy => serde_json::to_vec(&LegacyEndorsement {
+            endorsement_type: ENDORSEMENT_PREDICATE_TYPE.to_string(),
+            ephemeral_key: endorsement.ephemeral_key,
+            run_id: endorsement.run_id.clone(),
+            patch_hash: endorsement.patch_hash.clone(),
+            task_hash: endorsement.task_hash.clone(),
+            node_key: endorsement.node_key,
+            timestamp: endorsement.timestamp.clone(),
+            statement_sha256: endorsement.statement_sha256.clone(),
+        }),
+    }
+    .map_err(|source| SignError::Serialize {
         what: "endorsement",
         source,
     })?;
-    let envelope = Envelope::sign(ENDORSEMENT_PAYLOAD_TYPE, &payload, node);
+    let envelope = Envelope::sign(format.endorsement_payload_type(), &payload, node);
     Ok((endorsement, envelope))
 }
 
@@ -393,7 +578,7 @@ mod tests {
         ));
         // A right signature, but not the type we support: rejected.
         assert!(matches!(
-            env.verify(VERDICT_PAYLOAD_TYPE, &a.public_key()),
+            env.verify(LEGACY_VERDICT_PAYLOAD_TYPE, &a.public_key()),
             Err(SignError::PayloadType { .. })
         ));
 
@@ -422,14 +607,15 @@ mod tests {
         let v = crate::verdict::tests::sample_verdict(&eph.public());
         let doc = v.to_json_pretty().unwrap();
         let (env, payload) = sign_verdict(&v, &doc, &eph).unwrap();
-        assert_eq!(env.payload_type, VERDICT_PAYLOAD_TYPE);
+        assert_eq!(env.payload_type, PAYLOAD_TYPE);
+        assert_eq!(PAYLOAD_TYPE, "application/vnd.in-toto+json");
         assert_eq!(
             env.signatures[0].keyid.as_deref(),
             Some(eph.public().key_id().as_str())
         );
-        let verified = env.verify(VERDICT_PAYLOAD_TYPE, &eph.public()).unwrap();
+        let verified = env.verify(PAYLOAD_TYPE, &eph.public()).unwrap();
         assert_eq!(verified, payload);
-        let st: Statement<Verdict> = serde_json::from_slice(&verified).unwrap();
+        let st: Statement<Verdict> = parse_statement(&verified, VERDICT_PREDICATE_TYPE).unwrap();
         assert_eq!(st.statement_type, STATEMENT_TYPE);
         assert_eq!(st.predicate_type, VERDICT_PREDICATE_TYPE);
         assert_eq!(st.predicate, v);
@@ -451,17 +637,75 @@ mod tests {
             Err(SignError::KeyMismatch { .. })
         ));
 
+        // The endorsement: a statement about the verdict statement, signed by the node.
         let (e, env2) = endorse(&v, &payload, &eph.public(), &node).unwrap();
-        let p = env2
-            .verify(ENDORSEMENT_PAYLOAD_TYPE, &node.public())
-            .unwrap();
-        let back: Endorsement = serde_json::from_slice(&p).unwrap();
+        assert_eq!(env2.payload_type, PAYLOAD_TYPE);
+        let p = env2.verify(PAYLOAD_TYPE, &node.public()).unwrap();
+        let st: Statement<Endorsement> = parse_statement(&p, ENDORSEMENT_PREDICATE_TYPE).unwrap();
+        assert_eq!(st.predicate, e);
+        assert_eq!(st.subject.len(), 1);
+        assert_eq!(st.subject[0].name, SUBJECT_VERDICT_STATEMENT);
+        assert_eq!(
+            format!("sha256:{}", st.subject[0].digest["sha256"]),
+            sha256_digest(&payload)
+        );
+        let (back, subjects) = parse_endorsement(&p, EnvelopeFormat::InToto).unwrap();
         assert_eq!(back, e);
+        assert_eq!(
+            subjects,
+            [(
+                SUBJECT_VERDICT_STATEMENT.to_string(),
+                Some(sha256_digest(&payload))
+            )]
+        );
         assert_eq!(back.ephemeral_key, eph.public());
         assert_eq!(back.node_key, node.public());
         assert_eq!(back.statement_sha256, sha256_digest(&payload));
-        assert!(env2
-            .verify(ENDORSEMENT_PAYLOAD_TYPE, &eph.public())
-            .is_err());
+        assert!(env2.verify(PAYLOAD_TYPE, &eph.public()).is_err());
+
+        // One payloadType for both: the predicateType tells them apart, both ways.
+        let err = parse_statement::<Verdict>(&p, VERDICT_PREDICATE_TYPE).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("predicateType is `https://fork.dev/endorsement/v1`"),
+            "{err}"
+        );
+        let err = parse_statement::<Endorsement>(&payload, ENDORSEMENT_PREDICATE_TYPE).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("predicateType is `https://fork.dev/verdict/v1`"),
+            "{err}"
+        );
+        assert!(parse_endorsement(&payload, EnvelopeFormat::InToto).is_err());
+        assert!(parse_endorsement(&p, EnvelopeFormat::Legacy).is_err());
+    }
+
+    #[test]
+    fn schema_versions_before_1_4_sign_in_the_earlier_format() {
+        assert_eq!(EnvelopeFormat::of_schema("1.4"), EnvelopeFormat::InToto);
+        assert_eq!(EnvelopeFormat::of_schema("1.10"), EnvelopeFormat::InToto);
+        assert_eq!(
+            EnvelopeFormat::of_schema(crate::verdict::SCHEMA_VERSION),
+            EnvelopeFormat::InToto
+        );
+        for old in ["1.0", "1.1", "1.2", "1.3"] {
+            assert_eq!(EnvelopeFormat::of_schema(old), EnvelopeFormat::Legacy);
+        }
+        let eph = EphemeralKey::generate();
+        let node = NodeKey::generate();
+        let mut v = crate::verdict::tests::sample_verdict(&eph.public());
+        v.header.schema.version = "1.3".into();
+        let doc = v.to_json_pretty().unwrap();
+        let (env, payload) = sign_verdict(&v, &doc, &eph).unwrap();
+        assert_eq!(env.payload_type, LEGACY_VERDICT_PAYLOAD_TYPE);
+        let (e, env2) = endorse(&v, &payload, &eph.public(), &node).unwrap();
+        assert_eq!(env2.payload_type, LEGACY_ENDORSEMENT_PAYLOAD_TYPE);
+        let p = env2
+            .verify(LEGACY_ENDORSEMENT_PAYLOAD_TYPE, &node.public())
+            .unwrap();
+        let legacy: LegacyEndorsement = serde_json::from_slice(&p).unwrap();
+        assert_eq!(legacy.endorsement_type, ENDORSEMENT_PREDICATE_TYPE);
+        assert_eq!(legacy.into_endorsement(), e);
+        assert_eq!(parse_endorsement(&p, EnvelopeFormat::Legacy).unwrap().0, e);
     }
 }

@@ -1,13 +1,15 @@
 //! `fork verify`: checks a verdict bundle (layout in [`crate::verdict::bundle`]).
 //!
-//! In order: a trusted node key was given; the verdict envelope is a DSSE envelope of
-//! the verdict type whose signature verifies with the `successor_key` named in its
-//! statement's predicate; the statement is an in-toto Statement v1 with our predicate type
-//! and the subjects `patch`, `source` and `verdict.json` matching the verdict's
+//! In order: a trusted node key was given; the verdict envelope is a DSSE envelope whose
+//! payload is an in-toto Statement v1 with the verdict predicate type, whose payloadType is
+//! the one of the verdict's schema version ([`EnvelopeFormat`]: `application/vnd.in-toto+json`
+//! from 1.4 on, a mix of formats refused), and whose signature verifies with the
+//! `successor_key` named in its predicate; the statement has the subjects `patch`, `source` and `verdict.json` matching the verdict's
 //! `patch_hash`, `source_hash` and verdict.json's sha256; verdict.json is the signed
-//! predicate; the verdict passes the schema checks; the endorsement envelope is signed by
-//! one of the trusted node keys and binds this ephemeral key, run id, patch hash, task hash
-//! and statement; both envelopes are byte for byte in the form `fork` writes; every listed
+//! predicate; the verdict passes the schema checks; the endorsement envelope (an endorsement
+//! statement, of the same format) is signed by one of the trusted node keys and binds this
+//! ephemeral key, run id, patch hash, task hash and statement (its predicate and, from 1.4
+//! on, its subject); the successor key is trusted only because that endorsement names it; both envelopes are byte for byte in the form `fork` writes; every listed
 //! artifact is a regular file with the listed size and sha256; and nothing unlisted lies
 //! in `artifacts/` or in the bundle. Each failure is its own [`VerifyError`] variant.
 
@@ -18,9 +20,10 @@ use crate::verdict::bundle::{
     ARTIFACTS_DIR, ENDORSEMENT_FILE, VERDICT_ENVELOPE_FILE, VERDICT_FILE, WITHHELD_FILE,
 };
 use crate::verdict::sign::{
-    decode_base64_any, Endorsement, Envelope, EnvelopeSignature, Statement,
-    ENDORSEMENT_PAYLOAD_TYPE, ENDORSEMENT_TYPE, STATEMENT_TYPE, SUBJECT_PATCH, SUBJECT_SOURCE,
-    SUBJECT_VERDICT_DOCUMENT, VERDICT_PAYLOAD_TYPE, VERDICT_PREDICATE_TYPE,
+    decode_base64_any, parse_endorsement, parse_statement, Endorsement, Envelope, EnvelopeFormat,
+    EnvelopeSignature, SignError, Statement, LEGACY_ENDORSEMENT_PAYLOAD_TYPE,
+    LEGACY_VERDICT_PAYLOAD_TYPE, PAYLOAD_TYPE, SUBJECT_PATCH, SUBJECT_SOURCE,
+    SUBJECT_VERDICT_DOCUMENT, SUBJECT_VERDICT_STATEMENT, VERDICT_PREDICATE_TYPE,
 };
 use crate::verdict::{sha256_digest, Verdict};
 use base64::engine::general_purpose::STANDARD;
@@ -77,6 +80,13 @@ pub enum VerifyError {
         found: String,
         expected: String,
     },
+    #[error("{path} has payloadType `{found}`, but a schema {version} verdict's envelopes have `{expected}`: a bundle never mixes the in-toto format (schema 1.4 on) with the earlier one")]
+    MixedFormat {
+        path: PathBuf,
+        found: String,
+        expected: &'static str,
+        version: String,
+    },
     #[error("the verdict's successor_key is not a usable key: {reason}")]
     BadSuccessorKey { reason: String },
     #[error("the verdict envelope's signature does not verify with the successor key {key}: the verdict was altered or signed by another key")]
@@ -100,6 +110,8 @@ pub enum VerifyError {
         claimed: String,
         trusted: Vec<String>,
     },
+    #[error("the endorsement is not a fork endorsement statement: {reason}")]
+    EndorsementStatement { reason: String },
     #[error("the endorsement's signature does not verify with the node key {key} it names")]
     EndorsementSignature { key: String },
     #[error("the endorsement does not match the verdict: it endorses {field} {endorsed}, the verdict has {actual}")]
@@ -152,20 +164,63 @@ fn malformed(path: &Path, reason: impl ToString) -> VerifyError {
 /// The raw bytes of an envelope file, the envelope, and its payload bytes (NOT yet verified).
 pub type ReadEnvelope = (Vec<u8>, Envelope, Vec<u8>);
 
-/// Reads a DSSE envelope file (bounded) and checks its payload type; the caller checks the
-/// signature.
-pub fn read_envelope(path: &Path, payload_type: &str) -> Result<ReadEnvelope, VerifyError> {
+/// Reads a DSSE envelope file (bounded) and checks that its payload type is one of
+/// `payload_types`; the caller checks the signature (and which of the types it must be).
+pub fn read_envelope(path: &Path, payload_types: &[&str]) -> Result<ReadEnvelope, VerifyError> {
     let bytes = read_json_file(path)?;
     let envelope: Envelope = serde_json::from_slice(&bytes).map_err(|e| malformed(path, e))?;
-    if envelope.payload_type != payload_type {
+    if !payload_types.contains(&envelope.payload_type.as_str()) {
         return Err(VerifyError::PayloadType {
             path: path.to_path_buf(),
             found: envelope.payload_type,
-            expected: payload_type.to_string(),
+            expected: payload_types.join("` or `"),
         });
     }
     let payload = envelope.payload_bytes().map_err(|e| malformed(path, e))?;
     Ok((bytes, envelope, payload))
+}
+
+/// The endorsement of the bundle in `dir` as it claims itself, NOT verified (call
+/// [`verify_bundle`] to check it): for callers that need to know which node to trust before
+/// they verify. Reads either format.
+pub fn claimed_endorsement(dir: &Path) -> Result<Endorsement, VerifyError> {
+    let path = dir.join(ENDORSEMENT_FILE);
+    let (_, envelope, payload) =
+        read_envelope(&path, &[PAYLOAD_TYPE, LEGACY_ENDORSEMENT_PAYLOAD_TYPE])?;
+    let format = if envelope.payload_type == PAYLOAD_TYPE {
+        EnvelopeFormat::InToto
+    } else {
+        EnvelopeFormat::Legacy
+    };
+    parse_endorsement(&payload, format)
+        .map(|(e, _)| e)
+        .map_err(|e| malformed(&path, e))
+}
+
+/// Requires the envelope at `path` to have the payloadType of `format` for a verdict of
+/// schema `version`.
+fn check_format(
+    path: &Path,
+    envelope: &Envelope,
+    expected: &'static str,
+    version: &str,
+) -> Result<(), VerifyError> {
+    if envelope.payload_type == expected {
+        return Ok(());
+    }
+    Err(VerifyError::MixedFormat {
+        path: path.to_path_buf(),
+        found: envelope.payload_type.clone(),
+        expected,
+        version: version.to_string(),
+    })
+}
+
+fn statement_reason(e: SignError) -> String {
+    match e {
+        SignError::Statement { reason, .. } => reason,
+        other => other.to_string(),
+    }
 }
 
 fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
@@ -254,15 +309,33 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
     }
     let dir = bundle_dir(path)?;
 
-    // 1. The verdict envelope, signed by the successor key its predicate names.
+    // 1. The verdict envelope: a verdict statement (checked before anything in it is used,
+    //    so an endorsement or an approval is never taken for a verdict), in the envelope
+    //    format of its schema version, signed by the successor key its predicate names
+    //    (trusted only once the endorsement, checked below, names that key).
     let env_path = dir.join(VERDICT_ENVELOPE_FILE);
-    let (env_bytes, envelope, unverified) = read_envelope(&env_path, VERDICT_PAYLOAD_TYPE)?;
-    let statement: Statement<Verdict> = serde_json::from_slice(&unverified).map_err(|e| {
-        malformed(
-            &env_path,
-            format!("its payload is not a verdict statement: {e}"),
-        )
-    })?;
+    let (env_bytes, envelope, unverified) =
+        read_envelope(&env_path, &[PAYLOAD_TYPE, LEGACY_VERDICT_PAYLOAD_TYPE])?;
+    let statement: Statement<Verdict> = parse_statement(&unverified, VERDICT_PREDICATE_TYPE)
+        .map_err(|e| match e {
+            SignError::Statement { reason, .. } if reason.starts_with("its predicate") => {
+                malformed(
+                    &env_path,
+                    format!("its payload is not a verdict statement: {reason}"),
+                )
+            }
+            e => VerifyError::Statement {
+                reason: statement_reason(e),
+            },
+        })?;
+    let version = statement.predicate.header.schema.version.clone();
+    let format = EnvelopeFormat::of_schema(&version);
+    check_format(
+        &env_path,
+        &envelope,
+        format.verdict_payload_type(),
+        &version,
+    )?;
     let successor_key =
         statement
             .predicate
@@ -271,30 +344,14 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
                 reason: e.to_string(),
             })?;
     let payload = envelope
-        .verify(VERDICT_PAYLOAD_TYPE, &successor_key)
+        .verify(format.verdict_payload_type(), &successor_key)
         .map_err(|_| VerifyError::VerdictSignature {
             key: successor_key.to_string(),
         })?;
     check_canonical(&env_path, &env_bytes, &envelope, &successor_key)?;
     let statement_sha256 = sha256_digest(&payload);
 
-    // 2. The statement.
-    if statement.statement_type != STATEMENT_TYPE {
-        return Err(VerifyError::Statement {
-            reason: format!(
-                "_type is `{}`, expected `{STATEMENT_TYPE}`",
-                statement.statement_type
-            ),
-        });
-    }
-    if statement.predicate_type != VERDICT_PREDICATE_TYPE {
-        return Err(VerifyError::Statement {
-            reason: format!(
-                "predicateType is `{}`, expected `{VERDICT_PREDICATE_TYPE}`",
-                statement.predicate_type
-            ),
-        });
-    }
+    // 2. The statement's subjects.
     if statement.subject.len() != 3 {
         return Err(VerifyError::Statement {
             reason: format!(
@@ -338,14 +395,24 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
     // 4. The schema.
     verdict.validate().map_err(VerifyError::Schema)?;
 
-    // 5. The endorsement, by a trusted node key, binding this run.
+    // 5. The endorsement, by a trusted node key, binding this run, in the same format.
     let end_path = dir.join(ENDORSEMENT_FILE);
-    let (end_bytes, end_env, end_unverified) = read_envelope(&end_path, ENDORSEMENT_PAYLOAD_TYPE)?;
-    let claimed: Endorsement = serde_json::from_slice(&end_unverified)
-        .map_err(|e| malformed(&end_path, format!("its payload is not an endorsement: {e}")))?;
+    let (end_bytes, end_env, end_unverified) =
+        read_envelope(&end_path, &[PAYLOAD_TYPE, LEGACY_ENDORSEMENT_PAYLOAD_TYPE])?;
+    check_format(
+        &end_path,
+        &end_env,
+        format.endorsement_payload_type(),
+        &version,
+    )?;
+    let (claimed, end_subjects) = parse_endorsement(&end_unverified, format).map_err(|e| {
+        VerifyError::EndorsementStatement {
+            reason: statement_reason(e),
+        }
+    })?;
     let node_key = trusted
         .iter()
-        .find(|k| end_env.verify(ENDORSEMENT_PAYLOAD_TYPE, k).is_ok())
+        .find(|k| end_env.verify(format.endorsement_payload_type(), k).is_ok())
         .copied()
         .ok_or_else(|| {
             if trusted.contains(&claimed.node_key) {
@@ -373,11 +440,6 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
         }
     };
     bind(
-        "_type",
-        endorsement.endorsement_type.clone(),
-        ENDORSEMENT_TYPE.to_string(),
-    )?;
-    bind(
         "node_key",
         endorsement.node_key.to_string(),
         node_key.to_string(),
@@ -403,6 +465,21 @@ pub fn verify_bundle(path: &Path, trusted: &[PublicKey]) -> Result<VerifiedVerdi
         endorsement.statement_sha256.clone(),
         statement_sha256.clone(),
     )?;
+    if format == EnvelopeFormat::InToto {
+        // Its one subject is the verdict statement this envelope signs.
+        match end_subjects.as_slice() {
+            [(name, Some(digest))] if name == SUBJECT_VERDICT_STATEMENT => {
+                bind("subject", digest.clone(), statement_sha256.clone())?
+            }
+            _ => {
+                return Err(VerifyError::EndorsementStatement {
+                    reason: format!(
+                        "expected one subject `{SUBJECT_VERDICT_STATEMENT}` with a sha256 digest"
+                    ),
+                })
+            }
+        }
+    }
 
     // 6. Artifacts, and nothing else in the bundle.
     let artifacts_withheld = check_artifacts(&dir, verdict)?;
@@ -724,7 +801,7 @@ mod tests {
         let st = sign::verdict_statement(&ok.verdict, &doc).unwrap();
         let payload = serde_json::to_vec(&st).unwrap();
         envelope = Envelope {
-            signatures: Envelope::sign(VERDICT_PAYLOAD_TYPE, &payload, &attacker).signatures,
+            signatures: Envelope::sign(PAYLOAD_TYPE, &payload, &attacker).signatures,
             payload: STANDARD.encode(&payload),
             ..envelope
         };
@@ -868,6 +945,198 @@ mod tests {
         let linked = f.out.parent().unwrap().join("latest");
         std::os::unix::fs::symlink(&f.out, &linked).unwrap();
         verify_bundle(&linked, &trusted).unwrap();
+    }
+
+    /// A bundle (no artifacts) of a verdict of schema `version`, its verdict envelope of
+    /// payloadType `verdict_type` and its endorsement in the format of schema
+    /// `endorsement_version`, all properly signed. Returns the bundle and the node key.
+    fn mixed_bundle(
+        dir: &Path,
+        version: &str,
+        verdict_type: &str,
+        endorsement_version: &str,
+    ) -> (PathBuf, NodeKey) {
+        let out = dir.join(format!(
+            "{version}-{}-{endorsement_version}",
+            verdict_type.len()
+        ));
+        fs::create_dir(&out).unwrap();
+        let eph = EphemeralKey::generate();
+        let node = NodeKey::generate();
+        let mut v = sample_verdict(&eph.public());
+        v.header.schema.version = version.into();
+        let doc = v.to_json_pretty().unwrap();
+        let st = sign::verdict_statement(&v, &doc).unwrap();
+        let payload = serde_json::to_vec(&st).unwrap();
+        let env = Envelope::sign(verdict_type, &payload, &eph);
+        let mut for_endorsement = v.clone();
+        for_endorsement.header.schema.version = endorsement_version.into();
+        let (_, end) = sign::endorse(&for_endorsement, &payload, &eph.public(), &node).unwrap();
+        fs::write(out.join(VERDICT_FILE), &doc).unwrap();
+        fs::write(
+            out.join(VERDICT_ENVELOPE_FILE),
+            env.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+        fs::write(out.join(ENDORSEMENT_FILE), end.to_json_pretty().unwrap()).unwrap();
+        (out, node)
+    }
+
+    #[test]
+    fn bundles_of_before_1_4_verify_and_a_mix_of_formats_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Both formats, consistent: verified.
+        let (new, node) = mixed_bundle(tmp.path(), "1.4", PAYLOAD_TYPE, "1.4");
+        let ok = verify_bundle(&new, &[node.public()]).unwrap();
+        assert_eq!(ok.verdict.header.schema.version, "1.4");
+        let (old, node) = mixed_bundle(tmp.path(), "1.3", LEGACY_VERDICT_PAYLOAD_TYPE, "1.3");
+        let ok = verify_bundle(&old, &[node.public()]).unwrap();
+        assert_eq!(ok.verdict.header.schema.version, "1.3");
+        assert_eq!(ok.node_key, node.public());
+        // What write_bundle makes of a 1.3 verdict is the earlier format, and verifies.
+        let eph = EphemeralKey::generate();
+        let mut v = sample_verdict(&eph.public());
+        v.header.schema.version = "1.3".into();
+        let written = tmp.path().join("written-1.3");
+        write_bundle(&written, &v, &[], &eph, &node).unwrap();
+        let env: Envelope =
+            serde_json::from_slice(&fs::read(written.join(VERDICT_ENVELOPE_FILE)).unwrap())
+                .unwrap();
+        assert_eq!(env.payload_type, LEGACY_VERDICT_PAYLOAD_TYPE);
+        verify_bundle(&written, &[node.public()]).unwrap();
+
+        // A mix, each way, each envelope: refused by name, though every signature is good.
+        for (version, verdict_type, endorsement_version, bad_file, found) in [
+            (
+                "1.4",
+                LEGACY_VERDICT_PAYLOAD_TYPE,
+                "1.4",
+                VERDICT_ENVELOPE_FILE,
+                LEGACY_VERDICT_PAYLOAD_TYPE,
+            ),
+            (
+                "1.3",
+                PAYLOAD_TYPE,
+                "1.3",
+                VERDICT_ENVELOPE_FILE,
+                PAYLOAD_TYPE,
+            ),
+            (
+                "1.4",
+                PAYLOAD_TYPE,
+                "1.3",
+                ENDORSEMENT_FILE,
+                LEGACY_ENDORSEMENT_PAYLOAD_TYPE,
+            ),
+            (
+                "1.3",
+                LEGACY_VERDICT_PAYLOAD_TYPE,
+                "1.4",
+                ENDORSEMENT_FILE,
+                PAYLOAD_TYPE,
+            ),
+        ] {
+            let (b, node) = mixed_bundle(tmp.path(), version, verdict_type, endorsement_version);
+            let err = verify_bundle(&b, &[node.public()]).unwrap_err();
+            match &err {
+                VerifyError::MixedFormat {
+                    path,
+                    found: f,
+                    version: v,
+                    ..
+                } => {
+                    assert!(path.ends_with(bad_file), "{err}");
+                    assert_eq!(f, found, "{err}");
+                    assert_eq!(v, version, "{err}");
+                }
+                _ => panic!("{version}/{verdict_type}/{endorsement_version}: {err}"),
+            }
+            let text = err.to_string();
+            assert!(
+                text.contains(found) && text.contains(&format!("schema {version}")),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_endorsement_is_never_taken_for_a_verdict_nor_the_reverse() {
+        let f = fixture();
+        let trusted = [f.node.public()];
+        let verdict_env = fs::read(f.out.join(VERDICT_ENVELOPE_FILE)).unwrap();
+        let endorsement_env = fs::read(f.out.join(ENDORSEMENT_FILE)).unwrap();
+        // Both carry the same payloadType: the predicateType tells them apart.
+        for bytes in [&verdict_env, &endorsement_env] {
+            let env: Envelope = serde_json::from_slice(bytes).unwrap();
+            assert_eq!(env.payload_type, "application/vnd.in-toto+json");
+        }
+        // The node-signed endorsement where the verdict is expected.
+        fs::write(f.out.join(VERDICT_ENVELOPE_FILE), &endorsement_env).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(matches!(err, VerifyError::Statement { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("predicateType is `https://fork.dev/endorsement/v1`"),
+            "{err}"
+        );
+        // The verdict where the endorsement is expected.
+        fs::write(f.out.join(VERDICT_ENVELOPE_FILE), &verdict_env).unwrap();
+        fs::write(f.out.join(ENDORSEMENT_FILE), &verdict_env).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(
+            matches!(err, VerifyError::EndorsementStatement { .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("predicateType is `https://fork.dev/verdict/v1`"),
+            "{err}"
+        );
+        // A node key that signs a verdict statement (say, a node used as its own ephemeral
+        // key) still does not make it an endorsement.
+        let payload =
+            Envelope::payload_bytes(&serde_json::from_slice(&verdict_env).unwrap()).unwrap();
+        let by_node = Envelope::sign(PAYLOAD_TYPE, &payload, &f.node);
+        fs::write(
+            f.out.join(ENDORSEMENT_FILE),
+            by_node.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(
+            matches!(err, VerifyError::EndorsementStatement { .. }),
+            "{err}"
+        );
+        fs::write(f.out.join(ENDORSEMENT_FILE), &endorsement_env).unwrap();
+        verify_bundle(&f.out, &trusted).unwrap();
+    }
+
+    #[test]
+    fn the_endorsement_subject_is_the_verdict_statement() {
+        // An endorsement statement whose predicate binds the statement but whose subject
+        // names another one (signed by the node all the same) is refused.
+        let f = fixture();
+        let trusted = [f.node.public()];
+        let p = f.out.join(ENDORSEMENT_FILE);
+        let env: Envelope = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+        let mut st: Statement<Endorsement> =
+            serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap();
+        st.subject[0]
+            .digest
+            .insert("sha256".into(), hex::encode([7u8; 32]));
+        let forged = Envelope::sign(PAYLOAD_TYPE, &serde_json::to_vec(&st).unwrap(), &f.node);
+        fs::write(&p, forged.to_json_pretty().unwrap()).unwrap();
+        let err = verify_bundle(&f.out, &trusted).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::EndorsementMismatch {
+                    field: "subject",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
