@@ -32,6 +32,17 @@ if ! python3 -c 'import junitparser' >/dev/null 2>&1; then
   }
 fi
 
+# tests/attestation.rs verifies every bundle fork writes with third-party tools
+# (scripts/verify-bundle.py): securesystemslib (DSSE, ed25519) and in-toto-attestation
+# (Statement v1), from PyPI, pinned.
+attestation_packages=('securesystemslib[crypto]==1.6.0' 'in-toto-attestation==0.9.3')
+if ! python3 -c 'import securesystemslib.dsse, securesystemslib.signer, in_toto_attestation.v1.statement, cryptography' >/dev/null 2>&1; then
+  python3 -m pip install --quiet "${attestation_packages[@]}" || {
+    echo "scripts/test.sh: please install ${attestation_packages[*]} (python3 -m pip install ...)" >&2
+    exit 1
+  }
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "scripts/test.sh: cargo is missing: install Rust (rustup) first" >&2
   exit 1

@@ -1265,7 +1265,7 @@ fn the_evaluation_wall_bounds_all_runs_together() {
     assert_eq!(limits["evaluation_wall_s"], 3.0, "{}", e.ctx());
     assert_eq!(limits["wall_s"], 30.0, "{}", e.ctx());
     assert_eq!(limits["cpu_time_s"], 600.0, "{}", e.ctx());
-    assert_eq!(e.verdict["header"]["schema"]["version"], "1.3");
+    assert_eq!(e.verdict["header"]["schema"]["version"], "1.4");
     // Four 2 s runs would take 8 s; the evaluation stops at its 3 s budget.
     assert!(took < Duration::from_secs(7), "took {took:?}: {}", e.ctx());
 
