@@ -350,13 +350,16 @@ impl LegacyEndorsement {
     }
 }
 
+/// A statement subject's name and its sha256 digest (`sha256:<hex>`), if it has one.
+pub type SubjectDigest = (String, Option<String>);
+
 /// Reads an endorsement payload of `format` (NOT verified: the caller checks the envelope's
 /// signature). Returns the endorsement and, for the in-toto format, the statement's subject
 /// digests (name, `sha256:<hex>`).
 pub fn parse_endorsement(
     payload: &[u8],
     format: EnvelopeFormat,
-) -> Result<(Endorsement, Vec<(String, Option<String>)>), SignError> {
+) -> Result<(Endorsement, Vec<SubjectDigest>), SignError> {
     match format {
         EnvelopeFormat::InToto => {
             let st: Statement<Endorsement> = parse_statement(payload, ENDORSEMENT_PREDICATE_TYPE)?;
