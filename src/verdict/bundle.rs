@@ -3,17 +3,19 @@
 //! ```text
 //! out/<run-id>/
 //!   verdict.json            the verdict document, pretty JSON (what `--json` prints)
-//!   verdict.dsse.json       DSSE envelope, payloadType application/vnd.fork.verdict+json:
+//!   verdict.dsse.json       DSSE envelope, payloadType application/vnd.in-toto+json:
 //!                           an in-toto Statement v1 whose predicate is the verdict and
 //!                           whose subjects are the patch, the patched source tree and
 //!                           verdict.json's bytes; signed by the run's ephemeral key
-//!   endorsement.dsse.json   DSSE envelope, payloadType application/vnd.fork.endorsement+json:
-//!                           the node key's endorsement of that ephemeral key for this run
+//!   endorsement.dsse.json   DSSE envelope, payloadType application/vnd.in-toto+json: an
+//!                           in-toto Statement v1, the node key's endorsement of that
+//!                           ephemeral key for this run (subject: the verdict statement)
 //!   artifacts/<name>        evidence files, each listed in the verdict with sha256 and size
 //! ```
 //! Every JSON file is pretty-printed with a final newline, and `fork verify` requires the
 //! envelopes in exactly that form (and verdict.json byte for byte, through its signed
-//! digest), so any change to any byte of the bundle is detected.
+//! digest), so any change to any byte of the bundle is detected. Verdicts of schema 1.0-1.3
+//! are signed in the earlier format (see [`crate::verdict::sign`]).
 //!
 //! The bundle is built in a temporary directory next to the destination
 //! (`.<name>.partial-XXXXXX`, which `fork gc` may delete) and renamed into place with

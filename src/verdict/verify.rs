@@ -2,16 +2,18 @@
 //!
 //! In order: a trusted node key was given; the verdict envelope is a DSSE envelope whose
 //! payload is an in-toto Statement v1 with the verdict predicate type, whose payloadType is
-//! the one of the verdict's schema version ([`EnvelopeFormat`]: `application/vnd.in-toto+json`
-//! from 1.4 on, a mix of formats refused), and whose signature verifies with the
-//! `successor_key` named in its predicate; the statement has the subjects `patch`, `source` and `verdict.json` matching the verdict's
+//! the one of the verdict's schema version ([`EnvelopeFormat`]:
+//! `application/vnd.in-toto+json` from 1.4 on; a mix of formats is refused), and whose
+//! signature verifies with the `successor_key` named in its predicate; the statement has
+//! the subjects `patch`, `source` and `verdict.json` matching the verdict's
 //! `patch_hash`, `source_hash` and verdict.json's sha256; verdict.json is the signed
-//! predicate; the verdict passes the schema checks; the endorsement envelope (an endorsement
-//! statement, of the same format) is signed by one of the trusted node keys and binds this
-//! ephemeral key, run id, patch hash, task hash and statement (its predicate and, from 1.4
-//! on, its subject); the successor key is trusted only because that endorsement names it; both envelopes are byte for byte in the form `fork` writes; every listed
-//! artifact is a regular file with the listed size and sha256; and nothing unlisted lies
-//! in `artifacts/` or in the bundle. Each failure is its own [`VerifyError`] variant.
+//! predicate; the verdict passes the schema checks; the endorsement envelope (an
+//! endorsement statement, in the same format) is signed by one of the trusted node keys
+//! and binds this ephemeral key, run id, patch hash, task hash and statement (its predicate
+//! and, from 1.4 on, its subject): the successor key is trusted only because that
+//! endorsement names it; both envelopes are byte for byte in the form `fork` writes; every
+//! listed artifact is a regular file with the listed size and sha256; and nothing unlisted
+//! lies in `artifacts/` or in the bundle. Each failure is its own [`VerifyError`] variant.
 
 use crate::fsx::{self, FsxError};
 use crate::identity::PublicKey;
