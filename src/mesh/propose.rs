@@ -546,5 +546,21 @@ mod tests {
         // Everyone answered.
         let all = [(keys[0], true), (keys[1], true), (keys[2], true)];
         assert!(settled(&report(&all, &c3), &c3));
+
+        // With a steward: the quorum met by every vote still waits for the steward's
+        // approval; a quorum that failed does not.
+        let mut cs = cfg(2);
+        cs.steward = Some(keys[3]);
+        let mut r = report(&all, &cs);
+        r.approved = false;
+        assert!(!settled(&r, &cs));
+        r.approved = true;
+        assert!(settled(&r, &cs));
+        let none = [(keys[0], false), (keys[1], false), (keys[2], false)];
+        assert!(settled(&report(&none, &cs), &cs));
+        // Two approvals of three with one silent node: not settled without the steward.
+        let mut r = report(&[(keys[0], true), (keys[1], true)], &cs);
+        r.approved = false;
+        assert!(!settled(&r, &cs));
     }
 }

@@ -240,6 +240,14 @@ pub fn approve_blocking(opts: StewardOptions) -> Result<StewardReport, MeshError
         .block_on(approve_over_mesh(opts))
 }
 
+/// The patch hash a verdict message's verdict.json claims (unverified: only to skip other
+/// patches' verdicts early).
+fn claimed_patch(files: &BTreeMap<String, String>) -> Option<String> {
+    let doc = STANDARD.decode(files.get(VERDICT_FILE)?).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&doc).ok()?;
+    Some(v.get("patch_hash")?.as_str()?.chars().take(80).collect())
+}
+
 /// Checks one received bundle and, when the steward may approve it, approves it.
 fn approve_one(
     dir: &Path,
@@ -389,6 +397,15 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         let Ok(node) = m.node_public_key() else {
             continue;
         };
+        // Another patch's verdict (another proposer's, on the shared subject) is not even
+        // written down.
+        if let Some(other) = claimed_patch(&m.files).filter(|h| *h != patch_hash) {
+            refuse(
+                Some(m.node_key.clone()),
+                format!("the verdict is about patch {other}, not the reviewed {patch_hash}"),
+            );
+            continue;
+        }
         let n = per_node
             .entry(m.proposal_id.clone() + &node.key_id())
             .or_insert(0);
