@@ -1110,6 +1110,23 @@ fn headers_route_messages_and_a_node_receives_only_its_runtime() {
     need_root_and_nats!();
     let dir = Dir::new("mesh-routing");
     let nats = Nats::start(&dir.0);
+    // A proposals stream as an earlier fork made it, on `fork.v1.proposals` alone: the
+    // per-runtime subjects are added to it.
+    let stream_subjects = || {
+        runtime().block_on(async {
+            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            let mut s = js
+                .get_or_create_stream(async_nats::jetstream::stream::Config {
+                    name: Subjects::new(false).proposals_stream(),
+                    subjects: vec!["fork.v1.proposals".into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            s.info().await.unwrap().config.subjects.clone()
+        })
+    };
+    assert_eq!(stream_subjects(), ["fork.v1.proposals"]);
     let mut a = Node::new(&dir.0, "a");
     let mut b = Node::new(&dir.0, "b");
     b.rename_runtime("other_runtime");
@@ -1141,6 +1158,10 @@ fn headers_route_messages_and_a_node_receives_only_its_runtime() {
     assert_eq!(consumer_state(&nats.url(), &b.key, "other_runtime"), (0, 0));
     assert!(!b.logs().contains(p.id()), "{}", b.logs());
     assert_eq!(consumer_state(&nats.url(), &a.key, DEMO_RUNTIME).1, 0);
+    assert_eq!(
+        stream_subjects(),
+        ["fork.v1.proposals", "fork.v1.proposals.>"]
+    );
 
     // Every message carries its type and schema in headers that match its body.
     let kinds: Vec<(&str, &str)> = seen

@@ -242,7 +242,7 @@ pub struct ProposalBudget {
     pub api_cost: Option<String>,
 }
 
-/// A patch to re-verify, published on `<prefix>.v1.proposals`.
+/// A patch to re-verify, published on `<prefix>.v1.proposals.<runtime>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
     pub header: Header,
