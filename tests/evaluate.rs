@@ -200,6 +200,37 @@ fn noop_comment_is_approved() {
     assert!(e.verdict["tests"]["passed"].as_u64().unwrap() > 0);
 }
 
+/// A user's runtime lives under their home, which is 0700: not searchable by the sandbox's
+/// unprivileged uid. The runtime (its state, its source) and the patch under a 0700
+/// directory evaluate like anywhere else: fork stages its own copies under its run root.
+/// The whole judged plan runs (the judge comes from the unpatched tree), and the directory
+/// keeps its mode.
+#[test]
+fn a_runtime_under_a_0700_directory_is_evaluated() {
+    use std::os::unix::fs::PermissionsExt;
+    need_root!();
+    let env = Env::new("ev-private-home");
+    let home = env.dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let rt = home.join("runtime");
+    copy_dir(&demo(), &rt);
+    let diff = home.join("swap-compressor.diff");
+    std::fs::copy(patch("swap-compressor"), &diff).unwrap();
+    let e = evaluate(&env, &diff, &rt, "private-home", &[]);
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert_eq!(e.verdict["verdict"], "APPROVE", "{}", e.ctx());
+    let tasks: Vec<&str> = e.verdict["plan"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task"].as_str().unwrap())
+        .collect();
+    assert_eq!(tasks, ["contract", "bench"], "{}", e.ctx());
+    let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
+
 /// Checks the hostile patch's escape report: it really ran (it tried the parent's db and the
 /// node keys), every write and every key access failed, and nothing touched `parent_db`.
 /// With `strict`, no attempt at all succeeded (`escaped` is false). Without it, the only

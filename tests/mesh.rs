@@ -12,7 +12,10 @@
 //! proposal still receives and answers it; a node survives a NATS restart and refuses a
 //! message of an unknown schema generation, a proposal for another runtime and one whose
 //! patch does not match its hash, without dying. The staging prefix is
-//! isolated from the production one.
+//! isolated from the production one. Every message carries its type and schema in NATS
+//! headers, and a header that disagrees with the body is refused; a node receives only its
+//! runtime's proposals; a steward approves over the mesh (`fork mesh approve`), and
+//! `propose --steward` passes then, and only then.
 //!
 //! They need root (the nodes evaluate with the default policy) and nats-server on PATH.
 
@@ -20,6 +23,7 @@ mod common;
 use common::lifecycle::{demo, node_cmd, patch};
 use common::*;
 use fork::mesh::messages::{decode_proposal, Proposal, Subjects, VerdictMessage};
+use fork::mesh::wire;
 use serde_json::Value;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -426,16 +430,44 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Publishes raw bytes on a subject (core NATS: no JetStream dedup header).
-fn publish_raw(url: &str, subject: &str, payload: Vec<u8>) {
+/// Publishes raw bytes on a subject (core NATS: no JetStream dedup header), with NATS
+/// `headers` when given.
+fn publish_raw_with(
+    url: &str,
+    subject: &str,
+    headers: Option<async_nats::HeaderMap>,
+    payload: Vec<u8>,
+) {
     runtime().block_on(async {
         let c = async_nats::connect(url).await.unwrap();
-        c.publish(subject.to_string(), payload.into())
-            .await
-            .unwrap();
+        match headers {
+            Some(h) => c
+                .publish_with_headers(subject.to_string(), h, payload.into())
+                .await
+                .unwrap(),
+            None => c
+                .publish(subject.to_string(), payload.into())
+                .await
+                .unwrap(),
+        }
         c.flush().await.unwrap();
     });
 }
+
+/// Publishes raw bytes without any header.
+fn publish_raw(url: &str, subject: &str, payload: Vec<u8>) {
+    publish_raw_with(url, subject, None, payload)
+}
+
+/// The NATS headers fork puts on a message with this JSON body.
+fn headers_of(payload: &[u8]) -> async_nats::HeaderMap {
+    let body: Value = serde_json::from_slice(payload).unwrap();
+    let h: fork::verdict::Header = serde_json::from_value(body["header"].clone()).unwrap();
+    wire::headers(&h, &uuid::Uuid::new_v4().to_string())
+}
+
+/// The runtime of the demo fixture, by its fork.toml name.
+const DEMO_RUNTIME: &str = "hermes-demo";
 
 /// The task every proposal here names.
 const MESH_TASK: &str = "contract";
@@ -541,7 +573,7 @@ impl FakeNode {
             runtime().block_on(async move {
                 let subjects = Subjects::new(false);
                 let c = async_nats::connect(url).await.unwrap();
-                let mut sub = c.subscribe(subjects.proposals()).await.unwrap();
+                let mut sub = c.subscribe(subjects.proposals(DEMO_RUNTIME)).await.unwrap();
                 c.flush().await.unwrap();
                 ready_tx.send(()).unwrap();
                 while !s.load(Ordering::SeqCst) {
@@ -552,9 +584,14 @@ impl FakeNode {
                     };
                     let p = decode_proposal(&m.payload).unwrap();
                     for payload in answer(&p) {
-                        c.publish(subjects.verdicts(&p.proposal_id), payload.into())
-                            .await
-                            .unwrap();
+                        let h = headers_of(&payload);
+                        c.publish_with_headers(
+                            subjects.verdicts(&p.proposal_id),
+                            h,
+                            payload.into(),
+                        )
+                        .await
+                        .unwrap();
                     }
                     c.flush().await.unwrap();
                     let _ = tx.send(p.proposal_id.clone());
@@ -948,7 +985,7 @@ fn a_node_survives_a_nats_restart_and_refuses_unknown_generations() {
     future["patch_b64"] = serde_json::json!({"chunks": ["..."]});
     publish_raw(
         &nats.url(),
-        &Subjects::new(false).proposals(),
+        &Subjects::new(false).proposals(DEMO_RUNTIME),
         serde_json::to_vec(&future).unwrap(),
     );
 
@@ -957,10 +994,12 @@ fn a_node_survives_a_nats_restart_and_refuses_unknown_generations() {
     let mut forged = Proposal::new(b"--- a\n", "hermes-demo", None, None).unwrap();
     forged.patch_b64 = "LS0tIGIK".into();
     for bad in [other, forged] {
-        publish_raw(
+        let body = bad.to_json().unwrap();
+        publish_raw_with(
             &nats.url(),
-            &Subjects::new(false).proposals(),
-            bad.to_json().unwrap(),
+            &Subjects::new(false).proposals(DEMO_RUNTIME),
+            Some(headers_of(&body)),
+            body,
         );
     }
 
@@ -985,4 +1024,418 @@ fn a_node_survives_a_nats_restart_and_refuses_unknown_generations() {
         "{logs}"
     );
     assert!(logs.contains("but the proposal claims"), "{logs}");
+}
+
+impl Node {
+    /// Renames this node's copy of the runtime (fork.toml `[runtime] name`).
+    fn rename_runtime(&self, name: &str) {
+        let toml = self.dir.join("demo/fork.toml");
+        let text = std::fs::read_to_string(&toml).unwrap();
+        let renamed = text.replacen(
+            &format!("name = \"{DEMO_RUNTIME}\""),
+            &format!("name = \"{name}\""),
+            1,
+        );
+        assert_ne!(renamed, text);
+        std::fs::write(&toml, renamed).unwrap();
+    }
+}
+
+/// The delivery state of a node's durable consumer: (messages delivered, pending).
+fn consumer_state(url: &str, node_key: &str, runtime_name: &str) -> (u64, u64) {
+    let key = fork::identity::PublicKey::parse(node_key).unwrap();
+    let name = fork::mesh::transport::consumer_name(&key, runtime_name);
+    runtime().block_on(async {
+        let c = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(c);
+        let stream = js
+            .get_stream(Subjects::new(false).proposals_stream())
+            .await
+            .unwrap();
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+            stream.get_consumer(&name).await.unwrap();
+        let info = consumer.info().await.unwrap();
+        (info.delivered.consumer_sequence, info.num_pending)
+    })
+}
+
+/// Every message on `fork.>` while `f` runs: (subject, headers, payload).
+type Seen = Vec<(String, Option<async_nats::HeaderMap>, Vec<u8>)>;
+
+fn watch_bus<T>(url: &str, f: impl FnOnce() -> T) -> (T, Seen) {
+    use futures_util::StreamExt;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (s, out, url) = (stop.clone(), seen.clone(), url.to_string());
+    let thread = std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let c = async_nats::connect(url).await.unwrap();
+            let mut sub = c.subscribe("fork.>").await.unwrap();
+            c.flush().await.unwrap();
+            ready_tx.send(()).unwrap();
+            while !s.load(Ordering::SeqCst) {
+                if let Ok(Some(m)) =
+                    tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+                {
+                    // Only the mesh's own messages (not JetStream's API traffic).
+                    if m.subject.starts_with("fork.v1.") {
+                        out.lock().unwrap().push((
+                            m.subject.to_string(),
+                            m.headers.clone(),
+                            m.payload.to_vec(),
+                        ));
+                    }
+                }
+            }
+        })
+    });
+    ready_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let r = f();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    thread.join().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    (r, seen)
+}
+
+fn header<'a>(h: &'a Option<async_nats::HeaderMap>, name: &str) -> Option<&'a str> {
+    h.as_ref()
+        .and_then(|h| h.get(name))
+        .map(<_ as AsRef<str>>::as_ref)
+}
+
+#[test]
+fn headers_route_messages_and_a_node_receives_only_its_runtime() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-routing");
+    let nats = Nats::start(&dir.0);
+    // A proposals stream as an earlier fork made it, on `fork.v1.proposals` alone: the
+    // per-runtime subjects are added to it.
+    let stream_subjects = || {
+        runtime().block_on(async {
+            let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+            let mut s = js
+                .get_or_create_stream(async_nats::jetstream::stream::Config {
+                    name: Subjects::new(false).proposals_stream(),
+                    subjects: vec!["fork.v1.proposals".into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            s.info().await.unwrap().config.subjects.clone()
+        })
+    };
+    assert_eq!(stream_subjects(), ["fork.v1.proposals"]);
+    let mut a = Node::new(&dir.0, "a");
+    let mut b = Node::new(&dir.0, "b");
+    b.rename_runtime("other_runtime");
+    a.start(&nats.url());
+    b.start(&nats.url());
+    b.wait_log("serving runtime `other_runtime`", Duration::from_secs(20));
+    b.wait_log("fork.v1.proposals.other_runtime", Duration::from_secs(1));
+    let out = dir.0.join("out");
+
+    // A proposal for hermes-demo: node a answers it; b, serving another runtime, never
+    // receives it (its consumer delivered nothing and has nothing pending).
+    let (p, seen) = watch_bus(&nats.url(), || {
+        propose(
+            &a,
+            &nats.url(),
+            "swap-compressor",
+            &[&a.key],
+            &out,
+            &["--min-nodes", "1", "--timeout", "60s"],
+        )
+    });
+    assert_eq!(p.code, 0, "{}", p.ctx());
+    assert_eq!(
+        p.report["proposal_subject"],
+        "fork.v1.proposals.hermes-demo",
+        "{}",
+        p.ctx()
+    );
+    assert_eq!(consumer_state(&nats.url(), &b.key, "other_runtime"), (0, 0));
+    assert!(!b.logs().contains(p.id()), "{}", b.logs());
+    assert_eq!(consumer_state(&nats.url(), &a.key, DEMO_RUNTIME).1, 0);
+    assert_eq!(
+        stream_subjects(),
+        ["fork.v1.proposals", "fork.v1.proposals.>"]
+    );
+
+    // Every message carries its type and schema in headers that match its body.
+    let kinds: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|(subject, h, payload)| {
+            let body: Value = serde_json::from_slice(payload).unwrap();
+            let kind = header(h, "Fork-Message-Type").expect("Fork-Message-Type");
+            assert_eq!(body["header"]["message_type"], kind, "{subject}");
+            assert_eq!(
+                header(h, "Fork-Schema-Generation").unwrap(),
+                body["header"]["schema"]["generation"].to_string(),
+                "{subject}"
+            );
+            assert_eq!(
+                header(h, "Fork-Schema-Version").unwrap(),
+                body["header"]["schema"]["version"].as_str().unwrap(),
+                "{subject}"
+            );
+            assert!(header(h, "Nats-Msg-Id").is_some(), "{subject}");
+            (subject.as_str(), kind)
+        })
+        .collect();
+    let verdicts = format!("fork.v1.verdicts.{}", p.id());
+    assert_eq!(
+        kinds,
+        [
+            ("fork.v1.proposals.hermes-demo", "Proposal"),
+            (verdicts.as_str(), "VerdictMessage")
+        ],
+        "{}",
+        p.ctx()
+    );
+
+    // A header that disagrees with its body, and a message without headers, are refused by
+    // name (and acknowledged, not retried); the node lives on.
+    let subject = Subjects::new(false).proposals(DEMO_RUNTIME);
+    let lying = Proposal::new(b"--- a\n", DEMO_RUNTIME, None, None).unwrap();
+    let body = lying.to_json().unwrap();
+    let mut h = headers_of(&body);
+    h.insert("Fork-Message-Type", "VerdictMessage");
+    publish_raw_with(&nats.url(), &subject, Some(h), body);
+    let bare = Proposal::new(b"--- a\n", DEMO_RUNTIME, None, None).unwrap();
+    publish_raw(&nats.url(), &subject, bare.to_json().unwrap());
+    a.wait_log(
+        "NATS header Fork-Message-Type is `VerdictMessage`, but the body's header says `Proposal`",
+        Duration::from_secs(30),
+    );
+    a.wait_log(
+        "NATS header Fork-Message-Type is missing",
+        Duration::from_secs(30),
+    );
+    assert!(a.alive() && b.alive());
+    assert_eq!(consumer_state(&nats.url(), &b.key, "other_runtime"), (0, 0));
+
+    // A runtime whose name cannot be a subject token is refused, by name, on both sides.
+    let bad = Node::new(&dir.0, "bad");
+    bad.rename_runtime("bad.name");
+    let serve = bad
+        .cmd()
+        .args(["mesh", "serve", "--nats", &nats.url(), "--runtime"])
+        .arg(bad.dir.join("demo"))
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(65), "{serve:?}");
+    assert!(
+        String::from_utf8_lossy(&serve.stderr).contains("`bad.name`"),
+        "{serve:?}"
+    );
+    let prop = bad
+        .cmd()
+        .args(["mesh", "propose"])
+        .arg(patch("swap-compressor"))
+        .args(["--nats", &nats.url(), "--trust", &a.key, "--runtime"])
+        .arg(bad.dir.join("demo"))
+        .output()
+        .unwrap();
+    assert_eq!(prop.status.code(), Some(65), "{prop:?}");
+    assert!(
+        String::from_utf8_lossy(&prop.stderr).contains("subject token"),
+        "{prop:?}"
+    );
+}
+
+/// `fork keygen --out` a steward key in `dir`: (key file, public key).
+fn steward_key(dir: &Path, any_node: &Node) -> (PathBuf, String) {
+    let sk = dir.join("steward/steward.key");
+    std::fs::create_dir_all(sk.parent().unwrap()).unwrap();
+    let g = any_node
+        .cmd()
+        .args(["keygen", "--out"])
+        .arg(&sk)
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{g:?}");
+    (sk, String::from_utf8_lossy(&g.stdout).trim().to_string())
+}
+
+/// `fork mesh approve PATCH` in the background, its bundles in `dir/steward-out` and its
+/// stderr in `dir/steward.log`; returns once it listens.
+fn steward_approve(
+    node: &Node,
+    url: &str,
+    patch_name: &str,
+    key: &Path,
+    trust: &[&str],
+    dir: &Path,
+    timeout: &str,
+) -> Child {
+    let (out, log) = (dir.join("steward-out"), dir.join("steward.log"));
+    let mut c = node.cmd();
+    c.args(["mesh", "approve"])
+        .arg(patch(patch_name))
+        .arg("--key")
+        .arg(key)
+        .args(["--nats", url, "--timeout", timeout, "--json", "--out"])
+        .arg(out);
+    for t in trust {
+        c.args(["--trust", t]);
+    }
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn fork mesh approve");
+    wait_file_contains(&log, "waiting up to", Duration::from_secs(20));
+    child
+}
+
+fn wait_file_contains(path: &Path, needle: &str, within: Duration) {
+    let until = Instant::now() + within;
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        assert!(
+            Instant::now() < until,
+            "{} never said `{needle}`: {}",
+            path.display(),
+            std::fs::read_to_string(path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_steward_approves_over_the_mesh_and_propose_steward_passes() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-steward");
+    let nats = Nats::start(&dir.0);
+    let mut n1 = Node::new(&dir.0, "n1");
+    let mut n2 = Node::new(&dir.0, "n2");
+    n1.start(&nats.url());
+    n2.start(&nats.url());
+    let (sk, steward) = steward_key(&dir.0, &n1);
+    let trust = [n1.key.as_str(), n2.key.as_str()];
+
+    // The steward reviewed swap-compressor and waits for the nodes' verdicts on it.
+    let approver = steward_approve(
+        &n1,
+        &nats.url(),
+        "swap-compressor",
+        &sk,
+        &trust,
+        &dir.0,
+        "90s",
+    );
+
+    let out = dir.0.join("out");
+    let p = propose(
+        &n1,
+        &nats.url(),
+        "swap-compressor",
+        &trust,
+        &out,
+        &[
+            "--min-nodes",
+            "2",
+            "--timeout",
+            "90s",
+            "--steward",
+            &steward,
+        ],
+    );
+    assert_eq!(p.code, 0, "{}", p.ctx());
+    let c = p.consensus();
+    assert_eq!(c["approved"], true, "{}", p.ctx());
+    assert_eq!(c["approvals"], 2, "{}", p.ctx());
+    assert_eq!(c["steward"]["ok"], true, "{}", p.ctx());
+    assert_eq!(p.report["timed_out"], false, "{}", p.ctx());
+    assert!(
+        p.report["steward_approvals"].as_u64().unwrap() >= 1,
+        "{}",
+        p.ctx()
+    );
+    // The approval landed in a received bundle, which still verifies.
+    let approved = PathBuf::from(c["steward"]["bundle"].as_str().unwrap());
+    assert!(approved.starts_with(out.join(p.id())), "{}", p.ctx());
+    let v = n1
+        .cmd()
+        .arg("verify")
+        .arg(&approved)
+        .args(["--trust", &n1.key, "--trust", &n2.key])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{v:?}");
+
+    // The steward approved both nodes' APPROVE verdicts of that proposal and stopped once
+    // both had answered.
+    let s = wait_proposed(approver, Duration::from_secs(60));
+    assert_eq!(s.code, 0, "{}", s.ctx());
+    assert_eq!(s.report["proposal_id"], p.id(), "{}", s.ctx());
+    assert_eq!(
+        s.report["approved"].as_array().unwrap().len(),
+        2,
+        "{}",
+        s.ctx()
+    );
+    assert_eq!(s.report["timed_out"], false, "{}", s.ctx());
+    assert_eq!(s.report["steward_key"], steward.as_str());
+}
+
+#[test]
+fn without_the_stewards_approval_propose_steward_fails_at_the_timeout() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-no-steward");
+    let nats = Nats::start(&dir.0);
+    let mut n1 = Node::new(&dir.0, "n1");
+    n1.start(&nats.url());
+    let (sk, steward) = steward_key(&dir.0, &n1);
+
+    // The steward reviewed another patch: the node's APPROVE of swap-compressor is not what
+    // they approve.
+    let approver = steward_approve(
+        &n1,
+        &nats.url(),
+        "breaks-test",
+        &sk,
+        &[&n1.key],
+        &dir.0,
+        "20s",
+    );
+
+    let started = Instant::now();
+    let p = propose(
+        &n1,
+        &nats.url(),
+        "swap-compressor",
+        &[&n1.key],
+        &dir.0.join("out"),
+        &[
+            "--min-nodes",
+            "1",
+            "--timeout",
+            "15s",
+            "--steward",
+            &steward,
+        ],
+    );
+    assert!(started.elapsed() >= Duration::from_secs(15));
+    assert_eq!(p.code, 1, "{}", p.ctx());
+    let c = p.consensus();
+    assert_eq!(c["approved"], false, "{}", p.ctx());
+    assert_eq!(c["approvals"], 1, "the quorum alone was met: {}", p.ctx());
+    assert_eq!(c["steward"]["ok"], false, "{}", p.ctx());
+    assert_eq!(p.report["timed_out"], true, "{}", p.ctx());
+    assert_eq!(p.report["steward_approvals"], 0, "{}", p.ctx());
+
+    let s = wait_proposed(approver, Duration::from_secs(40));
+    assert_eq!(s.code, 1, "{}", s.ctx());
+    assert!(
+        s.report["approved"].as_array().unwrap().is_empty(),
+        "{}",
+        s.ctx()
+    );
+    let reasons = s.report["not_approved"].to_string();
+    assert!(reasons.contains("not the reviewed"), "{}", s.ctx());
 }

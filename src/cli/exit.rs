@@ -138,6 +138,7 @@ pub fn mesh(e: &MeshError) -> i32 {
         MeshError::Input(_)
         | MeshError::UnknownGeneration { .. }
         | MeshError::BadHeader(_)
+        | MeshError::HeaderMismatch { .. }
         | MeshError::Malformed { .. }
         | MeshError::TooLarge { .. }
         | MeshError::PatchHash { .. }

@@ -2,9 +2,15 @@
 //! on every message.
 //!
 //! ```text
-//! <prefix>.v1.proposals                 Proposal       (a patch to re-verify)
-//! <prefix>.v1.verdicts.<proposal_id>    VerdictMessage (one node's signed verdict bundle)
+//! <prefix>.v1.proposals.<runtime>       Proposal        (a patch to re-verify)
+//! <prefix>.v1.verdicts.<proposal_id>    VerdictMessage  (one node's signed verdict bundle)
+//!                                       StewardApproval (a steward's approval of one of them,
+//!                                                        see crate::mesh::steward)
 //! ```
+//! `<runtime>` is the runtime's name (fork.toml `[runtime] name`), which must be one subject
+//! token ([`crate::mesh::wire::check_runtime_token`]): a node subscribes to its runtime's
+//! proposals only. Every message also carries its type and schema in NATS headers
+//! ([`crate::mesh::wire`]).
 //! The prefix is `fork`, or `fork-staging` for experimental schemas (`--staging`): nodes on
 //! one prefix never see the other's messages.
 //!
@@ -73,6 +79,12 @@ pub enum MeshError {
     },
     #[error("bad message header: {0}")]
     BadHeader(String),
+    #[error("NATS header {header} is {}, but the body's header says `{in_body}`: refused (a message says the same in both)", shown(.in_header))]
+    HeaderMismatch {
+        header: &'static str,
+        in_header: Option<String>,
+        in_body: String,
+    },
     #[error("malformed {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
     #[error("{what} is {size} bytes, more than the limit of {limit} bytes")]
@@ -95,6 +107,13 @@ pub enum MeshError {
     Internal(String),
     #[error("interrupted")]
     Interrupted,
+}
+
+fn shown(h: &Option<String>) -> String {
+    match h {
+        Some(h) => format!("`{h}`"),
+        None => "missing".to_string(),
+    }
 }
 
 impl MeshError {
@@ -121,9 +140,14 @@ impl Subjects {
     pub fn prefix(&self) -> &str {
         self.prefix
     }
-    /// `<prefix>.v1.proposals`.
-    pub fn proposals(&self) -> String {
-        format!("{}.v1.proposals", self.prefix)
+    /// `<prefix>.v1.proposals.<runtime>`: the proposals for one runtime (`runtime` is a
+    /// subject token, see [`crate::mesh::wire::check_runtime_token`]).
+    pub fn proposals(&self, runtime: &str) -> String {
+        format!("{}.v1.proposals.{runtime}", self.prefix)
+    }
+    /// `<prefix>.v1.proposals.>` (every runtime's proposals: the stream's subject).
+    pub fn all_proposals(&self) -> String {
+        format!("{}.v1.proposals.>", self.prefix)
     }
     /// `<prefix>.v1.verdicts.<proposal_id>`.
     pub fn verdicts(&self, proposal_id: &str) -> String {
@@ -218,7 +242,7 @@ pub struct ProposalBudget {
     pub api_cost: Option<String>,
 }
 
-/// A patch to re-verify, published on `<prefix>.v1.proposals`.
+/// A patch to re-verify, published on `<prefix>.v1.proposals.<runtime>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
     pub header: Header,
@@ -380,7 +404,7 @@ impl VerdictMessage {
 
 /// Reads the header of a message before anything else, so that a message of another
 /// generation is refused as such (its body may not even parse as this generation's).
-fn decode_checked<T: for<'de> Deserialize<'de>>(
+pub(crate) fn decode_checked<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
     expected_type: &str,
     what: &'static str,
@@ -468,6 +492,31 @@ pub fn decode_verdict_message(bytes: &[u8]) -> Result<VerdictMessage, MeshError>
             return Err(MeshError::BadFileName(name.chars().take(128).collect()));
         }
     }
+    Ok(m)
+}
+
+/// [`decode_proposal`] of a message received with NATS `headers`: a generation header
+/// this code does not read is refused before the body is parsed, and the headers must
+/// agree with the body's header ([`crate::mesh::wire::check_headers`]).
+pub fn decode_proposal_message(
+    headers: Option<&async_nats::HeaderMap>,
+    bytes: &[u8],
+) -> Result<Proposal, MeshError> {
+    crate::mesh::wire::check_generation_header(headers)?;
+    let p = decode_proposal(bytes)?;
+    crate::mesh::wire::check_headers(headers, &p.header)?;
+    Ok(p)
+}
+
+/// [`decode_verdict_message`] of a message received with NATS `headers` (checked as
+/// [`decode_proposal_message`] does).
+pub fn decode_verdict_message_with(
+    headers: Option<&async_nats::HeaderMap>,
+    bytes: &[u8],
+) -> Result<VerdictMessage, MeshError> {
+    crate::mesh::wire::check_generation_header(headers)?;
+    let m = decode_verdict_message(bytes)?;
+    crate::mesh::wire::check_headers(headers, &m.header)?;
     Ok(m)
 }
 
@@ -657,13 +706,14 @@ mod tests {
     #[test]
     fn subjects_and_streams() {
         let s = Subjects::new(false);
-        assert_eq!(s.proposals(), "fork.v1.proposals");
+        assert_eq!(s.proposals("hermes-demo"), "fork.v1.proposals.hermes-demo");
+        assert_eq!(s.all_proposals(), "fork.v1.proposals.>");
         assert_eq!(s.verdicts("abc"), "fork.v1.verdicts.abc");
         assert_eq!(s.all_verdicts(), "fork.v1.verdicts.>");
         assert_eq!(s.proposals_stream(), "FORK_PROPOSALS");
         assert_eq!(s.verdicts_stream(), "FORK_VERDICTS");
         let s = Subjects::new(true);
-        assert_eq!(s.proposals(), "fork-staging.v1.proposals");
+        assert_eq!(s.proposals("r"), "fork-staging.v1.proposals.r");
         assert_eq!(s.verdicts_stream(), "FORK_STAGING_VERDICTS");
     }
 

@@ -10,12 +10,21 @@
 //! patch (a replay) never counts. Collecting stops when the outcome can no longer change
 //! (every trusted node has a counted vote, approval has become impossible, or it holds
 //! even if every silent node votes against) or at the timeout.
+//!
+//! The proposal goes to `<prefix>.v1.proposals.<runtime name>`. Messages on the verdicts
+//! subject are routed by their `Fork-Message-Type` header: with `--steward`, a steward's
+//! approval ([`crate::mesh::steward`], published there by `fork mesh approve`) is filed
+//! into the received bundle it approves and counted in the steward gate; collecting then
+//! goes on, once the votes are settled, until the steward has approved or the timeout.
 
 use crate::identity::PublicKey;
 use crate::ioerr::IoContext;
 use crate::mesh::consensus::{consensus, ConsensusConfig, ConsensusReport, Quorum};
-use crate::mesh::messages::{decode_verdict_message, MeshError, Proposal, MAX_PATCH_BYTES};
+use crate::mesh::messages::{decode_verdict_message_with, MeshError, Proposal, MAX_PATCH_BYTES};
+use crate::mesh::steward::STEWARD_APPROVAL_TYPE;
+use crate::mesh::steward::{decode_approval_message, Filed, StewardApprovalMessage};
 use crate::mesh::transport::Bus;
+use crate::mesh::wire;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
@@ -73,6 +82,8 @@ pub struct ProposeReport {
     pub patch_hash: String,
     pub runtime: String,
     pub task: Option<String>,
+    /// Where the proposal was published.
+    pub proposal_subject: String,
     /// Where the verdicts were read from.
     pub subject: String,
     /// The directory holding the received bundles.
@@ -82,6 +93,8 @@ pub struct ProposeReport {
     pub elapsed_s: f64,
     /// Verdict messages received, refused ones included.
     pub messages: usize,
+    /// Steward approval messages filed into a received bundle.
+    pub steward_approvals: usize,
     pub refused_messages: Vec<RefusedMessage>,
     pub consensus: ConsensusReport,
 }
@@ -130,7 +143,7 @@ pub fn propose_blocking(opts: ProposeOptions) -> Result<ProposeReport, MeshError
 }
 
 /// A key given on the command line, or the file holding it.
-fn parse_key(flag: &str, s: &str) -> Result<PublicKey, MeshError> {
+pub(crate) fn parse_key(flag: &str, s: &str) -> Result<PublicKey, MeshError> {
     let r = if Path::new(s).is_file() {
         crate::identity::read_public_key(Path::new(s))
     } else {
@@ -155,8 +168,12 @@ pub fn settled(r: &ConsensusReport, cfg: &ConsensusConfig) -> bool {
         .iter()
         .filter(|k| !voted.contains(k.as_str()))
         .count();
+    let quorum_met = r.responders > 0
+        && r.approvals >= cfg.quorum.needed(r.responders)
+        && r.approvals >= cfg.min_nodes;
     if remaining == 0 {
-        return true;
+        // Every vote is in; with a steward, an approval may still come.
+        return r.approved || cfg.steward.is_none() || !quorum_met;
     }
     let (a, n) = (r.approvals, r.responders);
     // The best case for approval: every silent trusted node approves. (The margin
@@ -188,6 +205,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
     }
     let manifest =
         crate::manifest::load(&opts.runtime).map_err(|e| MeshError::Input(e.to_string()))?;
+    wire::check_runtime_token(&manifest.runtime.name)?;
     manifest
         .task(opts.task.as_deref())
         .map_err(|e| MeshError::Usage(e.to_string()))?;
@@ -267,9 +285,11 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             reason: e.to_string(),
         })?;
     let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let proposal_subject = bus.subjects.proposals(&proposal.runtime);
     bus.publish_retrying(
-        bus.subjects.proposals(),
+        proposal_subject.clone(),
         proposal.to_json()?,
+        &proposal.header,
         &id,
         remaining.max(Duration::from_secs(1)),
     )
@@ -278,7 +298,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         "fork mesh: proposed {} ({}) on {}; waiting up to {} for verdicts",
         id,
         proposal.patch_hash,
-        bus.subjects.proposals(),
+        proposal_subject,
         humantime::format_duration(opts.timeout)
     );
 
@@ -287,6 +307,9 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
     let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
     let mut refused_messages = Vec::new();
     let mut messages = 0usize;
+    let mut steward_approvals = 0usize;
+    // Approvals of a bundle that has not arrived (yet).
+    let mut pending: Vec<StewardApprovalMessage> = Vec::new();
     let mut report = consensus(&bundles, &cfg);
     let mut timed_out = false;
     loop {
@@ -321,7 +344,40 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
                 reason,
             });
         };
-        let m = match decode_verdict_message(&next.payload) {
+        if wire::message_type(next.headers.as_ref()) == Some(STEWARD_APPROVAL_TYPE) {
+            let Some(steward) = &cfg.steward else {
+                continue;
+            };
+            let a = match decode_approval_message(next.headers.as_ref(), &next.payload) {
+                Ok(a) if a.proposal_id == id => a,
+                Ok(a) => {
+                    refuse(
+                        Some(a.steward_key.clone()),
+                        format!("an approval for proposal {}, not {id}", a.proposal_id),
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    refuse(None, e.to_string());
+                    continue;
+                }
+            };
+            match a.file_into(&bundles, steward) {
+                Ok(Filed::Into(dir)) => {
+                    steward_approvals += 1;
+                    eprintln!(
+                        "fork mesh: steward {} approved the verdict in {}",
+                        a.steward_key,
+                        dir.display()
+                    );
+                    report = consensus(&bundles, &cfg);
+                }
+                Ok(Filed::Pending) => pending.push(a),
+                Err(reason) => refuse(Some(a.steward_key.clone()), reason),
+            }
+            continue;
+        }
+        let m = match decode_verdict_message_with(next.headers.as_ref(), &next.payload) {
             Ok(m) => m,
             Err(e) => {
                 refuse(None, e.to_string());
@@ -360,22 +416,45 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             continue;
         }
         bundles.push(dir);
+        if let Some(steward) = &cfg.steward {
+            let mut still = Vec::new();
+            for a in std::mem::take(&mut pending) {
+                match a.file_into(&bundles, steward) {
+                    Ok(Filed::Into(_)) => steward_approvals += 1,
+                    Ok(Filed::Pending) => still.push(a),
+                    Err(reason) => refuse(Some(a.steward_key.clone()), reason),
+                }
+            }
+            pending = still;
+        }
         report = consensus(&bundles, &cfg);
         eprintln!(
             "fork mesh: verdict from {}: {} approval(s) of {} counted vote(s)",
             m.node_key, report.approvals, report.responders
         );
     }
+    for a in pending {
+        refused_messages.push(RefusedMessage {
+            sequence: 0,
+            node_key: Some(a.steward_key),
+            reason: format!(
+                "a steward approval of verdict {} (node {}), which was never received or counted",
+                a.verdict_sha256, a.node_key
+            ),
+        });
+    }
     Ok(ProposeReport {
         proposal_id: id,
         patch_hash: proposal.patch_hash,
         runtime: proposal.runtime,
         task: proposal.task,
+        proposal_subject,
         subject,
         out_dir,
         timed_out,
         elapsed_s: started.elapsed().as_secs_f64(),
         messages,
+        steward_approvals,
         refused_messages,
         consensus: report,
     })
@@ -467,5 +546,21 @@ mod tests {
         // Everyone answered.
         let all = [(keys[0], true), (keys[1], true), (keys[2], true)];
         assert!(settled(&report(&all, &c3), &c3));
+
+        // With a steward: the quorum met by every vote still waits for the steward's
+        // approval; a quorum that failed does not.
+        let mut cs = cfg(2);
+        cs.steward = Some(keys[3]);
+        let mut r = report(&all, &cs);
+        r.approved = false;
+        assert!(!settled(&r, &cs));
+        r.approved = true;
+        assert!(settled(&r, &cs));
+        let none = [(keys[0], false), (keys[1], false), (keys[2], false)];
+        assert!(settled(&report(&none, &cs), &cs));
+        // Two approvals of three with one silent node: not settled without the steward.
+        let mut r = report(&[(keys[0], true), (keys[1], true)], &cs);
+        r.approved = false;
+        assert!(!settled(&r, &cs));
     }
 }

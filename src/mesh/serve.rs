@@ -1,8 +1,9 @@
-//! `fork mesh serve`: a mesh node. It reads proposals from its durable consumer, one at a
-//! time, re-verifies each patch with the whole lifecycle (`fork evaluate`, on its own copy
+//! `fork mesh serve`: a mesh node. It reads its runtime's proposals (subject
+//! `<prefix>.v1.proposals.<runtime name>`) from its durable consumer, one at a time, re-verifies each patch with the whole lifecycle (`fork evaluate`, on its own copy
 //! of the runtime, signed with its own node key) and publishes its verdict bundle.
 //!
-//! For each proposal: the header (schema generation, type, ids), the size, the base64, the
+//! For each proposal: the NATS headers against the body's header, the header (schema
+//! generation, type, ids), the size, the base64, the
 //! patch hash (`sha256(patch)` must equal `patch_hash`), the runtime's name and the
 //! proposal's expiry are checked; a proposal that fails a check is acknowledged and logged,
 //! never retried. Otherwise the patch is evaluated (no verdict cache: a cached verdict
@@ -21,7 +22,7 @@ use crate::evaluation::{EvaluateError, LedgerChoice, Request};
 use crate::identity::{NodeKey, PublicKey};
 use crate::ioerr::IoContext;
 use crate::mesh::messages::{
-    decode_proposal, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
+    decode_proposal_message, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
 };
 use crate::mesh::transport::{backoff, consumer_name, Bus, PROGRESS_EVERY};
 use crate::sandbox::signals::interrupted;
@@ -112,6 +113,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
     drop(key);
     let manifest =
         crate::manifest::load(&opts.runtime).map_err(|e| MeshError::Input(e.to_string()))?;
+    crate::mesh::wire::check_runtime_token(&manifest.runtime.name)?;
     let publish = crate::policy::Policy::load(opts.policy.as_deref())
         .map_err(|e| MeshError::Input(e.to_string()))?
         .mesh
@@ -135,7 +137,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
 
     let bus = Bus::connect(
         &node.opts.nats,
-        &consumer_name(&node.public),
+        &consumer_name(&node.public, &node.runtime_name),
         node.opts.staging,
         None,
     )
@@ -145,7 +147,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
         node.public,
         node.runtime_name,
         node.opts.runtime.display(),
-        bus.subjects.proposals(),
+        bus.subjects.proposals(&node.runtime_name),
         bus.url
     ));
 
@@ -163,7 +165,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
         }
         let c = match &consumer {
             Some(c) => c.clone(),
-            None => match setup(&bus, &node.public).await {
+            None => match setup(&bus, &node.public, &node.runtime_name).await {
                 Ok(c) => {
                     if failures > 0 {
                         log("the bus is back: serving again");
@@ -214,9 +216,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
 }
 
 /// The streams and the node's consumer (looked up again after any error).
-async fn setup(bus: &Bus, node: &PublicKey) -> Result<PullConsumer, MeshError> {
+async fn setup(bus: &Bus, node: &PublicKey, runtime: &str) -> Result<PullConsumer, MeshError> {
     let (proposals, _verdicts) = bus.ensure_streams().await?;
-    bus.node_consumer(&proposals, node).await
+    bus.node_consumer(&proposals, node, runtime).await
 }
 
 /// The next proposal: waits up to 2 s (or not at all with `no_wait`).
@@ -289,7 +291,7 @@ async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
         };
         return refuse(&msg, &what, &e).await;
     }
-    let p = match decode_proposal(&msg.payload) {
+    let p = match decode_proposal_message(msg.headers.as_ref(), &msg.payload) {
         Ok(p) => p,
         Err(e) => return refuse(&msg, &what, &e).await,
     };
@@ -358,6 +360,7 @@ async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
         bus.publish_retrying(
             bus.subjects.verdicts(&p.proposal_id),
             bytes,
+            &m.header,
             &msg_id,
             Duration::from_secs(600),
         )

@@ -3,17 +3,23 @@
 //! * Connecting retries with a capped exponential backoff, and the client reconnects on its
 //!   own, forever, when the server goes away (a node survives a NATS restart).
 //! * Two streams, created when missing (never reconfigured when present):
-//!   `<PREFIX>_PROPOSALS` on `<prefix>.v1.proposals` and `<PREFIX>_VERDICTS` on
+//!   `<PREFIX>_PROPOSALS` on `<prefix>.v1.proposals.>` and `<PREFIX>_VERDICTS` on
 //!   `<prefix>.v1.verdicts.>`, file storage, bounded in age, bytes, count and message size.
+//!   (A proposals stream made by an earlier fork, on `<prefix>.v1.proposals` alone, gets
+//!   the new subject added; nothing else of an existing stream is changed.)
 //! * Each node reads proposals through a durable pull consumer named after its node key
-//!   (`fork-node-<key id>`): a node that starts late still receives what is pending, acks
-//!   explicitly once its verdict is published, and gets a message again if it crashed
-//!   before that.
+//!   and the runtime it serves (`fork-node-<key id>-<runtime>`), filtered on that runtime's
+//!   subject, so it never receives another runtime's proposals: a node that starts late
+//!   still receives what is pending, acks explicitly once its verdict is published, and
+//!   gets a message again if it crashed before that.
+//! * Every message is published with its NATS headers ([`crate::mesh::wire::headers`]).
 
 use crate::identity::PublicKey;
 use crate::mesh::messages::{
     MeshError, Subjects, MAX_PROPOSAL_MESSAGE_BYTES, MAX_VERDICT_MESSAGE_BYTES,
 };
+use crate::mesh::wire;
+use crate::verdict::Header;
 use async_nats::jetstream::{self, consumer, stream};
 use std::time::Duration;
 
@@ -152,7 +158,7 @@ impl Bus {
             .get_or_create_stream(stream::Config {
                 name: self.subjects.proposals_stream(),
                 description: Some("fork mesh: patches proposed for re-verification".into()),
-                subjects: vec![self.subjects.proposals()],
+                subjects: vec![self.subjects.all_proposals()],
                 storage: stream::StorageType::File,
                 retention: stream::RetentionPolicy::Limits,
                 discard: stream::DiscardPolicy::Old,
@@ -173,6 +179,7 @@ impl Bus {
                     "{e} (is JetStream enabled on the server, `nats-server -js`?)"
                 ))
             })?;
+        let proposals = self.add_proposals_subject(proposals).await?;
         let verdicts = self
             .js
             .get_or_create_stream(stream::Config {
@@ -202,13 +209,49 @@ impl Bus {
         Ok((proposals, verdicts))
     }
 
-    /// The node's durable pull consumer of proposals (created when missing).
+    /// A proposals stream made by an earlier fork listens on `<prefix>.v1.proposals` only:
+    /// the per-runtime subjects are added to it (nothing else is changed).
+    async fn add_proposals_subject(
+        &self,
+        mut proposals: stream::Stream,
+    ) -> Result<stream::Stream, MeshError> {
+        let want = self.subjects.all_proposals();
+        let info = proposals.info().await.map_err(|e| {
+            nats_err(format!(
+                "read the stream {}",
+                self.subjects.proposals_stream()
+            ))(e.to_string())
+        })?;
+        if info.config.subjects.contains(&want) {
+            return Ok(proposals);
+        }
+        let mut config = info.config.clone();
+        config.subjects.push(want);
+        self.js.update_stream(config).await.map_err(|e| {
+            nats_err(format!(
+                "add the per-runtime subjects to the stream {}",
+                self.subjects.proposals_stream()
+            ))(e.to_string())
+        })?;
+        self.js
+            .get_stream(self.subjects.proposals_stream())
+            .await
+            .map_err(|e| {
+                nats_err(format!(
+                    "read the stream {}",
+                    self.subjects.proposals_stream()
+                ))(e.to_string())
+            })
+    }
+
+    /// The node's durable pull consumer of `runtime`'s proposals (created when missing).
     pub async fn node_consumer(
         &self,
         proposals: &stream::Stream,
         node: &PublicKey,
+        runtime: &str,
     ) -> Result<consumer::PullConsumer, MeshError> {
-        let name = consumer_name(node);
+        let name = consumer_name(node, runtime);
         proposals
             .get_or_create_consumer(
                 &name,
@@ -219,7 +262,7 @@ impl Bus {
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: ACK_WAIT,
                     max_deliver: MAX_DELIVER,
-                    filter_subject: self.subjects.proposals(),
+                    filter_subject: self.subjects.proposals(runtime),
                     max_ack_pending: 16,
                     ..Default::default()
                 },
@@ -228,12 +271,14 @@ impl Bus {
             .map_err(|e| nats_err(format!("create the consumer {name}"))(e.to_string()))
     }
 
-    /// Publishes to a stream subject and waits for the stream's acknowledgement. `msg_id`
-    /// lets the stream drop a retried duplicate.
+    /// Publishes to a stream subject, with the message's NATS headers (from `header`, its
+    /// body's header), and waits for the stream's acknowledgement. `msg_id` lets the stream
+    /// drop a retried duplicate.
     pub async fn publish(
         &self,
         subject: String,
         payload: Vec<u8>,
+        header: &Header,
         msg_id: &str,
     ) -> Result<u64, MeshError> {
         self.check_payload(&subject, payload.len())?;
@@ -244,7 +289,7 @@ impl Bus {
                 subject,
                 jetstream::message::PublishMessage::build()
                     .payload(payload.into())
-                    .message_id(msg_id),
+                    .headers(wire::headers(header, msg_id)),
             )
             .await
             .map_err(|e| nats_err(what.clone())(e.to_string()))?;
@@ -260,6 +305,7 @@ impl Bus {
         &self,
         subject: String,
         payload: Vec<u8>,
+        header: &Header,
         msg_id: &str,
         give_up_after: Duration,
     ) -> Result<u64, MeshError> {
@@ -268,7 +314,10 @@ impl Bus {
         let mut attempt = 0usize;
         loop {
             attempt += 1;
-            match self.publish(subject.clone(), payload.clone(), msg_id).await {
+            match self
+                .publish(subject.clone(), payload.clone(), header, msg_id)
+                .await
+            {
                 Ok(seq) => return Ok(seq),
                 Err(e) => {
                     let wait = backoff(attempt).max(Duration::from_millis(500));
@@ -283,9 +332,10 @@ impl Bus {
     }
 }
 
-/// The durable consumer of a node: `fork-node-<key id>`.
-pub fn consumer_name(node: &PublicKey) -> String {
-    format!("fork-node-{}", node.key_id())
+/// The durable consumer of a node serving `runtime` (a subject token):
+/// `fork-node-<key id>-<runtime>`.
+pub fn consumer_name(node: &PublicKey, runtime: &str) -> String {
+    format!("fork-node-{}-{runtime}", node.key_id())
 }
 
 #[cfg(test)]
@@ -304,8 +354,11 @@ mod tests {
     #[test]
     fn consumer_names_are_valid_nats_names() {
         let k = crate::identity::NodeKey::generate().public();
-        let n = consumer_name(&k);
-        assert!(n.starts_with("fork-node-") && n.len() == "fork-node-".len() + 16);
-        assert!(n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        let n = consumer_name(&k, "hermes_demo-2");
+        assert!(n.starts_with("fork-node-") && n.len() == "fork-node-".len() + 16 + 14);
+        assert!(n.ends_with("-hermes_demo-2"));
+        assert!(n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
     }
 }

@@ -11,7 +11,9 @@ pub fn fork_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fork"))
 }
 
-/// The hostile probe (examples/hostile.rs), built by `cargo test` beside the binary.
+/// The hostile probe (examples/hostile.rs), built by `cargo test` beside the binary. It
+/// runs inside the sandbox as its unprivileged uid: when the target directory is not
+/// reachable by others (a checkout under a 0700 home), a copy in [`scratch_base`] is used.
 pub fn hostile_bin() -> PathBuf {
     let p = fork_bin()
         .parent()
@@ -23,16 +25,62 @@ pub fn hostile_bin() -> PathBuf {
         "{} is missing: build it with `cargo build --examples` (scripts/test.sh does)",
         p.display()
     );
-    p
+    if reachable_by_others(&p) {
+        return p;
+    }
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = scratch("probe");
+        let copy = dir.join("hostile");
+        std::fs::copy(&p, &copy).expect("copy the probe where the sandbox can reach it");
+        copy
+    })
+    .clone()
+}
+
+/// Whether every directory above `p` is searchable by others (as the sandbox's
+/// unprivileged uid needs to reach it).
+pub fn reachable_by_others(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.ancestors()
+        .skip(1)
+        .all(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+}
+
+/// Where scratch directories go: the target directory's tmp (`CARGO_TARGET_TMPDIR`) when
+/// this user can write it and the sandbox's unprivileged uid can reach it, else (a checkout
+/// under a 0700 home, where plain `cargo test` puts target/)
+/// `/var/tmp/fork-tests-<uid>-<hash of that path>`. The
+/// tests' run roots (FORK_RUN_ROOT) live there, and fork refuses a run root it cannot
+/// reach from inside the sandbox.
+pub fn scratch_base() -> PathBuf {
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let writable = std::fs::create_dir_all(&target).is_ok()
+        && nix::unistd::access(&target, nix::unistd::AccessFlags::W_OK).is_ok();
+    if writable && reachable_by_others(&target.join("x")) {
+        return target;
+    }
+    use sha2::Digest;
+    let hash = hex::encode(sha2::Sha256::digest(target.as_os_str().as_encoded_bytes()));
+    let base = PathBuf::from(format!(
+        "/var/tmp/fork-tests-{}-{}",
+        nix::unistd::geteuid(),
+        &hash[..12]
+    ));
+    std::fs::create_dir_all(&base).expect("create the scratch base under /var/tmp");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    base
 }
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A private scratch directory outside /tmp (so the sandbox sees it only read-only).
+/// A private scratch directory outside /tmp (so the sandbox sees it only read-only), under
+/// [`scratch_base`].
 pub fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+    let d = scratch_base().join(format!(
         "{name}-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()

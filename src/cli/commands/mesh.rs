@@ -1,21 +1,62 @@
-//! `fork mesh serve|propose`: mesh re-verification over NATS.
+//! `fork mesh serve|propose|approve`: mesh re-verification over NATS.
 
 use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
 use crate::mesh::consensus::Quorum;
 use crate::mesh::propose::ProposeOptions;
 use crate::mesh::serve::ServeOptions;
+use crate::mesh::steward::StewardOptions;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `fork mesh <serve|propose>`.
+/// `fork mesh <serve|propose|approve>`.
 #[derive(Debug, Subcommand)]
 pub enum MeshCommand {
     /// Be a mesh node: re-verify proposed patches and publish signed verdicts.
     Serve(ServeArgs),
     /// Propose a patch to the mesh and wait for the nodes' consensus.
     Propose(ProposeArgs),
+    /// As a steward: approve the nodes' APPROVE verdicts of a reviewed patch, over the mesh.
+    Approve(ApproveArgs),
+}
+
+/// `fork mesh approve`.
+#[derive(Debug, Clone, Args)]
+pub struct ApproveArgs {
+    /// The patch you reviewed: only verdicts about this patch are approved.
+    pub patch: PathBuf,
+    /// The steward's key (made with `fork keygen --out`).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// A node key (ed25519:<base64>) or file whose verdicts may be approved. Repeatable (or
+    /// comma-separated).
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        required = true,
+        value_delimiter = ','
+    )]
+    pub trust: Vec<String>,
+    /// The NATS server (JetStream on).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    /// The proposal whose verdicts to approve (`fork mesh propose` prints its id); without
+    /// it, the first proposal of this patch answered from now on.
+    #[arg(long)]
+    pub proposal: Option<String>,
+    /// How long to wait for the verdicts, e.g. 60s, 10m.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Where the received bundles and the approvals go (default: ./fork-mesh-approvals).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Use the staging subjects (fork-staging.*), for experimental schemas.
+    #[arg(long)]
+    pub staging: bool,
 }
 
 /// `fork mesh serve`.
@@ -129,6 +170,24 @@ pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
                 print!("{}", report.render());
             }
             Ok(if report.consensus.approved { 0 } else { 1 })
+        }
+        MeshCommand::Approve(a) => {
+            let report = crate::mesh::steward::approve_blocking(StewardOptions {
+                patch: a.patch,
+                key: a.key,
+                trust: a.trust,
+                nats: a.nats,
+                proposal: a.proposal,
+                timeout: a.timeout,
+                out: a.out,
+                staging: a.staging,
+            })?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(if report.approved.is_empty() { 1 } else { 0 })
         }
     }
 }
