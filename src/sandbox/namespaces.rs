@@ -174,3 +174,82 @@ fn build_template(detach: &[PathBuf]) -> Result<std::fs::File, String> {
     std::fs::File::open("/proc/thread-self/ns/mnt")
         .map_err(|e| format!("hold the private mount namespace: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    /// A tmpfs the test mounted on the host, detached however the test ends.
+    struct Mounted(PathBuf);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    fn tmpfs_at(p: &Path) -> Mounted {
+        std::fs::create_dir(p).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            p,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("size=4k"),
+        )
+        .unwrap();
+        Mounted(p.to_path_buf())
+    }
+
+    /// The mount table and the mount namespace a clone made now would copy (held open,
+    /// so that a namespace made later cannot reuse its number).
+    fn seen_by_a_clone(detach: &[PathBuf]) -> (String, u64, std::fs::File) {
+        with_private_mounts(detach, || {
+            let table = std::fs::read_to_string("/proc/thread-self/mountinfo").unwrap();
+            let ns = std::fs::File::open("/proc/thread-self/ns/mnt").unwrap();
+            let ino = ns.metadata().unwrap().ino();
+            (table, ino, ns)
+        })
+        .unwrap()
+    }
+
+    /// One private namespace serves the clones that follow (no copy and detaches each
+    /// time), yet shows them neither the run mounts that existed when it was made nor
+    /// those made since (the next sandboxes' disks).
+    #[test]
+    fn one_private_namespace_serves_later_clones_and_shows_no_run_mount() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: building the private mount namespace needs root");
+            return;
+        }
+        let base = tempfile::tempdir_in(crate::rundir::base_dir()).unwrap();
+        let before = base
+            .path()
+            .join(format!("fork-{}", crate::rundir::new_run_id()));
+        let after = base
+            .path()
+            .join(format!("fork-{}", crate::rundir::new_run_id()));
+        let _before = tmpfs_at(&before);
+        // What the supervisor passes (see supervisor::spawn_init).
+        let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
+        let (first, ns_first, _held) = seen_by_a_clone(&detach);
+        let _after = tmpfs_at(&after);
+        let (second, ns_second, _) = seen_by_a_clone(&detach);
+        let own = std::fs::metadata("/proc/thread-self/ns/mnt").unwrap().ino();
+        assert_ne!(ns_first, own, "the clone's namespace is a private copy");
+        assert_eq!(ns_first, ns_second, "the copy is reused");
+        let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        for p in [&before, &after] {
+            let p = p.to_str().unwrap();
+            assert!(host.contains(p), "the host has {p} mounted");
+            assert!(!first.contains(p), "{p} in the private table:\n{first}");
+            assert!(!second.contains(p), "{p} in the private table:\n{second}");
+        }
+        assert!(
+            !second.contains(" /sys/fs/cgroup"),
+            "cgroup mounts left:\n{second}"
+        );
+    }
+}
