@@ -51,10 +51,9 @@ pub fn join_netns_of(pid: i32) -> Result<(), (&'static str, String)> {
 }
 
 /// How long one private mount namespace serves the clones of a process (see
-/// [`with_private_mounts`]): an evaluation's sandboxes share it; a long-lived process (a
-/// mesh node) builds a fresh one at most this long after the last, so that it neither
-/// shows its sandboxes a stale host mount table for long nor pins mounts the host has
-/// since detached.
+/// [`with_private_mounts`]): an evaluation's sandboxes share it; then a thread lets go of
+/// it, so that a long-lived process (a mesh node) neither shows its sandboxes a stale host
+/// mount table for long nor pins mounts the host has since detached.
 const TEMPLATE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The private mount namespace the inits are cloned from, what it was built to detach,
@@ -89,10 +88,6 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| format!("open the working directory: {e}"))?;
-    // A thread sharing its root and working directory with others may not change its
-    // mount namespace alone.
-    nix::sched::unshare(CloneFlags::CLONE_FS)
-        .map_err(|e| format!("unshare(CLONE_FS) in the supervising thread: {e}"))?;
     let template = {
         let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
         let fresh = slot
@@ -105,11 +100,23 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
             // Back in our own namespace whatever happened.
             nix::sched::setns(&own, CloneFlags::CLONE_NEWNS)
                 .map_err(|e| format!("return to the supervisor's mount namespace: {e}"))?;
+            let built = std::time::Instant::now();
             *slot = Some(Template {
                 ns: ns?,
                 detach: detach.to_vec(),
-                built: std::time::Instant::now(),
+                built,
             });
+            // Let go of it once it is stale, even if no clone comes to replace it (then
+            // dropping it, and its grace period, happens on that thread, not on a launch).
+            let _ = std::thread::Builder::new()
+                .name("fork-mounts-expiry".into())
+                .spawn(move || {
+                    std::thread::sleep(TEMPLATE_TTL);
+                    let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+                    if slot.as_ref().is_some_and(|t| t.built == built) {
+                        *slot = None;
+                    }
+                });
         }
         slot.as_ref()
             .map(|t| t.ns.try_clone())
@@ -117,6 +124,10 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
             .map_err(|e| format!("hold the private mount namespace: {e}"))?
             .ok_or_else(|| "no private mount namespace".to_string())?
     };
+    // A thread sharing its root and working directory with others (any thread it has
+    // started, the expiry thread above included) may not change its mount namespace.
+    nix::sched::unshare(CloneFlags::CLONE_FS)
+        .map_err(|e| format!("unshare(CLONE_FS) in the supervising thread: {e}"))?;
     nix::sched::setns(&template, CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("enter the private mount namespace: {e}"))?;
     let r = f();
