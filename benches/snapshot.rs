@@ -5,10 +5,12 @@
 //! For each journal mode (WAL and rollback `delete`), a database of FORK_BENCH_MB MiB is
 //! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
 //! updating random rows, one transaction per row, timing every commit. Then N runs, each
-//! doing `cp DB copy` and `fork::fork::snapshot::snapshot(DB, copy)` in alternating order
-//! (interleaved, so drift in the machine's load hits both alike). Printed: the medians, the
-//! ratios snapshot/cp (total, and the copy phase alone), the restarts, and the writer's
-//! longest commit latency while each operation ran.
+//! doing `cp DB copy` and three snapshot variants (the default one-image copy with
+//! `integrity_check`, the same with `quick_check`, and the page-by-page backup with the
+//! image off) in a rotating order (interleaved, so drift in the machine's load hits all
+//! alike). Printed per variant: the medians, the ratios to cp (total, and the copy phase
+//! alone), the restarts, the longest time the source was locked, and the writer's longest
+//! commit latency while it ran.
 //!
 //! Run: `cargo bench --bench snapshot` (Cargo.toml: `[[bench]] name = "snapshot"
 //! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
@@ -213,6 +215,32 @@ fn list(v: &[Duration]) -> String {
         .join(" ")
 }
 
+/// What one variant's runs measured.
+#[derive(Default)]
+struct Runs {
+    total: Vec<Duration>,
+    copy: Vec<Duration>,
+    check: Vec<Duration>,
+    hash: Vec<Duration>,
+    longest_step: Vec<Duration>,
+    stall: Vec<Duration>,
+    restarts: Vec<u32>,
+    last: Option<SnapshotStats>,
+}
+
+impl Runs {
+    fn push(&mut self, st: &SnapshotStats, stall: Duration) {
+        self.total.push(st.elapsed);
+        self.copy.push(st.copy_elapsed);
+        self.check.push(st.check_elapsed);
+        self.hash.push(st.hash_elapsed);
+        self.longest_step.push(st.longest_step);
+        self.stall.push(stall);
+        self.restarts.push(st.restarts);
+        self.last = Some(st.clone());
+    }
+}
+
 fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
     let db = dir.join(format!("live-{mode}.db"));
     let copy = dir.join(format!("copy-{mode}.db"));
@@ -236,87 +264,102 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
     snapshot(&db, &copy, &SnapshotOptions::default()).expect("snapshot");
     remove_copy(&copy);
 
-    let opts = SnapshotOptions::default();
-    let (mut cps, mut snaps, mut copies, mut checks, mut hashes) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    let (mut stall_cp, mut stall_snap, mut stall_idle) = (vec![], vec![], vec![]);
-    let mut restarts = vec![];
-    let mut longest_steps = vec![];
+    // The variants timed against cp, each run in a rotating order: the default (the
+    // one-image copy, integrity_check), the same with quick_check, and the page-by-page
+    // backup the previous release used for every size.
+    let variants: [(&str, SnapshotOptions); 3] = [
+        ("image (default)", SnapshotOptions::default()),
+        (
+            "image + quick_check",
+            SnapshotOptions {
+                check: IntegrityCheck::Quick,
+                ..SnapshotOptions::default()
+            },
+        ),
+        (
+            "pages (image off)",
+            SnapshotOptions {
+                image_max_bytes: 0,
+                ..SnapshotOptions::default()
+            },
+        ),
+    ];
+    let mut cps = vec![];
+    let mut stall_cp = vec![];
+    let mut stall_idle = vec![];
+    let mut per: Vec<Runs> = variants.iter().map(|_| Runs::default()).collect();
     let mut commits = 0u64;
-    let mut last: Option<SnapshotStats> = None;
     let window = Instant::now();
     w.mark();
+    let ops = variants.len() + 1;
     for i in 0..runs {
-        for first_cp in [i % 2 == 0, i % 2 == 1] {
-            // An idle window of the same length as the last operation: the writer's
-            // natural jitter (fsync, checkpoints) for comparison.
+        for k in 0..ops {
+            let op = (i + k) % ops;
+            // An idle window: the writer's natural jitter (fsync, checkpoints).
             std::thread::sleep(Duration::from_millis(100));
             let (idle, n) = w.mark();
             stall_idle.push(idle);
             commits += n;
-            if first_cp {
+            if op == 0 {
                 cps.push(cp(&db, &copy));
                 let (s, n) = w.mark();
                 stall_cp.push(s);
                 commits += n;
             } else {
-                let st = snapshot(&db, &copy, &opts).expect("snapshot");
+                let st = snapshot(&db, &copy, &variants[op - 1].1).expect("snapshot");
                 let (s, n) = w.mark();
-                stall_snap.push(s);
                 commits += n;
-                snaps.push(st.elapsed);
-                copies.push(st.copy_elapsed);
-                checks.push(st.check_elapsed);
-                hashes.push(st.hash_elapsed);
-                restarts.push(st.restarts);
-                longest_steps.push(st.longest_step);
                 assert!(st.integrity_ok);
-                last = Some(st);
+                per[op - 1].push(&st, s);
             }
             remove_copy(&copy);
         }
     }
     let rate = commits as f64 / window.elapsed().as_secs_f64();
-    let (m_cp, m_snap, m_copy) = (median(&cps), median(&snaps), median(&copies));
+    let m_cp = median(&cps);
     println!("writer: ~{rate:.0} commits/s (one random 4 KB row rewrite each)");
     println!(
         "cp                     median {:>9}   runs: {}",
         ms(m_cp),
         list(&cps)
     );
-    println!(
-        "snapshot (total)       median {:>9}   runs: {}   ratio {:.2}x",
-        ms(m_snap),
-        list(&snaps),
-        m_snap.as_secs_f64() / m_cp.as_secs_f64()
-    );
-    println!(
-        "  copy phase           median {:>9}   runs: {}   ratio {:.2}x",
-        ms(m_copy),
-        list(&copies),
-        m_copy.as_secs_f64() / m_cp.as_secs_f64()
-    );
-    println!(
-        "  integrity_check      median {:>9}   (in parallel with the hash)",
-        ms(median(&checks))
-    );
-    println!("  sha256               median {:>9}", ms(median(&hashes)));
-    println!(
-        "  restarts per run: {:?}; longest step median {}, max {}",
-        restarts,
-        ms(median(&longest_steps)),
-        ms(longest_steps.iter().copied().max().unwrap_or_default())
-    );
-    if let Some(st) = &last {
+    for ((name, _), r) in variants.iter().zip(&per) {
+        let (m_snap, m_copy) = (median(&r.total), median(&r.copy));
+        println!("snapshot, {name}:");
         println!(
-            "  last: {} pages in {} steps, {} busy retries, wal={}",
-            st.pages, st.steps, st.busy_retries, st.wal
+            "  total                median {:>9}   runs: {}   ratio {:.2}x cp",
+            ms(m_snap),
+            list(&r.total),
+            m_snap.as_secs_f64() / m_cp.as_secs_f64()
+        );
+        println!(
+            "  copy phase           median {:>9}   runs: {}   ratio {:.2}x cp",
+            ms(m_copy),
+            list(&r.copy),
+            m_copy.as_secs_f64() / m_cp.as_secs_f64()
+        );
+        println!("  check                median {:>9}", ms(median(&r.check)));
+        println!("  sha256               median {:>9}", ms(median(&r.hash)));
+        println!(
+            "  restarts per run: {:?}; longest step (source locked, rollback mode) median {}, max {}",
+            r.restarts,
+            ms(median(&r.longest_step)),
+            ms(r.longest_step.iter().copied().max().unwrap_or_default())
+        );
+        if let Some(st) = &r.last {
+            println!(
+                "  last: {} pages in {} steps, {} busy retries, wal={}",
+                st.pages, st.steps, st.busy_retries, st.wal
+            );
+        }
+        println!(
+            "  writer longest commit during it: max {} (median {})",
+            ms(r.stall.iter().copied().max().unwrap_or_default()),
+            ms(median(&r.stall)),
         );
     }
     println!(
-        "writer longest commit: during snapshot max {} (median {}); during cp max {}; idle max {}",
-        ms(stall_snap.iter().copied().max().unwrap_or_default()),
-        ms(median(&stall_snap)),
+        "writer longest commit: during cp max {}; idle max {}",
         ms(stall_cp.iter().copied().max().unwrap_or_default()),
         ms(stall_idle.iter().copied().max().unwrap_or_default()),
     );
@@ -327,6 +370,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             let o = SnapshotOptions {
                 pages_per_step: pages,
                 check: IntegrityCheck::Skip,
+                image_max_bytes: 0,
                 ..SnapshotOptions::default()
             };
             let mut times = vec![];

@@ -13,7 +13,9 @@ same small spawn for every command. A command that exits non-zero stops the benc
 
 Prints, per command, the median, p10, p90, mean and min in ms; for --ratio A/B the
 ratio of medians and the median of the per-round ratios A_r/B_r (paired, so drift on
-a shared machine cancels out); then one PASS/FAIL line per target. Exit status 0 even
+a shared machine cancels out); then the CPU time per run (user + system of the command
+and every descendant it reaped, from wait4) with the ratio of medians; then one
+PASS/FAIL line per target. Exit status 0 even
 when a target is missed (the figures are the product); 1 on a failed command or usage.
 """
 
@@ -51,9 +53,10 @@ def spawn_and_time(argv, devnull):
     ]
     t0 = time.perf_counter_ns()
     pid = os.posix_spawn(path, argv, os.environ, file_actions=fa)
-    _, status = os.waitpid(pid, 0)
+    _, status, ru = os.wait4(pid, 0)
     t1 = time.perf_counter_ns()
-    return t1 - t0, os.waitstatus_to_exitcode(status)
+    # CPU: user + system time of the command and of every descendant it reaped.
+    return t1 - t0, os.waitstatus_to_exitcode(status), ru.ru_utime + ru.ru_stime
 
 
 def main(argv):
@@ -94,16 +97,18 @@ def main(argv):
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     samples = {n: [] for n in names}
+    cpu = {n: [] for n in names}
     total = warmup + runs
     for r in range(total):
         tag = f"w{r}" if r < warmup else str(r - warmup)
         for name, argv in cmds:
             a = [x.replace("{i}", tag) for x in argv]
-            ns, code = spawn_and_time(a, devnull)
+            ns, code, cpu_s = spawn_and_time(a, devnull)
             if code != 0:
                 die(f"{name} (round {tag}) exited {code}: {shlex.join(a)}")
             if r >= warmup:
                 samples[name].append(ns / 1e6)
+                cpu[name].append(cpu_s * 1e3)
 
     print(f"{runs} interleaved rounds ({warmup} warm-up rounds discarded), wall ms:")
     w = max(len(n) for n in names)
@@ -126,6 +131,17 @@ def main(argv):
                 f"{paired[(a, b)]:.2f} (median of per-round ratios, "
                 f"p10 {percentile(per, 10):.2f}, p90 {percentile(per, 90):.2f})"
             )
+    print("CPU ms (user + system, the command and every descendant it reaped):")
+    for n in names:
+        xs = cpu[n]
+        print(
+            f"  cpu {n:<{w}}  {statistics.median(xs):8.2f} {percentile(xs, 10):8.2f}"
+            f" {percentile(xs, 90):8.2f}"
+        )
+    for a, b in ratios:
+        cm_a, cm_b = statistics.median(cpu[a]), statistics.median(cpu[b])
+        if cm_b > 0:
+            print(f"  cpu ratio {a}/{b}: {cm_a / cm_b:.2f} (of medians)")
     for (a, b), x in target_ratios:
         got = paired[(a, b)]
         ok = "PASS" if got <= x else "FAIL"

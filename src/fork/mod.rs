@@ -1,12 +1,14 @@
 //! Lifecycle step 2, FORK: clone the runtime without disturbing it.
 //!
-//! * [`snapshot`]: the runtime's SQLite state, copied with SQLite's online backup API
-//!   while the parent keeps running and writing.
+//! * [`snapshot`]: the runtime's SQLite state, copied through SQLite (one image in one read
+//!   transaction, or the online backup API for a large database) while the parent keeps
+//!   running and writing; `image.rs` holds the one-image copy.
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
 pub mod copyback;
 pub mod error;
+mod image;
 pub mod parent;
 pub mod snapshot;
 pub mod tree;

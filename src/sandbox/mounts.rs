@@ -373,6 +373,23 @@ impl EmptyFiles {
         }
     }
 
+    /// Attaches the empty-file tmpfs (if one was made) in the old root's tree, on the run
+    /// directory's `disk` beside `newroot`, so that it leaves with the old root when
+    /// `pivot` detaches that: one detach, where closing its descriptor while it is attached
+    /// nowhere would dissolve it in a second one (each waits for an RCU grace period of
+    /// the kernel: milliseconds on a loaded machine, before the command can start). When
+    /// that fails it is dropped as before.
+    fn retire_beside(&mut self, newroot: &Path) {
+        use std::os::fd::AsFd;
+        let Some(fs) = self.0.take() else { return };
+        let Some(run_dir) = newroot.parent() else {
+            return;
+        };
+        if let Ok(c) = cpath(&run_dir.join("disk")) {
+            let _ = super::sys::move_mount_to(fs.as_fd(), &c);
+        }
+    }
+
     fn cover_with_dev_null(target: &Path) -> Result<(), MountError> {
         mount(
             Some("/dev/null"),
@@ -573,6 +590,7 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
             }
         }
     }
+    stash.retire_beside(newroot);
     pivot(newroot)
 }
 

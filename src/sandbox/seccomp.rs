@@ -164,11 +164,33 @@ pub fn compile_json(name: &str, json: &[u8]) -> Result<CompiledProfile, SeccompE
     compile_labelled(name, &format!("`{name}`"), json)
 }
 
+/// Profiles this process has compiled, by (name, label, JSON text): an evaluation
+/// prepares a sandbox per run and compiles the same profile each time; the JSON is
+/// compared whole, so an edited file is compiled anew. Only successes are kept.
+type Compiled = Vec<((String, String, Vec<u8>), CompiledProfile)>;
+static COMPILED: std::sync::Mutex<Compiled> = std::sync::Mutex::new(Vec::new());
+
 fn compile_labelled(name: &str, label: &str, json: &[u8]) -> Result<CompiledProfile, SeccompError> {
     let arch = Arch::current().ok_or(SeccompError::UnsupportedArch {
         arch: std::env::consts::ARCH,
     })?;
-    compile_for(name, label, json, arch)
+    let mut cache = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = cache
+        .iter()
+        .find(|((n, l, j), _)| n == name && l == label && j.as_slice() == json)
+    {
+        return Ok(p.clone());
+    }
+    let compiled = compile_for(name, label, json, arch)?;
+    // A handful of profiles at most; never more than a few kept.
+    if cache.len() >= 8 {
+        cache.remove(0);
+    }
+    cache.push((
+        (name.to_string(), label.to_string(), json.to_vec()),
+        compiled.clone(),
+    ));
+    Ok(compiled)
 }
 
 /// Whether seccompiler knows `syscall` on `arch` (a one-rule filter compiles).
@@ -639,6 +661,28 @@ mod tests {
         let err = compile_file(&dir.path().join("absent.json")).unwrap_err();
         assert!(matches!(err, SeccompError::Read { .. }), "{err:?}");
         assert!(err.to_string().contains("absent.json"), "{err}");
+    }
+
+    /// A profile compiled once is reused, but only for the very same text: a file edited
+    /// between two sandboxes is compiled anew (here into an error).
+    #[test]
+    fn compiled_profiles_are_reused_only_for_the_same_text() {
+        let dir = tempdir();
+        let path = dir.path().join("mine.json");
+        let good = r#"{"successor": {"mismatch_action": {"errno": 1}, "match_action": "allow",
+                        "filter": [{"syscall": "read"}, {"syscall": "write"}]},
+                       "successor_enosys": {"mismatch_action": "allow", "match_action": {"errno": 38},
+                        "filter": [{"syscall": "clone3"}]}}"#;
+        std::fs::write(&path, good).expect("write");
+        let a = compile_file(&path).expect("compile");
+        let b = compile_file(&path).expect("compile again");
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            serde_json::to_string(&b).unwrap()
+        );
+        std::fs::write(&path, good.replace("\"read\"", "\"no_such_syscall\"")).expect("edit");
+        let err = compile_file(&path).unwrap_err();
+        assert!(matches!(err, SeccompError::Compile { .. }), "{err:?}");
     }
 
     #[test]

@@ -1,0 +1,126 @@
+//! The snapshot's one-image copy (see [`super::snapshot`]): a database of at most
+//! [`SnapshotOptions::image_max_bytes`] is read whole inside one read transaction, then
+//! written, checked and hashed.
+
+use super::snapshot::{
+    check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,
+};
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The one-image copy, for a database of at most `opts.image_max_bytes`: inside one read
+/// transaction (in WAL mode a fixed snapshot that never blocks a writer; in rollback mode
+/// the shared lock, held only while the image is read) SQLite reads every page of the
+/// database as that transaction sees it (`sqlite3_serialize`, through the pager: the
+/// WAL's frames included) into memory. The image is then written to `dest` and checked
+/// there while another thread hashes it, so the hash is taken while the copy is written.
+/// Returns None (nothing done) for an empty database or one above the bound.
+pub(super) fn copy_image(
+    src: &Path,
+    uri: Option<&str>,
+    dest: &Path,
+    wal: bool,
+    opts: &SnapshotOptions,
+    started: Instant,
+) -> Result<Option<SnapshotStats>, SnapshotError> {
+    if opts.image_max_bytes == 0 {
+        return Ok(None);
+    }
+    let source = open_source(src, uri)?;
+    source
+        .execute_batch("BEGIN DEFERRED")
+        .map_err(sqlite_err("begin a read transaction on", src))?;
+    // The first read takes the read lock; everything below reads one state of the file.
+    let (pages, page_size) = retry_busy(src, opts, started, "read", || {
+        source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+            r.get::<_, i64>(0)
+        })?;
+        let pages: i64 = source.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let size: i64 = source.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        Ok((pages, size))
+    })?;
+    let locked = Instant::now();
+    let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);
+    if bytes == 0 || bytes > opts.image_max_bytes {
+        let _ = source.execute_batch("COMMIT");
+        return Ok(None);
+    }
+    let image = source
+        .serialize(rusqlite::MAIN_DB)
+        .map_err(sqlite_err("copy pages from", src))?;
+    source
+        .execute_batch("COMMIT")
+        .map_err(sqlite_err("end the read transaction on", src))?;
+    let held = locked.elapsed();
+    if image.len() as u64 != bytes {
+        return Err(SnapshotError::Io {
+            action: "copy",
+            path: src.to_path_buf(),
+            source: io::Error::other(format!(
+                "SQLite read {} bytes of a {bytes}-byte database",
+                image.len()
+            )),
+        });
+    }
+    let copy_elapsed = started.elapsed();
+    let image: &[u8] = &image;
+    let (written, hash) = std::thread::scope(|s| {
+        let hasher = s.spawn(|| {
+            let t = Instant::now();
+            let digest = Sha256::digest(image);
+            (format!("sha256:{}", hex::encode(digest)), t.elapsed())
+        });
+        let written = write_image(dest, image).and_then(|()| {
+            let t = Instant::now();
+            Ok((check_copy(dest, opts.check)?, t.elapsed()))
+        });
+        let hash = hasher
+            .join()
+            .unwrap_or_else(|_| (String::new(), Duration::ZERO));
+        (written, hash)
+    });
+    let (integrity_ok, check_elapsed) = written?;
+    if hash.0.is_empty() {
+        return Err(SnapshotError::Io {
+            action: "hash",
+            path: dest.to_path_buf(),
+            source: io::Error::other("the hashing thread panicked"),
+        });
+    }
+    Ok(Some(SnapshotStats {
+        bytes,
+        pages: pages as u64,
+        steps: 1,
+        restarts: 0,
+        busy_retries: 0,
+        wal,
+        elapsed: started.elapsed(),
+        copy_elapsed,
+        check_elapsed,
+        hash_elapsed: hash.1,
+        longest_step: held,
+        sha256: hash.0,
+        integrity_ok,
+    }))
+}
+
+/// Writes the image into the (empty) destination file.
+fn write_image(dest: &Path, image: &[u8]) -> Result<(), SnapshotError> {
+    use std::io::Write;
+    let io_err = |action| {
+        move |source| SnapshotError::Io {
+            action,
+            path: dest.to_path_buf(),
+            source,
+        }
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(dest)
+        .map_err(io_err("open"))?;
+    f.write_all(image).map_err(io_err("write"))
+}
