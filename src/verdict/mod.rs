@@ -19,6 +19,7 @@ pub mod kind;
 pub mod plan;
 pub mod report;
 pub mod sign;
+pub mod sequential;
 pub mod stats;
 pub mod verify;
 
