@@ -36,7 +36,7 @@ use std::time::SystemTime;
 /// The schema generation this code writes and the only one it reads.
 pub const SCHEMA_GENERATION: u32 = 1;
 /// The schema version this code writes; any `1.x` is read.
-pub const SCHEMA_VERSION: &str = "1.3";
+pub const SCHEMA_VERSION: &str = "1.4";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
 
@@ -117,9 +117,46 @@ pub struct Metric {
     /// The Mann-Whitney p-value, when that method is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p_value: Option<f64>,
-    /// Samples per side behind the comparison.
+    /// Samples per side behind the comparison (with a baseline: the pairs run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<usize>,
+    /// How the change was decided over repeated pairs (schema 1.4): improved, regressed,
+    /// equivalent (inside the band) or inconclusive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<MetricVerdict>,
+    /// The noise band the metric was judged against (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band: Option<f64>,
+    /// The error level of the look that decided it, or of the last look (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// Why its task stopped running pairs (schema 1.4), e.g. `decided at look 2 of 5`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// The seed of its task's randomised side order within each pair (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_seed: Option<u64>,
+}
+
+/// A metric's class over repeated pairs (`metrics[].class`, schema 1.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricVerdict {
+    Improved,
+    Regressed,
+    Equivalent,
+    Inconclusive,
+}
+
+impl MetricVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricVerdict::Improved => "improved",
+            MetricVerdict::Regressed => "regressed",
+            MetricVerdict::Equivalent => "equivalent",
+            MetricVerdict::Inconclusive => "inconclusive",
+        }
+    }
 }
 
 /// `budget.limits`: what the policy allowed (absent = unlimited).
@@ -388,6 +425,21 @@ impl Verdict {
                 "plan is written by schema 1.3 and later, but header.schema.version is `{}`",
                 h.schema.version
             ));
+        }
+        // Schema 1.4 records how each metric was decided over sequential pairs.
+        if version_ok && minor < 4 {
+            if let Some(m) = self.metrics.iter().find(|m| {
+                m.class.is_some()
+                    || m.band.is_some()
+                    || m.alpha.is_some()
+                    || m.stopped.is_some()
+                    || m.order_seed.is_some()
+            }) {
+                errs.push(format!(
+                    "metrics.{}: class, band, alpha, stopped and order_seed are written by schema 1.4 and later, but header.schema.version is `{}`",
+                    m.name, h.schema.version
+                ));
+            }
         }
         if h.message_type != MESSAGE_TYPE {
             errs.push(format!(

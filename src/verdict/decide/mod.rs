@@ -55,9 +55,9 @@ use confidence::{
     combine, confidence, p_flaky, p_skipped, s_failing, s_passing, s_regression,
     P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_EXIT_ZERO,
     S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN,
-    S_SELF_REPORTED, S_SIGNAL,
+    S_INCONCLUSIVE, S_SELF_REPORTED, S_SIGNAL,
 };
-pub use evidence::{ChangeKind, Evidence, ProtectedChange};
+pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
 pub use rules::{DecisionRules, RulesError, SelfReported};
 
@@ -97,7 +97,7 @@ struct Problem {
 
 /// Every metric the patched run reported, in name order, compared with the baseline (and
 /// with the repeated samples' statistics, when there are any).
-fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
+fn compare_metrics(e: &Evidence, rules: &DecisionRules) -> Vec<MetricChange> {
     let empty = BTreeMap::new();
     let patched = e.metrics.as_ref().unwrap_or(&empty);
     patched
@@ -115,7 +115,7 @@ fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
                 (None, Some(_)) if value == 0.0 => Some(0.0),
                 _ => None,
             };
-            MetricChange {
+            let mut m = MetricChange {
                 name: name.clone(),
                 baseline: base,
                 patched: value,
@@ -125,7 +125,33 @@ fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
                 ci_high: stats.and_then(|st| st.ci_high),
                 p_value: stats.and_then(|st| st.p_value),
                 samples: Some(stats.map(|st| st.n_patched.min(st.n_baseline)).unwrap_or(1)),
+                ..MetricChange::default()
+            };
+            if let (Some(a), Some(_)) = (e.assessments.get(name), base) {
+                use crate::verdict::sequential::Outcome;
+                use crate::verdict::MetricVerdict;
+                let lower_better = rules.is_lower_better(name);
+                let class = match a.outcome {
+                    Outcome::Equivalent => MetricVerdict::Equivalent,
+                    Outcome::Inconclusive => MetricVerdict::Inconclusive,
+                    Outcome::Higher if lower_better => MetricVerdict::Regressed,
+                    Outcome::Lower if !lower_better => MetricVerdict::Regressed,
+                    Outcome::Higher | Outcome::Lower => MetricVerdict::Improved,
+                };
+                m.significant = Some(matches!(
+                    class,
+                    MetricVerdict::Improved | MetricVerdict::Regressed
+                ));
+                (m.ci_low, m.ci_high) = (a.ci.map(|c| c.0), a.ci.map(|c| c.1));
+                m.class = Some(class);
+                m.band = Some(a.band);
+                m.alpha = Some(a.alpha);
+                m.stopped = Some(a.stopped.clone());
+                m.order_seed = Some(a.order_seed);
+            } else if base.is_some() {
+                m.band = Some(rules.band_for(name));
             }
+            m
         })
         .collect()
 }
@@ -159,7 +185,7 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     let mut caveats: Vec<String> = Vec::new();
 
     // ---- Metrics are computed first: they are reported on every path. ----
-    let metrics = compare_metrics(e);
+    let metrics = compare_metrics(e, rules);
     let classes: Vec<MetricClass> = metrics.iter().map(|m| rules.classify(m)).collect();
 
     // ---- 1. Deterministic rejections. ----
@@ -294,6 +320,26 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
             }
         }
     }
+    // Informational metrics are reported but never decide the verdict.
+    let (info_regressed, regressed): (Vec<&MetricChange>, Vec<&MetricChange>) = regressed
+        .into_iter()
+        .partition(|m| rules.is_informational(&m.name));
+    let (info_inconclusive, inconclusive): (Vec<&MetricChange>, Vec<&MetricChange>) =
+        of_class(MetricClass::Inconclusive)
+            .into_iter()
+            .partition(|m| rules.is_informational(&m.name));
+    if !info_regressed.is_empty() {
+        caveats.push(wording::informational(&wording::regressions(
+            &info_regressed,
+            band,
+        )));
+    }
+    if !info_inconclusive.is_empty() {
+        caveats.push(wording::informational(&wording::inconclusive(
+            &info_inconclusive,
+            band,
+        )));
+    }
     if !regressed.is_empty() {
         let sentence = wording::regressions(&regressed, band);
         if rules.regression_is == VerdictKind::Approve {
@@ -302,18 +348,31 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
         } else {
             problems.push(Problem {
                 sentence,
-                strength: combine(regressed.iter().map(|m| s_regression(m.change, band))),
+                strength: combine(
+                    regressed
+                        .iter()
+                        .map(|m| s_regression(m.change, m.band.unwrap_or(band))),
+                ),
                 verdict: rules.regression_is,
             });
         }
     }
+    // Not significant is not unchanged: a metric whose interval reaches beyond its band
+    // after the last look is no evidence either way, and the verdict says so.
+    if !inconclusive.is_empty() {
+        problems.push(Problem {
+            sentence: wording::inconclusive(&inconclusive, band),
+            strength: S_INCONCLUSIVE,
+            verdict: needs,
+        });
+    }
     let compared = metrics.iter().filter(|m| m.baseline.is_some()).count();
     if !improved.is_empty() {
-        notes.push(wording::improvements(&improved, noise.len(), band));
-    } else if !noise.is_empty() && regressed.is_empty() {
+        notes.push(wording::improvements(&improved, &noise, band));
+    } else if !noise.is_empty() && regressed.is_empty() && inconclusive.is_empty() {
         notes.push(wording::unchanged(&noise, band));
     }
-    if compared > 0 && regressed.is_empty() {
+    if compared > 0 && regressed.is_empty() && inconclusive.is_empty() {
         support.push(S_METRICS_OK);
     }
     let untested = metrics

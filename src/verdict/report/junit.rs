@@ -168,7 +168,10 @@ fn test_cases(report: &TestReport) -> impl Iterator<Item = Case> + '_ {
 }
 
 fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
-    let band_text = format!("the {:.1}% noise band", rules.band() * 100.0);
+    let band_text = format!(
+        "the {:.1}% noise band",
+        m.band.unwrap_or_else(|| rules.band_for(&m.name)) * 100.0
+    );
     let direction = if rules.is_lower_better(&m.name) {
         "lower is better"
     } else {
@@ -213,6 +216,26 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
                 movement(m)
             )),
         ),
+        MetricClass::Inconclusive => {
+            let message = format!(
+                "{} inconclusive: {}; its interval reaches beyond the {:.1}% noise band ({direction})",
+                m.name,
+                movement(m),
+                m.band.unwrap_or_else(|| rules.band()) * 100.0
+            );
+            if rules.is_informational(&m.name) {
+                (Status::Passed, Some(format!("{message}; informational")))
+            } else {
+                (
+                    Status::Failure {
+                        kind: "inconclusive",
+                        body: message.clone(),
+                        message: Some(message),
+                    },
+                    None,
+                )
+            }
+        }
         MetricClass::Noise => (
             Status::Passed,
             Some(format!(
