@@ -11,8 +11,8 @@ use crate::patch::Patch;
 use crate::sandbox::BudgetKind;
 use crate::verdict::decide::{decide, Assessed, Decision, DecisionRules};
 use crate::verdict::sequential::{self, Outcome};
-use std::collections::BTreeMap;
 use crate::verdict::{ArtifactType, VerdictKind};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// What one task of the plan gave.

@@ -18,8 +18,8 @@ pub mod deployed;
 pub mod kind;
 pub mod plan;
 pub mod report;
-pub mod sign;
 pub mod sequential;
+pub mod sign;
 pub mod stats;
 pub mod verify;
 
@@ -597,6 +597,7 @@ pub(crate) mod tests {
                 patched: 33.6,
                 change: Some((33.6 - 41.0) / 41.0),
                 significant: Some(true),
+                ..Metric::default()
             }],
             budget: BudgetReport {
                 limits: BudgetLimits {
@@ -737,10 +738,33 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn metric_classes_are_schema_1_4() {
+        let k = EphemeralKey::generate();
+        let mut v = sample_verdict(&k.public());
+        v.metrics[0].class = Some(MetricVerdict::Inconclusive);
+        v.metrics[0].band = Some(0.1);
+        v.metrics[0].stopped = Some("the run cap of 20 pairs".into());
+        v.metrics[0].order_seed = Some(u64::MAX);
+        v.validate().unwrap();
+        let doc = serde_json::to_value(&v).unwrap();
+        assert_eq!(doc["metrics"][0]["class"], "inconclusive");
+        assert_eq!(serde_json::from_value::<Verdict>(doc).unwrap(), v);
+        // A 1.3 verdict has no such fields: it still reads; one that carries them is refused.
+        v.header.schema.version = "1.3".into();
+        let errs = v.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("schema 1.4")), "{errs:?}");
+        v.metrics[0].class = None;
+        v.metrics[0].band = None;
+        v.metrics[0].stopped = None;
+        v.metrics[0].order_seed = None;
+        v.validate().unwrap();
+    }
+
+    #[test]
     fn patched_tree_hash_is_optional_and_checked() {
         let k = EphemeralKey::generate();
         let mut v = sample_verdict(&k.public());
-        assert_eq!(v.header.schema.version, "1.3");
+        assert_eq!(v.header.schema.version, "1.4");
         // absent: not written, still valid (1.0 and 1.1 documents have none)
         let doc = serde_json::to_value(&v).unwrap();
         assert!(doc.get("patched_tree_hash").is_none());

@@ -66,7 +66,9 @@ pub fn looks(min_pairs: usize, max_pairs: usize) -> Vec<usize> {
     let mut n = min_pairs.clamp(1, max);
     let mut v = vec![n];
     while n < max {
-        n = ((n as f64 * LOOK_GROWTH).ceil() as usize).max(n + 1).min(max);
+        n = ((n as f64 * LOOK_GROWTH).ceil() as usize)
+            .max(n + 1)
+            .min(max);
         v.push(n);
     }
     v
@@ -124,8 +126,7 @@ pub fn assess(
     } else {
         0.0
     };
-    if is_constant(&b) && is_constant(&p) && b.len() == baseline.len() && p.len() == patched.len()
-    {
+    if is_constant(&b) && is_constant(&p) && b.len() == baseline.len() && p.len() == patched.len() {
         let outcome = match relative_change(b[0], p[0]) {
             Some(c) if c.abs() <= band => Outcome::Equivalent,
             Some(c) if c > 0.0 => Outcome::Higher,
@@ -226,7 +227,10 @@ mod tests {
             (Outcome::Equivalent, Some((0.0, 0.0)), true)
         );
         let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a, 1000, 1);
-        assert_eq!((down.outcome, down.ci), (Outcome::Lower, Some((-0.4, -0.4))));
+        assert_eq!(
+            (down.outcome, down.ci),
+            (Outcome::Lower, Some((-0.4, -0.4)))
+        );
         let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a, 1000, 1);
         assert_eq!(up.outcome, Outcome::Higher);
         // Within a 1% band, exactly.
@@ -349,7 +353,10 @@ mod tests {
                 false_eq += 1;
             }
         }
-        assert!(false_eq * 20 <= trials, "{false_eq}/{trials} called equivalent");
+        assert!(
+            false_eq * 20 <= trials,
+            "{false_eq}/{trials} called equivalent"
+        );
     }
 
     #[test]
@@ -369,7 +376,10 @@ mod tests {
     #[test]
     fn side_order_is_random_and_replayable() {
         let first: Vec<bool> = (0..64).map(|i| baseline_first(42, i)).collect();
-        assert_eq!(first, (0..64).map(|i| baseline_first(42, i)).collect::<Vec<_>>());
+        assert_eq!(
+            first,
+            (0..64).map(|i| baseline_first(42, i)).collect::<Vec<_>>()
+        );
         let n = first.iter().filter(|b| **b).count();
         assert!((20..=44).contains(&n), "{n} of 64 baseline-first");
         let other: Vec<bool> = (0..64).map(|i| baseline_first(43, i)).collect();

@@ -54,8 +54,8 @@ use crate::verdict::kind::VerdictKind;
 use confidence::{
     combine, confidence, p_flaky, p_skipped, s_failing, s_passing, s_regression,
     P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_EXIT_ZERO,
-    S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN,
-    S_INCONCLUSIVE, S_SELF_REPORTED, S_SIGNAL,
+    S_INCONCLUSIVE, S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT,
+    S_NO_TESTS_RAN, S_SELF_REPORTED, S_SIGNAL,
 };
 pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
@@ -466,7 +466,7 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::budget::Exceeded;
     use crate::sandbox::BudgetKind;
@@ -509,8 +509,13 @@ pub(super) mod tests {
         Some(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect())
     }
 
-    pub(super) fn rules() -> DecisionRules {
-        DecisionRules::default()
+    /// The default rules with one noise band for every metric (no per-kind bands), as
+    /// these tests of the single-sample rules were written.
+    pub(crate) fn rules() -> DecisionRules {
+        DecisionRules {
+            bands: BTreeMap::new(),
+            ..DecisionRules::default()
+        }
     }
 
     // ---- REJECT paths ----
@@ -915,6 +920,125 @@ pub(super) mod tests {
             d.summary,
             "p99_ms improved 50.0% and queue_depth improved 50.0%."
         );
+    }
+
+    fn assessed(
+        outcome: crate::verdict::sequential::Outcome,
+        ci: (f64, f64),
+        band: f64,
+    ) -> Assessed {
+        Assessed {
+            outcome,
+            ci: Some(ci),
+            band,
+            alpha: 0.01,
+            stopped: "the run cap of 20 pairs".into(),
+            order_seed: 7,
+        }
+    }
+
+    #[test]
+    fn not_significant_is_inconclusive_not_unchanged() {
+        use crate::verdict::sequential::Outcome;
+        let mut e = Evidence {
+            metrics: m(&[("p99_ms", 1.90), ("compressed_bytes", 100.0)]),
+            baseline_metrics: m(&[("p99_ms", 1.40), ("compressed_bytes", 100.0)]),
+            ..ok_run(Some(report(5, 0, 0, 0)))
+        };
+        e.assessments.insert(
+            "p99_ms".into(),
+            assessed(Outcome::Inconclusive, (0.008, 1.07), 0.10),
+        );
+        e.assessments.insert(
+            "compressed_bytes".into(),
+            assessed(Outcome::Equivalent, (0.0, 0.0), 0.0),
+        );
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision);
+        assert!(
+            d.summary.starts_with("The evidence was inconclusive for p99_ms (change +35.7%, interval +0.8% to +107.0%, 1 pair, band ±10.0%)"),
+            "{}",
+            d.summary
+        );
+        assert!(d.summary.contains("+0.8% to +107.0%"), "{}", d.summary);
+        assert!(!d.summary.contains("unchanged"), "{}", d.summary);
+        assert!(d.confidence < 0.7, "{}", d.confidence);
+        let p99 = d.metrics.iter().find(|m| m.name == "p99_ms").unwrap();
+        assert_eq!(p99.class, Some(crate::verdict::MetricVerdict::Inconclusive));
+        assert_eq!(p99.significant, Some(false));
+        assert_eq!((p99.ci_low, p99.ci_high), (Some(0.008), Some(1.07)));
+        assert_eq!(p99.band, Some(0.10));
+        assert_eq!(p99.order_seed, Some(7));
+
+        // Informational: reported as a caveat, the verdict is not held back.
+        let info = DecisionRules {
+            informational: vec!["p99*".into()],
+            ..DecisionRules::default()
+        };
+        let d = decide(&e, &info);
+        assert_eq!(d.verdict, VerdictKind::Approve, "{}", d.summary);
+        assert!(
+            d.caveats
+                .iter()
+                .any(|c| c.contains("inconclusive for p99_ms") && c.contains("informational")),
+            "{:?}",
+            d.caveats
+        );
+
+        // Equivalent within the band: "unchanged", with each metric's own band.
+        e.assessments.insert(
+            "p99_ms".into(),
+            assessed(Outcome::Equivalent, (-0.04, 0.06), 0.10),
+        );
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::Approve);
+        assert!(
+            d.summary.contains("All 2 metrics unchanged within their noise bands (compressed_bytes 0.0%, p99_ms 10.0%)"),
+            "{}",
+            d.summary
+        );
+        // Higher on a lower-is-better metric: a regression.
+        e.assessments
+            .insert("p99_ms".into(), assessed(Outcome::Higher, (0.2, 0.5), 0.10));
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision);
+        assert!(d.summary.starts_with("p99_ms regressed"), "{}", d.summary);
+    }
+
+    #[test]
+    fn bands_per_metric_kind() {
+        let r = DecisionRules::default();
+        assert_eq!(r.band_for("compressed_bytes"), 0.0);
+        assert_eq!(r.band_for("ratio"), 0.01);
+        assert_eq!(r.band_for("p50_ms"), 0.05);
+        assert_eq!(r.band_for("p99_ms"), 0.10, "the widest matching band");
+        assert_eq!(r.band_for("peak_memory_kb"), 0.05);
+        assert_eq!(r.band_for("peak_memory_bytes"), 0.05);
+        assert_eq!(r.band_for("accuracy"), 0.01, "no pattern: noise_band");
+        let exact = DecisionRules {
+            bands: [("p99_ms".to_string(), 0.2), ("*_ms".to_string(), 0.3)].into(),
+            ..DecisionRules::default()
+        };
+        assert_eq!(exact.band_for("P99_MS"), 0.2, "an exact name wins");
+        assert_eq!(exact.band_for("p50_ms"), 0.3);
+        assert!(r.validate().is_ok());
+        let bad = DecisionRules {
+            bands: [("*_ms".to_string(), -0.1)].into(),
+            ..DecisionRules::default()
+        };
+        assert!(matches!(bad.validate(), Err(RulesError::Band(..))));
+        let bad = DecisionRules {
+            min_pairs: 1,
+            ..DecisionRules::default()
+        };
+        assert_eq!(bad.validate(), Err(RulesError::Pairs(1, 20)));
+        let r: DecisionRules = toml::from_str(
+            "max_pairs = 8\ninformational = [\"p99_ms\"]\n[bands]\n\"*_ms\" = 0.2\n",
+        )
+        .unwrap();
+        assert_eq!((r.min_pairs, r.max_pairs, r.sequential), (3, 8, true));
+        assert_eq!(r.band_for("p99_ms"), 0.2);
+        assert!(r.is_informational("p99_ms") && !r.is_informational("p50_ms"));
     }
 
     #[test]

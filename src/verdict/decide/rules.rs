@@ -181,7 +181,9 @@ impl DecisionRules {
             .iter()
             .filter(|(k, b)| usable(**b) && wildcard_match(k.as_bytes(), metric.as_bytes()))
             .map(|(_, &b)| b)
-            .fold(None, |acc: Option<f64>, b| Some(acc.map_or(b, |a| a.max(b))))
+            .fold(None, |acc: Option<f64>, b| {
+                Some(acc.map_or(b, |a| a.max(b)))
+            })
             .unwrap_or_else(|| self.band())
     }
 
@@ -239,9 +241,7 @@ impl DecisionRules {
             Some(crate::verdict::MetricVerdict::Improved) => return MetricClass::Improved,
             Some(crate::verdict::MetricVerdict::Regressed) => return MetricClass::Regressed,
             Some(crate::verdict::MetricVerdict::Equivalent) => return MetricClass::Noise,
-            Some(crate::verdict::MetricVerdict::Inconclusive) => {
-                return MetricClass::Inconclusive
-            }
+            Some(crate::verdict::MetricVerdict::Inconclusive) => return MetricClass::Inconclusive,
             None => {}
         }
         let worse = if self.is_lower_better(&m.name) {

@@ -101,12 +101,14 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
         .map(|m| {
             let change = m.change.map(signed_pct).unwrap_or_else(|| "unknown".into());
             let interval = match (m.ci_low, m.ci_high) {
-                (Some(lo), Some(hi)) => format!("interval {} to {}", signed_pct(lo), signed_pct(hi)),
+                (Some(lo), Some(hi)) => {
+                    format!("interval {} to {}", signed_pct(lo), signed_pct(hi))
+                }
                 _ => "no bounded interval".to_string(),
             };
             let pairs = m
                 .samples
-                .map(|n| format!(", {} pairs", n))
+                .map(|n| format!(", {}", plural(n, "pair", "pairs")))
                 .unwrap_or_default();
             format!(
                 "{} (change {change}, {interval}{pairs}, band ±{})",
@@ -115,13 +117,13 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
             )
         })
         .collect();
-    let (its, reaches, is) = if metrics.len() == 1 {
-        ("its interval", "reaches", "it is")
+    let its = if metrics.len() == 1 {
+        "its interval"
     } else {
-        ("each interval", "reaches", "they are")
+        "each interval"
     };
     format!(
-        "The evidence was inconclusive for {}: {its} {reaches} beyond the noise band, so {is} neither shown unchanged nor shown changed.",
+        "The evidence was inconclusive for {}: {its} reaches beyond the noise band, so the change is shown neither inside the band nor beyond it.",
         list(&items, 3)
     )
 }
