@@ -113,7 +113,7 @@ fn the_demo_plan_runs_contract_then_bench_into_one_verdict() {
     );
     assert_eq!(e.code, 0, "{}", e.ctx());
     let v = &e.verdict;
-    assert_eq!(v["header"]["schema"]["version"], "1.3", "{}", e.ctx());
+    assert_eq!(v["header"]["schema"]["version"], "1.4", "{}", e.ctx());
     assert_eq!(v["task"], "contract+bench", "{}", e.ctx());
     assert_eq!(v["provenance"], "judge", "{}", e.ctx());
     let plan = v["plan"].as_array().expect("a plan");

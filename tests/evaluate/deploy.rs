@@ -120,7 +120,7 @@ fn verify_ties_the_verdict_to_a_git_checkout_patched_by_git_apply() {
     let p = patch("swap-compressor");
     let e = evaluate(&env, &p, &rt, "swap", &["--task", "tests"]);
     assert_eq!(e.code, 0, "{}", e.ctx());
-    assert_eq!(e.verdict["header"]["schema"]["version"], "1.3");
+    assert_eq!(e.verdict["header"]["schema"]["version"], "1.4");
     let signed = e.verdict["patched_tree_hash"]
         .as_str()
         .unwrap_or_else(|| panic!("no patched_tree_hash: {}", e.ctx()))
