@@ -130,7 +130,7 @@ pub struct Metric {
     /// The error level of the look that decided it, or of the last look (schema 1.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,
-    /// Why its task stopped running pairs (schema 1.4), e.g. `decided at look 2 of 5`.
+    /// Why its task stopped running pairs (schema 1.4), e.g. `every metric decided at look 2 of 4 (6 pairs)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
     /// The seed of its task's randomised side order within each pair (schema 1.4).
