@@ -123,7 +123,8 @@ pub fn run_task(
         if paired {
             if let Some(look) = schedule.iter().position(|&n| n == round + 1) {
                 let ctx = Look {
-                    looks: schedule.len(),
+                    index: look,
+                    schedule: &schedule,
                     order_seed,
                 };
                 let all = (0..replicas)
@@ -272,8 +273,9 @@ fn run_baseline(
 }
 
 /// Where a look stands in the sequential design.
-struct Look {
-    looks: usize,
+struct Look<'a> {
+    index: usize,
+    schedule: &'a [usize],
     order_seed: u64,
 }
 
@@ -296,14 +298,14 @@ impl Settled {
 }
 
 /// Looks at one replica's pairs: each metric not yet decided is assessed at this look's
-/// error level (the policy's alpha split over the looks and the tested metrics); a decided
-/// metric keeps its decision.
+/// error level (the look's share of the policy's alpha, split over the tested metrics); a
+/// decided metric keeps its decision.
 fn look_at(
     rules: &DecisionRules,
     runs: &[RunResult],
     baseline: &[RunResult],
     replica: usize,
-    look: &Look,
+    look: &Look<'_>,
     assessed: &mut BTreeMap<String, Assessed>,
 ) -> Settled {
     let ps = evidence::samples(runs);
@@ -316,7 +318,7 @@ fn look_at(
         .iter()
         .filter(|(_, b, p)| !(sequential::is_constant(b) && sequential::is_constant(p)))
         .count();
-    let a = sequential::look_alpha(rules.alpha, look.looks, tested);
+    let a = sequential::look_alpha(rules.alpha, look.schedule, look.index, tested);
     for (name, b, p) in &pairs {
         if assessed
             .get(*name)

@@ -24,11 +24,12 @@
 //! equal), the change is exact: equivalent when `|change| ≤ band`, else higher or lower. No
 //! error can be made, so such metrics spend no error budget.
 //!
-//! **Multiplicity and looks.** The verdict's stated error rate `alpha` is split evenly
-//! (Bonferroni) over the statistically tested metrics and over the looks of the
-//! group-sequential design ([`looks`]): `a = alpha / (K · m)` ([`look_alpha`]). By the
-//! union bound, the chance that *any* metric is falsely decided at *any* look is at most
-//! `alpha`, whatever the correlation between metrics and looks.
+//! **Multiplicity and looks.** The verdict's stated error rate `alpha` is spent over the
+//! looks of the group-sequential design ([`looks`]) by the linear spending function
+//! `alpha · t` (Lan-DeMets; `t` = pairs / cap), and each look's share is split evenly
+//! (Bonferroni) over the statistically tested metrics ([`look_alpha`]). By the union bound,
+//! the chance that *any* metric is falsely decided at *any* look is at most `alpha`,
+//! whatever the correlation between metrics and looks.
 
 use serde::{Deserialize, Serialize};
 
@@ -78,10 +79,16 @@ pub fn looks(min_pairs: usize, max_pairs: usize) -> Vec<usize> {
     v
 }
 
-/// The error level of one metric at one look: `alpha / (looks · tested)` (at least one of
-/// each).
-pub fn look_alpha(alpha: f64, looks: usize, tested: usize) -> f64 {
-    alpha / (looks.max(1) * tested.max(1)) as f64
+/// The error level of one metric at look `look` (0-based) of `schedule` ([`looks`]): the
+/// look's share of `alpha` under linear alpha spending, `alpha · (n_j − n_{j−1}) / n_K`
+/// (`n_0 = 0`), split evenly over the `tested` metrics. The shares sum to `alpha`.
+pub fn look_alpha(alpha: f64, schedule: &[usize], look: usize, tested: usize) -> f64 {
+    let Some(&last) = schedule.last() else {
+        return alpha / tested.max(1) as f64;
+    };
+    let n = schedule.get(look).copied().unwrap_or(last);
+    let prev = if look == 0 { 0 } else { schedule[look - 1] };
+    alpha * (n.saturating_sub(prev)) as f64 / last.max(1) as f64 / tested.max(1) as f64
 }
 
 /// Whether `xs` holds at least 2 values, all finite and equal.
@@ -237,8 +244,16 @@ mod tests {
         assert_eq!(looks(5, 5), vec![5]);
         assert_eq!(looks(8, 3), vec![3]);
         assert_eq!(looks(1, 3), vec![1, 2, 3]);
-        assert_eq!(look_alpha(0.05, 5, 2), 0.005);
-        assert_eq!(look_alpha(0.05, 0, 0), 0.05);
+        let s = looks(3, 20);
+        let shares: Vec<f64> = (0..4).map(|j| look_alpha(0.05, &s, j, 1)).collect();
+        let want = [0.0075, 0.0075, 0.015, 0.02];
+        for (got, want) in shares.iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{shares:?}");
+        }
+        assert!((shares.iter().sum::<f64>() - 0.05).abs() < 1e-12);
+        assert!((look_alpha(0.05, &s, 3, 2) - 0.01).abs() < 1e-12);
+        assert_eq!(look_alpha(0.05, &[], 0, 0), 0.05);
+        assert_eq!(look_alpha(0.05, &[5], 0, 1), 0.05);
     }
 
     #[test]
@@ -324,14 +339,14 @@ mod tests {
         let mut b: Vec<Vec<f64>> = vec![Vec::new(); metrics.len()];
         let mut p: Vec<Vec<f64>> = vec![Vec::new(); metrics.len()];
         let mut out = vec![Outcome::Inconclusive; metrics.len()];
-        for &n in &schedule {
+        for (j, &n) in schedule.iter().enumerate() {
             for (i, &(sd, change, outl, _)) in metrics.iter().enumerate() {
                 while b[i].len() < n {
                     b[i].extend(timing(rng, 1, 100.0, sd, outl));
                     p[i].extend(timing(rng, 1, 100.0 * (1.0 + change), sd, outl));
                 }
             }
-            let a = look_alpha(alpha, schedule.len(), metrics.len());
+            let a = look_alpha(alpha, &schedule, j, metrics.len());
             for (i, m) in metrics.iter().enumerate() {
                 if out[i] != Outcome::Inconclusive {
                     continue; // a decided metric keeps its decision
