@@ -33,9 +33,13 @@ cp -r "$rt" "$tmp/patched"
 (cd "$tmp/patched" && git apply "$patch")
 export XDG_CONFIG_HOME=$tmp/config
 "$fork" keygen >/dev/null 2>&1
+# The same 7 judged runs as the bare peer: exactly 3 bench pairs (no sequential stopping;
+# the demo's bench may run up to 20), p50_ms reported but not deciding (3 pairs cannot
+# decide a timing metric at the default error rate; scripts/bench-sequential.sh times that).
+printf '[decision]\nsequential = false\nmax_pairs = 3\ninformational = ["p50_ms"]\n' >"$tmp/three-pairs.toml"
 
 # One evaluation outside the timing: the plan must APPROVE with a signed verdict.
-if ! "$fork" evaluate "$patch" --runtime "$rt" --no-ledger --out "$tmp/check" >"$tmp/check.log" 2>&1; then
+if ! "$fork" evaluate "$patch" --runtime "$rt" --policy "$tmp/three-pairs.toml" --no-ledger --out "$tmp/check" >"$tmp/check.log" 2>&1; then
   cat "$tmp/check.log" >&2
   echo "$0: the judged plan did not APPROVE; nothing timed" >&2
   exit 1
@@ -58,7 +62,7 @@ q() { printf '%q' "$1"; }
 echo "judged plan: $n interleaved rounds on $(nproc) cores, kernel $(uname -r)"
 python3 "$root/scripts/bench/interleave.py" --runs "$n" --warmup 1 \
   --ratio 'fork/bare' --target-median 'fork<3000' \
-  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --no-ledger --out $(q "$tmp/out")/{i}" \
+  -- fork "$(q "$fork") evaluate $(q "$patch") --runtime $(q "$rt") --policy $(q "$tmp/three-pairs.toml") --no-ledger --out $(q "$tmp/out")/{i}" \
   bare "$(q "$tmp/bare-plan.sh") $(q "$tmp/bare")/{i}" | tee "$tmp/report"
 
 # The channel: N rounds of each, the per-call medians they measured.

@@ -689,7 +689,7 @@ env = { MODE = "fast" }
         let (_, c) = m.task(Some("compress")).unwrap();
         assert_eq!(c.metrics.as_deref(), Some("metrics.json"));
         assert!(c.baseline);
-        assert_eq!(c.repeat, 5);
+        assert_eq!(c.repeat, 20);
         let b = c.budget.parse().unwrap();
         assert_eq!(b.wall, Some(Duration::from_secs(600)));
         assert_eq!(b.memory_bytes, Some(1 << 30));

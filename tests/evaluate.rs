@@ -85,13 +85,20 @@ fn swap_compressor_is_approved_and_improves_compression() {
         "compress",
         &["--task", "compress"],
     );
-    assert_eq!(e.code, 0, "{}", e.ctx());
+    // Timing metrics the pairs could not decide make it NEEDS_REVISION, saying so.
+    assert!(
+        e.code == 0 || (e.code == 2 && e.summary().contains("inconclusive")),
+        "{}",
+        e.ctx()
+    );
     assert_eq!(e.verdict["task"], "compress");
-    // repeat = 5 in fork.toml: five patched and five baseline sandboxes, interleaved.
+    // repeat = 20 in fork.toml: at most 20 pairs of a patched and a baseline sandbox.
+    let pairs = e.verdict["metrics"][0]["samples"].as_u64().unwrap() as usize;
+    assert!((3..=20).contains(&pairs), "{}", e.ctx());
     assert_eq!(
         e.sandboxes.len(),
-        10,
-        "5 x (patched + baseline): {:?}",
+        2 * pairs,
+        "{pairs} x (patched + baseline): {:?}",
         e.sandboxes
     );
     let metrics = e.verdict["metrics"].as_array().expect("metrics");
@@ -893,7 +900,7 @@ fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
         &patch("noop-comment"),
         &rt,
         "after-kill",
-        &[],
+        &["--task", "contract"],
         With {
             pre: &["-v"],
             allowed_leftovers: &leaked,
@@ -921,7 +928,13 @@ fn killed_supervisor_leaves_no_staging_directory() {
     let id = kill_supervisor_mid_run(&env, &rt, "slow", &m);
     let o = env.cmd().args(["gc", "--json"]).output().unwrap();
     assert_eq!(o.status.code(), Some(0));
-    let e = evaluate(&env, &patch("noop-comment"), &rt, "after", &[]);
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "after",
+        &["--task", "contract"],
+    );
     assert_eq!(e.code, 0, "{}", e.ctx());
     // assert_run_root_clean (inside evaluate) already fails on the leftover; say it plainly:
     assert!(stage_dirs(&env.run_root).is_empty());
@@ -1186,7 +1199,14 @@ fn json_prints_exactly_the_verdict_document() {
     need_root!();
     let env = Env::new("ev-json");
     for (name, code) in [("noop-comment", 0), ("touches-protected", 1)] {
-        let e = evaluate(&env, &patch(name), &demo(), name, &["--json"]);
+        // The contract task: the bench's timing may be inconclusive on a loaded machine.
+        let e = evaluate(
+            &env,
+            &patch(name),
+            &demo(),
+            name,
+            &["--json", "--task", "contract"],
+        );
         assert_eq!(e.code, code, "{}", e.ctx());
         let printed: Value = serde_json::from_str(&e.stdout)
             .unwrap_or_else(|err| panic!("stdout is not one JSON document ({err}): {}", e.stdout));

@@ -102,8 +102,45 @@ fn f(v: &Value) -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1-3. Metrics with repeats: significance decides.
+// 1-3. Metrics over sequential pairs: decided only when the data can.
 // ---------------------------------------------------------------------------------------
+
+/// The pairs the task ran (every metric records the same count) and why it stopped.
+fn pairs_run(e: &Eval) -> (usize, String) {
+    let metrics = e.verdict["metrics"].as_array().unwrap();
+    let n = metrics[0]["samples"].as_u64().unwrap() as usize;
+    let stopped = metrics[0]["stopped"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for m in metrics {
+        assert_eq!(m["samples"].as_u64(), Some(n as u64), "{m}");
+        assert_eq!(m["stopped"].as_str(), Some(stopped.as_str()), "{m}");
+        assert!(m["order_seed"].as_u64().is_some(), "{m}");
+    }
+    (n, stopped)
+}
+
+/// A verdict that is not APPROVE only because a timing metric was inconclusive says so,
+/// names it with its interval, and claims no regression.
+fn approve_or_inconclusive(e: &Eval) {
+    if e.code == 0 {
+        return;
+    }
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    let s = e.summary();
+    assert!(
+        s.contains("inconclusive for") && s.contains("interval"),
+        "{}",
+        e.ctx()
+    );
+    assert!(!s.contains("regressed"), "{}", e.ctx());
+    for m in e.verdict["metrics"].as_array().unwrap() {
+        if m["class"] == "inconclusive" {
+            assert!(s.contains(m["name"].as_str().unwrap()), "{}", e.ctx());
+        }
+    }
+}
 
 #[test]
 fn swap_compressor_gains_are_significant() {
@@ -116,12 +153,19 @@ fn swap_compressor_gains_are_significant() {
         "swap",
         &["--task", "compress"],
     );
-    assert_eq!(e.code, 0, "{}", e.ctx());
+    approve_or_inconclusive(&e);
     assert_eq!(e.verdict["task"], "compress");
-    // repeat = 5, baseline = true: five patched and five baseline sandboxes.
-    assert_eq!(e.sandboxes.len(), 10, "{:?}", e.sandboxes);
+    // repeat = 20 with a baseline: at most 20 pairs, one patched and one baseline sandbox
+    // each, stopped as soon as every metric was decided.
+    let (n, stopped) = pairs_run(&e);
+    assert!((3..=20).contains(&n), "{n} pairs: {}", e.ctx());
+    assert_eq!(e.sandboxes.len(), 2 * n, "{:?}", e.sandboxes);
+    if n < 20 {
+        assert!(stopped.contains("every metric decided"), "{stopped}");
+    }
     for name in ["compressed_bytes", "ratio"] {
         let m = e.metric(name);
+        assert_eq!(m["class"], "improved", "{name}: {m}");
         assert_eq!(m["significant"], true, "{name}: {m}");
         let (change, lo, hi) = (f(&m["change"]), f(&m["ci_low"]), f(&m["ci_high"]));
         assert!(change < -0.01, "{name} must go down: {m}");
@@ -133,9 +177,6 @@ fn swap_compressor_gains_are_significant() {
         assert!(f(&m["patched"]) < f(&m["baseline"]), "{m}");
         assert!(m["p_value"].as_f64().is_some(), "{m}");
     }
-    for m in e.verdict["metrics"].as_array().unwrap() {
-        assert_eq!(m["samples"], 5, "{m}");
-    }
     assert!(
         e.summary().contains("compressed_bytes improved"),
         "{}",
@@ -144,7 +185,7 @@ fn swap_compressor_gains_are_significant() {
     // The medians are those of the per-run metrics the bundle carries.
     let runs = |side: &str, first: &str| -> Vec<BTreeMap<String, f64>> {
         let mut v = vec![read_metrics(&e.artifact(first))];
-        for r in 2..=5 {
+        for r in 2..=n {
             v.push(read_metrics(
                 &e.artifact(&format!("{side}.r{r}-metrics.json")),
             ));
@@ -156,8 +197,11 @@ fn swap_compressor_gains_are_significant() {
     for m in e.verdict["metrics"].as_array().unwrap() {
         let name = m["name"].as_str().unwrap();
         let med = |side: &[BTreeMap<String, f64>]| median(side.iter().map(|r| r[name]).collect());
-        assert_eq!(f(&m["patched"]), med(&patched), "{name}");
-        assert_eq!(f(&m["baseline"]), med(&baseline), "{name}");
+        // Within a rounding step: with an even number of pairs the median is a mean of two
+        // parsed values.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+        assert!(close(f(&m["patched"]), med(&patched)), "{name}: {m}");
+        assert!(close(f(&m["baseline"]), med(&baseline)), "{name}: {m}");
     }
 }
 
@@ -165,15 +209,8 @@ fn swap_compressor_gains_are_significant() {
 fn noop_patch_changes_nothing_significantly() {
     need_root!();
     let env = Env::new("vd-noop");
-    // Timing metrics on a shared 2-core CI machine wander by a few percent between runs:
-    // judge them with a 5% noise band, as a CI policy for such a machine would, so that the
-    // test proves the method calls noise noise rather than betting on a 1% band.
-    let policy = env.dir.join("noisy-machine.toml");
-    std::fs::write(
-        &policy,
-        "[decision]\nnoise_band = 0.05\nself_reported = \"accept\"\n",
-    )
-    .unwrap();
+    let policy = env.dir.join("human.toml");
+    std::fs::write(&policy, "[decision]\nself_reported = \"accept\"\n").unwrap();
     let e = evaluate(
         &env,
         &patch("noop-comment"),
@@ -181,28 +218,30 @@ fn noop_patch_changes_nothing_significantly() {
         "noop",
         &["--task", "compress", "--policy", policy.to_str().unwrap()],
     );
-    assert_eq!(e.code, 0, "{}", e.ctx());
+    approve_or_inconclusive(&e);
     let metrics = e.verdict["metrics"].as_array().unwrap();
     assert_eq!(metrics.len(), 4, "{}", e.ctx());
     for m in metrics {
         assert!(
-            m["significant"] == false || m["significant"].is_null(),
-            "a no-op patch changed {} significantly: {}",
+            m["class"] == "equivalent" || m["class"] == "inconclusive",
+            "a no-op patch changed {}: {}",
             m["name"],
             e.ctx()
         );
-        assert_eq!(m["samples"], 5, "{m}");
+        assert_eq!(m["significant"], false, "{m}");
     }
-    // The compression itself is deterministic: exactly no change.
+    // The compression itself is deterministic: exactly no change, decided exactly.
     for name in ["compressed_bytes", "ratio"] {
-        assert_eq!(f(&e.metric(name)["change"]), 0.0, "{}", e.ctx());
+        let m = e.metric(name);
+        assert_eq!(f(&m["change"]), 0.0, "{}", e.ctx());
+        assert_eq!(m["class"], "equivalent", "{m}");
     }
     let s = e.summary();
-    assert!(
-        s.contains("unchanged") && s.contains("noise band"),
-        "the summary must say unchanged within the noise: {s}"
-    );
     assert!(!s.contains("improved") && !s.contains("regressed"), "{s}");
+    // "unchanged" only when every compared metric was shown inside its band.
+    if s.contains("unchanged") {
+        assert!(metrics.iter().all(|m| m["class"] == "equivalent"), "{s}");
+    }
 }
 
 #[test]
@@ -210,7 +249,7 @@ fn slow_compressor_is_a_significant_p99_regression() {
     need_root!();
     let env = Env::new("vd-slow");
     // The slowed compressor takes ~15 ms per session and run: the same compress task on
-    // 5 sessions instead of 100 keeps the ten runs within seconds (p99 = the slowest).
+    // 5 sessions instead of 100 keeps the runs within seconds (p99 = the slowest).
     let rt = env.runtime("hermes-demo", "");
     let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
     let fewer = toml.replace(r#""--sessions", "100""#, r#""--sessions", "5""#);
@@ -226,17 +265,20 @@ fn slow_compressor_is_a_significant_p99_regression() {
     assert_eq!(e.code, 2, "{}", e.ctx());
     assert_eq!(e.verdict["verdict"], "NEEDS_REVISION");
     let m = e.metric("p99_ms");
+    assert_eq!(m["class"], "regressed", "{m}");
     assert_eq!(m["significant"], true, "{m}");
     let (change, lo) = (f(&m["change"]), f(&m["ci_low"]));
-    assert!(change > 0.01, "p99_ms must go up: {m}");
-    assert!(lo > 0.01, "the CI must lie above the 1% band: {m}");
+    assert!(change > 0.10, "p99_ms must go up: {m}");
+    assert!(lo > 0.10, "the CI must lie above the 10% band: {m}");
     assert!(f(&m["patched"]) > f(&m["baseline"]), "{m}");
-    assert_eq!(m["samples"], 5, "{m}");
+    // A regression settles the verdict: no need to run to the cap.
+    let (n, stopped) = pairs_run(&e);
+    assert!(n < 20, "{n} pairs: {stopped}");
     let s = e.summary();
     assert!(s.contains("p99_ms") && s.contains("regressed"), "{s}");
     // The compression output is unchanged: only the time regressed.
     assert!(!s.contains("compressed_bytes"), "{s}");
-    assert_eq!(e.metric("compressed_bytes")["significant"], false);
+    assert_eq!(e.metric("compressed_bytes")["class"], "equivalent");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -694,6 +736,14 @@ fn junit_and_markdown_summaries_for_ci() {
     let earlier = "# an earlier step\n\nits own summary\n";
     std::fs::write(&step, earlier).unwrap();
     let (ja, sa) = (env.dir.join("a.xml"), env.dir.join("a.md"));
+    // Timing and memory on a shared machine may stay inconclusive in 3 pairs: this test is
+    // about the CI outputs, so they are informational here (reported, never deciding).
+    let policy = env.dir.join("ci.toml");
+    std::fs::write(
+        &policy,
+        "[decision]\nself_reported = \"accept\"\ninformational = [\"p99_ms\", \"peak_memory_kb\"]\n",
+    )
+    .unwrap();
     let a = evaluate_env(
         &env,
         &patch("swap-compressor"),
@@ -706,6 +756,8 @@ fn junit_and_markdown_summaries_for_ci() {
             ja.to_str().unwrap(),
             "--summary",
             sa.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
         ],
         &[("GITHUB_STEP_SUMMARY", step.as_os_str())],
     );
@@ -994,11 +1046,17 @@ fn junit_metric_cases_follow_the_verdicts_significance() {
         "noisy",
         &["--task", "noisy", "--junit", j.to_str().unwrap()],
     );
-    assert_eq!(e.code, 0, "{}", e.ctx());
+    // Not significant is not unchanged (issue 14): +6.7% with an interval from about -70%
+    // to +320% is no evidence either way, and the verdict says so instead of APPROVE.
+    assert_eq!(e.code, 2, "{}", e.ctx());
     let m = e.metric("queue_ms");
     assert_eq!(m["significant"], false, "{m}");
+    assert_eq!(m["class"], "inconclusive", "{m}");
     assert!(f(&m["change"]) > 0.05, "{m}");
-    assert!(e.summary().contains("unchanged"), "{}", e.ctx());
+    assert!(f(&m["ci_low"]) < -0.05 && f(&m["ci_high"]) > 0.05, "{m}");
+    let s = e.summary();
+    assert!(s.contains("inconclusive for queue_ms"), "{}", e.ctx());
+    assert!(!s.contains("unchanged"), "{}", e.ctx());
     let r = parse_junit(&std::fs::read(&j).unwrap()).unwrap();
     let case = r
         .cases
@@ -1007,11 +1065,13 @@ fn junit_metric_cases_follow_the_verdicts_significance() {
         .unwrap();
     assert_eq!(
         case.outcome,
-        TestOutcome::Passed,
-        "an APPROVE with the metric unchanged must not fail its JUnit case: {}",
+        TestOutcome::Failed,
+        "an inconclusive metric fails its JUnit case: {}",
         std::fs::read_to_string(&j).unwrap()
     );
 }
+
+// ---------------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------
 // 8. Replicas.

@@ -9,8 +9,10 @@ use super::{check_interrupt, evidence, side, EvaluateError};
 use crate::budget::Exceeded;
 use crate::patch::Patch;
 use crate::sandbox::BudgetKind;
-use crate::verdict::decide::{decide, Decision, DecisionRules};
+use crate::verdict::decide::{decide, Assessed, Decision, DecisionRules};
+use crate::verdict::sequential::{self, Outcome};
 use crate::verdict::{ArtifactType, VerdictKind};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// What one task of the plan gave.
@@ -49,9 +51,14 @@ fn prepare_patched(
     }
 }
 
-/// Runs one task: `repeat` rounds; in each, every replica of the patched side, then the
-/// baseline (interleaved, so drift on the machine hits both sides alike). `first` is a
-/// patched side already prepared (the evaluation's first, where the patch was tried).
+/// Runs one task: rounds of every replica of the patched side and the baseline. Without a
+/// baseline (or `repeat = 1`) that is `repeat` rounds. With one, each round is a pair, the
+/// order of its two sides drawn from a recorded seed (so drift on the machine hits both
+/// sides alike and no side always runs second); the metrics are looked at on the schedule of
+/// [`sequential::looks`] and the pairs stop as soon as every metric of every replica is
+/// decided, a regression settles the verdict, or the cap (`repeat`, at most the policy's
+/// `max_pairs`) is reached. `first` is a patched side already prepared (the evaluation's
+/// first, where the patch was tried).
 pub fn run_task(
     p: &Plan,
     t: &TaskPlan,
@@ -59,16 +66,38 @@ pub fn run_task(
     mut first: Option<Box<PreparedSide>>,
 ) -> Result<TaskRun, EvaluateError> {
     let replicas = p.replicas;
+    let mut rules = p.policy.decision.clone();
+    rules
+        .lower_is_better
+        .extend(t.spec.lower_is_better.iter().cloned());
     let repeat = t.spec.repeat.max(1) as usize;
+    let paired = t.spec.baseline && repeat > 1;
+    let cap = if paired {
+        repeat.min(rules.max_pairs as usize)
+    } else {
+        repeat
+    };
+    let schedule = if paired && rules.sequential {
+        sequential::looks(rules.min_pairs as usize, cap)
+    } else {
+        vec![cap]
+    };
+    let order_seed: u64 = rand::random();
     let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
     let mut baseline: Vec<RunResult> = Vec::new();
+    let mut assessed: Vec<BTreeMap<String, Assessed>> = vec![BTreeMap::new(); replicas];
+    let mut stopped = format!("ran all {cap} pairs");
     let decided = |patched: &[Vec<RunResult>]| {
         patched
             .iter()
             .flatten()
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
     };
-    for round in 0..repeat {
+    for round in 0..cap {
+        let baseline_first = paired && sequential::baseline_first(order_seed, round);
+        if baseline_first {
+            run_baseline(p, t, s, round, &mut baseline)?;
+        }
         for (r, runs) in patched.iter_mut().enumerate() {
             let prepared = match first.take() {
                 Some(f) => f,
@@ -83,39 +112,65 @@ pub fn run_task(
             )?);
             check_interrupt()?;
         }
-        if t.spec.baseline && !decided(&patched) {
-            if let prepare::Prepared::Ready(side) =
-                prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None)?
-            {
-                baseline.push(side::run_side(
-                    p,
-                    t,
-                    *side,
-                    s.staging,
-                    &side::side_label("baseline", 0, round, 1),
-                )?);
-            }
-            check_interrupt()?;
+        if t.spec.baseline && !baseline_first && !decided(&patched) {
+            run_baseline(p, t, s, round, &mut baseline)?;
         }
         // A run that blew a budget or could not start ends the repeats: the answer is known.
         if decided(&patched) {
+            stopped = format!("a run ended the task after {} pairs", round + 1);
             break;
         }
+        if paired {
+            if let Some(look) = schedule.iter().position(|&n| n == round + 1) {
+                let ctx = Look {
+                    index: look,
+                    schedule: &schedule,
+                    order_seed,
+                };
+                let all = (0..replicas)
+                    .map(|r| look_at(&rules, &patched[r], &baseline, r, &ctx, &mut assessed[r]))
+                    .fold(Settled::Decided, Settled::min);
+                match all {
+                    Settled::Decided => {
+                        stopped = format!(
+                            "every metric decided at look {} of {} ({} pairs)",
+                            look + 1,
+                            schedule.len(),
+                            round + 1
+                        );
+                        break;
+                    }
+                    Settled::Regressed => {
+                        stopped = format!(
+                            "a regression settled the verdict at look {} of {} ({} pairs)",
+                            look + 1,
+                            schedule.len(),
+                            round + 1
+                        );
+                        break;
+                    }
+                    Settled::Open if round + 1 == cap => {
+                        stopped = format!("the run cap of {cap} pairs");
+                    }
+                    Settled::Open => {}
+                }
+            }
+        }
+    }
+    for a in assessed.iter_mut().flat_map(|m| m.values_mut()) {
+        a.stopped = stopped.clone();
     }
     if let Some(unused) = first {
         unused.into_sandbox().destroy()?;
     }
 
     // A decision per replica, then agreement.
-    let mut rules = p.policy.decision.clone();
-    rules
-        .lower_is_better
-        .extend(t.spec.lower_is_better.iter().cloned());
     let baseline_samples = evidence::samples(&baseline);
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
         let (mut evidence, chosen) =
             evidence::evidence_for(t, runs, &baseline, &baseline_samples, &rules, r as u64);
+        evidence.assessments = std::mem::take(&mut assessed[r]);
         // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
         // it is blown for the verdict.
         if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
@@ -193,6 +248,126 @@ pub fn run_task(
         artifacts,
         rules,
     })
+}
+
+/// Runs the baseline side of pair `round` (when its clone can be prepared).
+fn run_baseline(
+    p: &Plan,
+    t: &TaskPlan,
+    s: &Sources<'_>,
+    round: usize,
+    baseline: &mut Vec<RunResult>,
+) -> Result<(), EvaluateError> {
+    if let prepare::Prepared::Ready(side) =
+        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None)?
+    {
+        baseline.push(side::run_side(
+            p,
+            t,
+            *side,
+            s.staging,
+            &side::side_label("baseline", 0, round, 1),
+        )?);
+    }
+    check_interrupt()
+}
+
+/// Where a look stands in the sequential design.
+struct Look<'a> {
+    index: usize,
+    schedule: &'a [usize],
+    order_seed: u64,
+}
+
+/// What a look found for one replica, least settled first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Settled {
+    /// A metric is still inconclusive.
+    Open,
+    /// A deciding metric regressed: the verdict cannot become APPROVE.
+    Regressed,
+    /// Every metric is decided.
+    Decided,
+}
+
+impl Settled {
+    /// Across replicas: stop only when every replica is settled, and for the weaker reason.
+    fn min(self, other: Settled) -> Settled {
+        std::cmp::min(self, other)
+    }
+}
+
+/// Looks at one replica's pairs: each metric not yet decided is assessed at this look's
+/// error level (the look's share of the policy's alpha, split over the tested metrics); a
+/// decided metric keeps its decision.
+fn look_at(
+    rules: &DecisionRules,
+    runs: &[RunResult],
+    baseline: &[RunResult],
+    replica: usize,
+    look: &Look<'_>,
+    assessed: &mut BTreeMap<String, Assessed>,
+) -> Settled {
+    let ps = evidence::samples(runs);
+    let bs = evidence::samples(baseline);
+    let pairs: Vec<(&String, &Vec<f64>, &Vec<f64>)> = ps
+        .iter()
+        .filter_map(|(k, p)| bs.get(k).map(|b| (k, b, p)))
+        .collect();
+    let tested = pairs
+        .iter()
+        .filter(|(_, b, p)| !(sequential::is_constant(b) && sequential::is_constant(p)))
+        .count();
+    let a = sequential::look_alpha(rules.alpha, look.schedule, look.index, tested);
+    for (name, b, p) in &pairs {
+        if assessed
+            .get(*name)
+            .is_some_and(|x| x.outcome != Outcome::Inconclusive)
+        {
+            continue;
+        }
+        let band = rules.band_for(name);
+        let r = sequential::assess(
+            b,
+            p,
+            band,
+            a,
+            10_000,
+            0x666f_726b ^ replica as u64,
+            rules.is_lower_better(name),
+        );
+        assessed.insert(
+            (*name).clone(),
+            Assessed {
+                outcome: r.outcome,
+                ci: r.ci,
+                band,
+                alpha: if r.exact { 0.0 } else { a },
+                stopped: String::new(),
+                order_seed: look.order_seed,
+            },
+        );
+    }
+    let deciding = |name: &str| !rules.is_informational(name);
+    let regressed = assessed.iter().any(|(name, x)| {
+        deciding(name)
+            && rules.regression_is != VerdictKind::Approve
+            && match x.outcome {
+                Outcome::Higher => rules.is_lower_better(name),
+                Outcome::Lower => !rules.is_lower_better(name),
+                _ => false,
+            }
+    });
+    let open = assessed
+        .iter()
+        .any(|(name, x)| deciding(name) && x.outcome == Outcome::Inconclusive);
+    if !open {
+        Settled::Decided
+    } else if regressed {
+        Settled::Regressed
+    } else {
+        Settled::Open
+    }
 }
 
 /// The replicas' agreement: a caveat, and the confidence scaled by it when they disagree.

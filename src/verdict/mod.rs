@@ -18,6 +18,7 @@ pub mod deployed;
 pub mod kind;
 pub mod plan;
 pub mod report;
+pub mod sequential;
 pub mod sign;
 pub mod stats;
 pub mod verify;
@@ -37,7 +38,8 @@ pub const SCHEMA_GENERATION: u32 = 1;
 /// The schema version this code writes; any `1.x` is read. 1.4: every envelope of the
 /// bundle is an in-toto one (payloadType `application/vnd.in-toto+json` over a Statement
 /// v1, the endorsement included); bundles of 1.0-1.3 keep their own payloadTypes and still
-/// verify (see [`sign::EnvelopeFormat`]).
+/// verify (see [`sign::EnvelopeFormat`]); a metric may carry its sequential classification
+/// (`class`, `band`, `alpha`, `stopped`, `order_seed`), refused in a verdict older than 1.4.
 pub const SCHEMA_VERSION: &str = "1.4";
 /// `header.message_type` of a verdict.
 pub const MESSAGE_TYPE: &str = "Verdict";
@@ -119,9 +121,46 @@ pub struct Metric {
     /// The Mann-Whitney p-value, when that method is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p_value: Option<f64>,
-    /// Samples per side behind the comparison.
+    /// Samples per side behind the comparison (with a baseline: the pairs run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<usize>,
+    /// How the change was decided over repeated pairs (schema 1.4): improved, regressed,
+    /// equivalent (inside the band) or inconclusive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<MetricVerdict>,
+    /// The noise band the metric was judged against (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band: Option<f64>,
+    /// The error level of the look that decided it, or of the last look (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// Why its task stopped running pairs (schema 1.4), e.g. `every metric decided at look 2 of 4 (6 pairs)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// The seed of its task's randomised side order within each pair (schema 1.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_seed: Option<u64>,
+}
+
+/// A metric's class over repeated pairs (`metrics[].class`, schema 1.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricVerdict {
+    Improved,
+    Regressed,
+    Equivalent,
+    Inconclusive,
+}
+
+impl MetricVerdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MetricVerdict::Improved => "improved",
+            MetricVerdict::Regressed => "regressed",
+            MetricVerdict::Equivalent => "equivalent",
+            MetricVerdict::Inconclusive => "inconclusive",
+        }
+    }
 }
 
 /// `budget.limits`: what the policy allowed (absent = unlimited).
@@ -391,6 +430,21 @@ impl Verdict {
                 h.schema.version
             ));
         }
+        // Schema 1.4 records how each metric was decided over sequential pairs.
+        if version_ok && minor < 4 {
+            if let Some(m) = self.metrics.iter().find(|m| {
+                m.class.is_some()
+                    || m.band.is_some()
+                    || m.alpha.is_some()
+                    || m.stopped.is_some()
+                    || m.order_seed.is_some()
+            }) {
+                errs.push(format!(
+                    "metrics.{}: class, band, alpha, stopped and order_seed are written by schema 1.4 and later, but header.schema.version is `{}`",
+                    m.name, h.schema.version
+                ));
+            }
+        }
         if h.message_type != MESSAGE_TYPE {
             errs.push(format!(
                 "header.message_type is `{}`, expected `{MESSAGE_TYPE}`",
@@ -547,6 +601,7 @@ pub(crate) mod tests {
                 patched: 33.6,
                 change: Some((33.6 - 41.0) / 41.0),
                 significant: Some(true),
+                ..Metric::default()
             }],
             budget: BudgetReport {
                 limits: BudgetLimits {
@@ -684,6 +739,29 @@ pub(crate) mod tests {
         v.header.schema.version = "1.2".into();
         let errs = v.validate().unwrap_err();
         assert!(errs.iter().any(|e| e.contains("schema 1.3")), "{errs:?}");
+    }
+
+    #[test]
+    fn metric_classes_are_schema_1_4() {
+        let k = EphemeralKey::generate();
+        let mut v = sample_verdict(&k.public());
+        v.metrics[0].class = Some(MetricVerdict::Inconclusive);
+        v.metrics[0].band = Some(0.1);
+        v.metrics[0].stopped = Some("the run cap of 20 pairs".into());
+        v.metrics[0].order_seed = Some(u64::MAX);
+        v.validate().unwrap();
+        let doc = serde_json::to_value(&v).unwrap();
+        assert_eq!(doc["metrics"][0]["class"], "inconclusive");
+        assert_eq!(serde_json::from_value::<Verdict>(doc).unwrap(), v);
+        // A 1.3 verdict has no such fields: it still reads; one that carries them is refused.
+        v.header.schema.version = "1.3".into();
+        let errs = v.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.contains("schema 1.4")), "{errs:?}");
+        v.metrics[0].class = None;
+        v.metrics[0].band = None;
+        v.metrics[0].stopped = None;
+        v.metrics[0].order_seed = None;
+        v.validate().unwrap();
     }
 
     #[test]

@@ -169,7 +169,7 @@ pub fn median(xs: &[f64]) -> Option<f64> {
 }
 
 /// Relative change of `p` against `b`, with the project's zero convention.
-fn relative_change(b: f64, p: f64) -> Option<f64> {
+pub(crate) fn relative_change(b: f64, p: f64) -> Option<f64> {
     if b != 0.0 {
         Some((p - b) / b.abs())
     } else if p == 0.0 {
@@ -279,7 +279,7 @@ fn exact_two_sided_p(n: usize, m: usize, u: f64) -> f64 {
 }
 
 /// The smallest two-sided exact p value with `n` and `m` samples: `2 / C(n+m, n)`.
-fn min_exact_p(n: usize, m: usize) -> f64 {
+pub(crate) fn min_exact_p(n: usize, m: usize) -> f64 {
     // C(n+m, n) as f64, multiplicatively (exact enough for this threshold).
     let (small, large) = if n < m { (n, m) } else { (m, n) };
     let mut c = 1.0f64;
@@ -328,10 +328,10 @@ fn erfc(x: f64) -> f64 {
 
 /// SplitMix64 (Steele, Lea, Flood 2014): small, fast, and fully specified, so the bootstrap
 /// is reproducible across versions of any crate.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -340,7 +340,7 @@ impl SplitMix64 {
     }
 
     /// Uniform in `0..n` (n > 0), by multiply-and-shift with rejection (no modulo bias).
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         let n = n as u64;
         let threshold = n.wrapping_neg() % n; // 2^64 mod n
         loop {

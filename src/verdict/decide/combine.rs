@@ -88,6 +88,7 @@ mod tests {
                 ci_high: None,
                 p_value: None,
                 samples: None,
+                ..Metric::default()
             }],
         }
     }

@@ -45,6 +45,9 @@ pub(super) const S_NO_EXIT: f64 = 0.3;
 pub(super) const S_MISSING_FILE: f64 = 0.4;
 pub(super) const S_NO_TESTS_RAN: f64 = 0.4;
 pub(super) const S_METRIC_MISSING: f64 = 0.4;
+/// A metric the evidence could not decide: weak support for NEEDS_REVISION (the patch may
+/// well be fine; the data could not show it).
+pub(super) const S_INCONCLUSIVE: f64 = 0.2;
 const P_FLAKY: f64 = 0.95;
 const P_FLAKY_MAX_COUNTED: i32 = 20;
 const P_SKIPPED_WEIGHT: f64 = 0.25;

@@ -36,10 +36,30 @@ pub struct Evidence {
     /// Per-metric statistics over repeated runs (baseline vs patched samples), when the
     /// task ran more than once per side. With them, a change counts only when significant.
     pub metric_stats: BTreeMap<String, crate::verdict::stats::Comparison>,
+    /// Per-metric sequential assessments over baseline/patched pairs (see
+    /// [`crate::verdict::sequential`]); when present they decide the metric's class.
+    pub assessments: BTreeMap<String, Assessed>,
     /// Files of the protected tree (the manifest's `protected` paths) that differ, after a
     /// run, from the parent's snapshot: what the run changed, added or removed there (or
     /// could not be checked). Any entry is a REJECT.
     pub protected_changes: Vec<ProtectedChange>,
+}
+
+/// One metric's sequential assessment, as the evaluation recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assessed {
+    /// Equivalent, higher, lower or inconclusive (direction-free).
+    pub outcome: crate::verdict::sequential::Outcome,
+    /// The interval the outcome was read from (`1 − alpha`).
+    pub ci: Option<(f64, f64)>,
+    /// The band it was judged against.
+    pub band: f64,
+    /// The error level of the deciding (or last) look.
+    pub alpha: f64,
+    /// Why the task stopped running pairs.
+    pub stopped: String,
+    /// The seed of the side order.
+    pub order_seed: u64,
 }
 
 /// How a protected path differs from the parent's snapshot after a run.

@@ -54,10 +54,10 @@ use crate::verdict::kind::VerdictKind;
 use confidence::{
     combine, confidence, p_flaky, p_skipped, s_failing, s_passing, s_regression,
     P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_EXIT_ZERO,
-    S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT, S_NO_TESTS_RAN,
-    S_SELF_REPORTED, S_SIGNAL,
+    S_INCONCLUSIVE, S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT,
+    S_NO_TESTS_RAN, S_SELF_REPORTED, S_SIGNAL,
 };
-pub use evidence::{ChangeKind, Evidence, ProtectedChange};
+pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
 pub use rules::{DecisionRules, RulesError, SelfReported};
 
@@ -97,7 +97,7 @@ struct Problem {
 
 /// Every metric the patched run reported, in name order, compared with the baseline (and
 /// with the repeated samples' statistics, when there are any).
-fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
+fn compare_metrics(e: &Evidence, rules: &DecisionRules) -> Vec<MetricChange> {
     let empty = BTreeMap::new();
     let patched = e.metrics.as_ref().unwrap_or(&empty);
     patched
@@ -115,7 +115,7 @@ fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
                 (None, Some(_)) if value == 0.0 => Some(0.0),
                 _ => None,
             };
-            MetricChange {
+            let mut m = MetricChange {
                 name: name.clone(),
                 baseline: base,
                 patched: value,
@@ -125,7 +125,33 @@ fn compare_metrics(e: &Evidence) -> Vec<MetricChange> {
                 ci_high: stats.and_then(|st| st.ci_high),
                 p_value: stats.and_then(|st| st.p_value),
                 samples: Some(stats.map(|st| st.n_patched.min(st.n_baseline)).unwrap_or(1)),
+                ..MetricChange::default()
+            };
+            if let (Some(a), Some(_)) = (e.assessments.get(name), base) {
+                use crate::verdict::sequential::Outcome;
+                use crate::verdict::MetricVerdict;
+                let lower_better = rules.is_lower_better(name);
+                let class = match a.outcome {
+                    Outcome::Equivalent => MetricVerdict::Equivalent,
+                    Outcome::Inconclusive => MetricVerdict::Inconclusive,
+                    Outcome::Higher if lower_better => MetricVerdict::Regressed,
+                    Outcome::Lower if !lower_better => MetricVerdict::Regressed,
+                    Outcome::Higher | Outcome::Lower => MetricVerdict::Improved,
+                };
+                m.significant = Some(matches!(
+                    class,
+                    MetricVerdict::Improved | MetricVerdict::Regressed
+                ));
+                (m.ci_low, m.ci_high) = (a.ci.map(|c| c.0), a.ci.map(|c| c.1));
+                m.class = Some(class);
+                m.band = Some(a.band);
+                m.alpha = Some(a.alpha);
+                m.stopped = Some(a.stopped.clone());
+                m.order_seed = Some(a.order_seed);
+            } else if base.is_some() {
+                m.band = Some(rules.band_for(name));
             }
+            m
         })
         .collect()
 }
@@ -159,7 +185,7 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     let mut caveats: Vec<String> = Vec::new();
 
     // ---- Metrics are computed first: they are reported on every path. ----
-    let metrics = compare_metrics(e);
+    let metrics = compare_metrics(e, rules);
     let classes: Vec<MetricClass> = metrics.iter().map(|m| rules.classify(m)).collect();
 
     // ---- 1. Deterministic rejections. ----
@@ -294,6 +320,26 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
             }
         }
     }
+    // Informational metrics are reported but never decide the verdict.
+    let (info_regressed, regressed): (Vec<&MetricChange>, Vec<&MetricChange>) = regressed
+        .into_iter()
+        .partition(|m| rules.is_informational(&m.name));
+    let (info_inconclusive, inconclusive): (Vec<&MetricChange>, Vec<&MetricChange>) =
+        of_class(MetricClass::Inconclusive)
+            .into_iter()
+            .partition(|m| rules.is_informational(&m.name));
+    if !info_regressed.is_empty() {
+        caveats.push(wording::informational(&wording::regressions(
+            &info_regressed,
+            band,
+        )));
+    }
+    if !info_inconclusive.is_empty() {
+        caveats.push(wording::informational(&wording::inconclusive(
+            &info_inconclusive,
+            band,
+        )));
+    }
     if !regressed.is_empty() {
         let sentence = wording::regressions(&regressed, band);
         if rules.regression_is == VerdictKind::Approve {
@@ -302,18 +348,31 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
         } else {
             problems.push(Problem {
                 sentence,
-                strength: combine(regressed.iter().map(|m| s_regression(m.change, band))),
+                strength: combine(
+                    regressed
+                        .iter()
+                        .map(|m| s_regression(m.change, m.band.unwrap_or(band))),
+                ),
                 verdict: rules.regression_is,
             });
         }
     }
+    // Not significant is not unchanged: a metric whose interval reaches beyond its band
+    // after the last look is no evidence either way, and the verdict says so.
+    if !inconclusive.is_empty() {
+        problems.push(Problem {
+            sentence: wording::inconclusive(&inconclusive, band),
+            strength: S_INCONCLUSIVE,
+            verdict: needs,
+        });
+    }
     let compared = metrics.iter().filter(|m| m.baseline.is_some()).count();
     if !improved.is_empty() {
-        notes.push(wording::improvements(&improved, noise.len(), band));
-    } else if !noise.is_empty() && regressed.is_empty() {
+        notes.push(wording::improvements(&improved, &noise, band));
+    } else if !noise.is_empty() && regressed.is_empty() && inconclusive.is_empty() {
         notes.push(wording::unchanged(&noise, band));
     }
-    if compared > 0 && regressed.is_empty() {
+    if compared > 0 && regressed.is_empty() && inconclusive.is_empty() {
         support.push(S_METRICS_OK);
     }
     let untested = metrics
@@ -407,7 +466,7 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::budget::Exceeded;
     use crate::sandbox::BudgetKind;
@@ -450,8 +509,13 @@ pub(super) mod tests {
         Some(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect())
     }
 
-    pub(super) fn rules() -> DecisionRules {
-        DecisionRules::default()
+    /// The default rules with one noise band for every metric (no per-kind bands), as
+    /// these tests of the single-sample rules were written.
+    pub(crate) fn rules() -> DecisionRules {
+        DecisionRules {
+            bands: BTreeMap::new(),
+            ..DecisionRules::default()
+        }
     }
 
     // ---- REJECT paths ----
@@ -856,6 +920,125 @@ pub(super) mod tests {
             d.summary,
             "p99_ms improved 50.0% and queue_depth improved 50.0%."
         );
+    }
+
+    fn assessed(
+        outcome: crate::verdict::sequential::Outcome,
+        ci: (f64, f64),
+        band: f64,
+    ) -> Assessed {
+        Assessed {
+            outcome,
+            ci: Some(ci),
+            band,
+            alpha: 0.01,
+            stopped: "the run cap of 20 pairs".into(),
+            order_seed: 7,
+        }
+    }
+
+    #[test]
+    fn not_significant_is_inconclusive_not_unchanged() {
+        use crate::verdict::sequential::Outcome;
+        let mut e = Evidence {
+            metrics: m(&[("p99_ms", 1.90), ("compressed_bytes", 100.0)]),
+            baseline_metrics: m(&[("p99_ms", 1.40), ("compressed_bytes", 100.0)]),
+            ..ok_run(Some(report(5, 0, 0, 0)))
+        };
+        e.assessments.insert(
+            "p99_ms".into(),
+            assessed(Outcome::Inconclusive, (0.008, 1.07), 0.10),
+        );
+        e.assessments.insert(
+            "compressed_bytes".into(),
+            assessed(Outcome::Equivalent, (0.0, 0.0), 0.0),
+        );
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision);
+        assert!(
+            d.summary.starts_with("The evidence was inconclusive for p99_ms (change +35.7%, interval +0.8% to +107.0%, 1 pair, band ±10.0%)"),
+            "{}",
+            d.summary
+        );
+        assert!(d.summary.contains("+0.8% to +107.0%"), "{}", d.summary);
+        assert!(!d.summary.contains("unchanged"), "{}", d.summary);
+        assert!(d.confidence < 0.7, "{}", d.confidence);
+        let p99 = d.metrics.iter().find(|m| m.name == "p99_ms").unwrap();
+        assert_eq!(p99.class, Some(crate::verdict::MetricVerdict::Inconclusive));
+        assert_eq!(p99.significant, Some(false));
+        assert_eq!((p99.ci_low, p99.ci_high), (Some(0.008), Some(1.07)));
+        assert_eq!(p99.band, Some(0.10));
+        assert_eq!(p99.order_seed, Some(7));
+
+        // Informational: reported as a caveat, the verdict is not held back.
+        let info = DecisionRules {
+            informational: vec!["p99*".into()],
+            ..DecisionRules::default()
+        };
+        let d = decide(&e, &info);
+        assert_eq!(d.verdict, VerdictKind::Approve, "{}", d.summary);
+        assert!(
+            d.caveats
+                .iter()
+                .any(|c| c.contains("inconclusive for p99_ms") && c.contains("informational")),
+            "{:?}",
+            d.caveats
+        );
+
+        // Equivalent within the band: "unchanged", with each metric's own band.
+        e.assessments.insert(
+            "p99_ms".into(),
+            assessed(Outcome::Equivalent, (-0.04, 0.06), 0.10),
+        );
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::Approve);
+        assert!(
+            d.summary.contains("All 2 metrics unchanged within their noise bands (compressed_bytes 0.0%, p99_ms 10.0%)"),
+            "{}",
+            d.summary
+        );
+        // Higher on a lower-is-better metric: a regression.
+        e.assessments
+            .insert("p99_ms".into(), assessed(Outcome::Higher, (0.2, 0.5), 0.10));
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision);
+        assert!(d.summary.starts_with("p99_ms regressed"), "{}", d.summary);
+    }
+
+    #[test]
+    fn bands_per_metric_kind() {
+        let r = DecisionRules::default();
+        assert_eq!(r.band_for("compressed_bytes"), 0.0);
+        assert_eq!(r.band_for("ratio"), 0.01);
+        assert_eq!(r.band_for("p50_ms"), 0.05);
+        assert_eq!(r.band_for("p99_ms"), 0.10, "the widest matching band");
+        assert_eq!(r.band_for("peak_memory_kb"), 0.05);
+        assert_eq!(r.band_for("peak_memory_bytes"), 0.05);
+        assert_eq!(r.band_for("accuracy"), 0.01, "no pattern: noise_band");
+        let exact = DecisionRules {
+            bands: [("p99_ms".to_string(), 0.2), ("*_ms".to_string(), 0.3)].into(),
+            ..DecisionRules::default()
+        };
+        assert_eq!(exact.band_for("P99_MS"), 0.2, "an exact name wins");
+        assert_eq!(exact.band_for("p50_ms"), 0.3);
+        assert!(r.validate().is_ok());
+        let bad = DecisionRules {
+            bands: [("*_ms".to_string(), -0.1)].into(),
+            ..DecisionRules::default()
+        };
+        assert!(matches!(bad.validate(), Err(RulesError::Band(..))));
+        let bad = DecisionRules {
+            min_pairs: 1,
+            ..DecisionRules::default()
+        };
+        assert_eq!(bad.validate(), Err(RulesError::Pairs(1, 20)));
+        let r: DecisionRules = toml::from_str(
+            "max_pairs = 8\ninformational = [\"p99_ms\"]\n[bands]\n\"*_ms\" = 0.2\n",
+        )
+        .unwrap();
+        assert_eq!((r.min_pairs, r.max_pairs, r.sequential), (3, 8, true));
+        assert_eq!(r.band_for("p99_ms"), 0.2);
+        assert!(r.is_informational("p99_ms") && !r.is_informational("p50_ms"));
     }
 
     #[test]

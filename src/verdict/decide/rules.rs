@@ -3,6 +3,7 @@
 //! method; and how those rules classify one metric against its baseline.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::verdict::kind::VerdictKind;
 use crate::verdict::Metric;
@@ -34,6 +35,21 @@ pub struct DecisionRules {
     /// `accept` (an APPROVE, with a caveat and lower confidence: for CI gating of patches
     /// written by people).
     pub self_reported: SelfReported,
+    /// Noise bands per metric kind: metric name (or `*` pattern, as in `lower_is_better`)
+    /// -> band. An exact name wins, then the matching pattern with the most characters
+    /// other than `*` (ties: the first in name order); metrics matching none get
+    /// `noise_band`. `0` means exact: a deterministic metric must not move at all.
+    pub bands: BTreeMap<String, f64>,
+    /// Metrics (names or patterns) that are reported but never decide the verdict: an
+    /// inconclusive or regressed informational metric is a caveat, not a NEEDS_REVISION.
+    pub informational: Vec<String>,
+    /// Sequential stopping for tasks with a baseline and `repeat` > 1: pairs run until
+    /// every metric is decided or the cap; `false` runs every pair and looks once.
+    pub sequential: bool,
+    /// Pairs (baseline + patched) of the first look (default 3, at least 2).
+    pub min_pairs: u32,
+    /// The most pairs any task runs, whatever its `repeat` (default 20).
+    pub max_pairs: u32,
 }
 
 /// How far self-reported evidence goes (`[decision] self_reported`).
@@ -61,6 +77,12 @@ pub enum RulesError {
     /// `alpha` is outside (0, 0.5).
     #[error("decision rules: alpha = {0} is not a usable significance level; give a number between 0 and 0.5 (0.05 is usual)")]
     Alpha(f64),
+    /// A `bands` entry is empty, or its band negative, NaN or infinite.
+    #[error("decision rules: bands.\"{0}\" = {1} is not usable; give a metric name or pattern and a finite band >= 0 (0.05 means 5%)")]
+    Band(String, f64),
+    /// `min_pairs` / `max_pairs` out of range.
+    #[error("decision rules: min_pairs = {0}, max_pairs = {1}; give 2 <= min_pairs <= max_pairs <= 1000")]
+    Pairs(u32, u32),
 }
 
 impl DecisionRules {
@@ -70,6 +92,10 @@ impl DecisionRules {
     pub const DEFAULT_RERUNS: u32 = 2;
     /// Most reruns a policy may ask for.
     pub const MAX_RERUNS: u32 = 10;
+    /// Default pairs of the first look.
+    pub const DEFAULT_MIN_PAIRS: u32 = 3;
+    /// Default run cap (pairs).
+    pub const DEFAULT_MAX_PAIRS: u32 = 20;
 
     /// Default lower-is-better patterns: time units (`*_ms`, `*_us`, `*_ns`, `*_s`, `*_sec`,
     /// `*_secs`, `*_seconds`), size units (`*_bytes`, `*_kb`, `*_kib`, `*_mb`, `*_mib`,
@@ -124,7 +150,71 @@ impl DecisionRules {
         if !(self.alpha > 0.0 && self.alpha < 0.5) {
             return Err(RulesError::Alpha(self.alpha));
         }
+        if let Some((k, v)) = self
+            .bands
+            .iter()
+            .find(|(k, v)| k.trim().is_empty() || !v.is_finite() || **v < 0.0)
+        {
+            return Err(RulesError::Band(k.clone(), *v));
+        }
+        if self.informational.iter().any(|p| p.trim().is_empty()) {
+            return Err(RulesError::EmptyPattern);
+        }
+        if self.min_pairs < 2 || self.max_pairs < self.min_pairs || self.max_pairs > 1000 {
+            return Err(RulesError::Pairs(self.min_pairs, self.max_pairs));
+        }
         Ok(())
+    }
+
+    /// The noise band of `metric`: its `bands` entry by exact name, else the widest band of
+    /// the matching patterns, else the noise band in force.
+    pub fn band_for(&self, metric: &str) -> f64 {
+        let usable = |b: f64| b.is_finite() && b >= 0.0;
+        if let Some((_, &b)) = self
+            .bands
+            .iter()
+            .find(|(k, b)| !k.contains('*') && k.eq_ignore_ascii_case(metric) && usable(**b))
+        {
+            return b;
+        }
+        self.bands
+            .iter()
+            .filter(|(k, b)| usable(**b) && wildcard_match(k.as_bytes(), metric.as_bytes()))
+            .map(|(_, &b)| b)
+            .fold(None, |acc: Option<f64>, b| {
+                Some(acc.map_or(b, |a| a.max(b)))
+            })
+            .unwrap_or_else(|| self.band())
+    }
+
+    /// The default noise bands per metric kind ([`DecisionRules::bands`]): sizes in bytes
+    /// exact; ratios 1%; timings (names in time units or with `latency`, `duration`, `time`)
+    /// and medians 5%; high percentiles (`p9*`) 10%; memory 5%.
+    pub const DEFAULT_BANDS: &'static [(&'static str, f64)] = &[
+        ("*_bytes", 0.0),
+        ("*ratio*", 0.01),
+        ("*_ms", 0.05),
+        ("*_us", 0.05),
+        ("*_ns", 0.05),
+        ("*_s", 0.05),
+        ("*_sec", 0.05),
+        ("*_secs", 0.05),
+        ("*_seconds", 0.05),
+        ("*latency*", 0.05),
+        ("*duration*", 0.05),
+        ("*time*", 0.05),
+        ("*p50*", 0.05),
+        ("*median*", 0.05),
+        ("*p9*", 0.10),
+        ("*memory*", 0.05),
+        ("*rss*", 0.05),
+    ];
+
+    /// Whether `metric` is informational (reported, never deciding).
+    pub fn is_informational(&self, metric: &str) -> bool {
+        self.informational
+            .iter()
+            .any(|p| wildcard_match(p.as_bytes(), metric.as_bytes()))
     }
 
     /// The noise band in force: `noise_band`, or the default when it is unusable.
@@ -136,23 +226,33 @@ impl DecisionRules {
         }
     }
 
-    /// How `m` compares with its baseline under these rules. It moved beyond the band when
-    /// its change was judged significant (repeated samples), else when its relative change
-    /// exceeds the noise band (strictly), else (no relative change: the baseline is 0) when
-    /// it moved at all; it got worse when it went up for a lower-is-better name, down
-    /// otherwise. The decision and the JUnit report both classify by this one rule.
+    /// How `m` compares with its baseline under these rules. With repeated samples the
+    /// sequential assessment decides (`m.class`: improved, regressed, equivalent or
+    /// inconclusive). Without it (single samples) the metric moved beyond the band when its
+    /// change was judged significant, else when its relative change exceeds its noise band
+    /// (strictly), else (no relative change: the baseline is 0) when it moved at all; it got
+    /// worse when it went up for a lower-is-better name, down otherwise. The decision and the
+    /// JUnit report both classify by this one rule.
     pub(in crate::verdict) fn classify(&self, m: &Metric) -> MetricClass {
         let Some(b) = m.baseline else {
             return MetricClass::NoBaseline;
         };
+        match m.class {
+            Some(crate::verdict::MetricVerdict::Improved) => return MetricClass::Improved,
+            Some(crate::verdict::MetricVerdict::Regressed) => return MetricClass::Regressed,
+            Some(crate::verdict::MetricVerdict::Equivalent) => return MetricClass::Noise,
+            Some(crate::verdict::MetricVerdict::Inconclusive) => return MetricClass::Inconclusive,
+            None => {}
+        }
         let worse = if self.is_lower_better(&m.name) {
             m.patched > b
         } else {
             m.patched < b
         };
+        let band = m.band.unwrap_or_else(|| self.band_for(&m.name));
         let beyond = match (m.significant, m.change) {
             (Some(significant), _) => significant,
-            (None, Some(c)) => c.abs() > self.band(),
+            (None, Some(c)) => c.abs() > band,
             (None, None) => m.patched != b,
         };
         match (beyond, worse) {
@@ -168,8 +268,11 @@ impl DecisionRules {
 pub(in crate::verdict) enum MetricClass {
     /// No baseline: nothing to compare.
     NoBaseline,
-    /// Within the noise band (or not significant).
+    /// Within the noise band: equivalent (repeated samples), or not beyond the band (single
+    /// samples).
     Noise,
+    /// Repeated samples that could not tell: the interval reaches beyond the band.
+    Inconclusive,
     /// Beyond the band, in the good direction.
     Improved,
     /// Beyond the band, in the bad direction.
@@ -191,6 +294,14 @@ impl Default for DecisionRules {
             // The code under test does not approve itself by default (it did before verdict
             // schema 1.3; policies/human-patches.toml restores that).
             self_reported: SelfReported::NeedsRevision,
+            bands: Self::DEFAULT_BANDS
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            informational: Vec::new(),
+            sequential: true,
+            min_pairs: Self::DEFAULT_MIN_PAIRS,
+            max_pairs: Self::DEFAULT_MAX_PAIRS,
         }
     }
 }

@@ -73,6 +73,69 @@ pub(super) fn noise_band(band: f64) -> String {
     format!("the {} noise band", pct(band))
 }
 
+/// `the 1.0% noise band` when every metric has that band, else `their noise bands (…)`.
+fn bands_of(metrics: &[&Metric], band: f64) -> String {
+    let of = |m: &&Metric| m.band.unwrap_or(band);
+    match metrics.first().map(of) {
+        Some(first) if metrics.iter().all(|m| of(m) == first) => noise_band(first),
+        _ => {
+            let items: Vec<String> = metrics
+                .iter()
+                .map(|m| format!("{} {}", m.name, pct(of(m))))
+                .collect();
+            format!("their noise bands ({})", items.join(", "))
+        }
+    }
+}
+
+/// A signed percentage: `+35.0%`, `-0.8%`.
+fn signed_pct(x: f64) -> String {
+    format!("{:+.1}%", x * 100.0)
+}
+
+/// The metrics the evidence could not decide (at least one), naming the first three with
+/// their change and interval.
+pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
+    let items: Vec<String> = metrics
+        .iter()
+        .map(|m| {
+            let change = m.change.map(signed_pct).unwrap_or_else(|| "unknown".into());
+            let interval = match (m.ci_low, m.ci_high) {
+                (Some(lo), Some(hi)) => {
+                    format!("interval {} to {}", signed_pct(lo), signed_pct(hi))
+                }
+                _ => "no bounded interval".to_string(),
+            };
+            let pairs = m
+                .samples
+                .map(|n| format!(", {}", plural(n, "pair", "pairs")))
+                .unwrap_or_default();
+            format!(
+                "{} (change {change}, {interval}{pairs}, band ±{})",
+                m.name,
+                pct(m.band.unwrap_or(band))
+            )
+        })
+        .collect();
+    let its = if metrics.len() == 1 {
+        "its interval"
+    } else {
+        "each interval"
+    };
+    format!(
+        "The evidence was inconclusive for {}: {its} reaches beyond the noise band, so the change is shown neither inside the band nor beyond it.",
+        list(&items, 3)
+    )
+}
+
+/// Informational metrics the evidence could not decide, or that regressed.
+pub(super) fn informational(sentence: &str) -> String {
+    format!(
+        "{} (informational: the policy does not let this metric decide the verdict)",
+        sentence.trim_end_matches('.')
+    )
+}
+
 // ---------------------------------------------------------------------------------------
 // Deterministic rejections.
 // ---------------------------------------------------------------------------------------
@@ -295,7 +358,11 @@ fn improved(m: &Metric) -> String {
 /// The regressions (at least one), naming the first three.
 pub(super) fn regressions(regressed_metrics: &[&Metric], band: f64) -> String {
     let items: Vec<String> = regressed_metrics.iter().map(|m| regressed(m)).collect();
-    format!("{}, beyond {}.", list(&items, 3), noise_band(band))
+    format!(
+        "{}, beyond {}.",
+        list(&items, 3),
+        bands_of(regressed_metrics, band)
+    )
 }
 
 /// A regression sentence as a caveat, when the rules approve regressions.
@@ -308,14 +375,14 @@ pub(super) fn accepted_regressions(sentence: &str) -> String {
 
 /// The improvements (at least one), naming the first three, and how many others stayed
 /// within the band.
-pub(super) fn improvements(improved_metrics: &[&Metric], noise: usize, band: f64) -> String {
+pub(super) fn improvements(improved_metrics: &[&Metric], noise: &[&Metric], band: f64) -> String {
     let items: Vec<String> = improved_metrics.iter().map(|m| improved(m)).collect();
     let mut s = list(&items, 3);
-    if noise > 0 {
+    if !noise.is_empty() {
         s.push_str(&format!(
             "; {} within {}",
-            plural(noise, "other metric", "other metrics"),
-            noise_band(band)
+            plural(noise.len(), "other metric", "other metrics"),
+            bands_of(noise, band)
         ));
     }
     s.push('.');
@@ -325,11 +392,11 @@ pub(super) fn improvements(improved_metrics: &[&Metric], noise: usize, band: f64
 /// Every compared metric stayed within the band (at least one did).
 pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
     match noise {
-        [m] => format!("{} unchanged within {}.", m.name, noise_band(band)),
+        [m] => format!("{} unchanged within {}.", m.name, bands_of(noise, band)),
         _ => format!(
             "All {} metrics unchanged within {}.",
             noise.len(),
-            noise_band(band)
+            bands_of(noise, band)
         ),
     }
 }

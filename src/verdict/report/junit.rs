@@ -168,7 +168,10 @@ fn test_cases(report: &TestReport) -> impl Iterator<Item = Case> + '_ {
 }
 
 fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
-    let band_text = format!("the {:.1}% noise band", rules.band() * 100.0);
+    let band_text = format!(
+        "the {:.1}% noise band",
+        m.band.unwrap_or_else(|| rules.band_for(&m.name)) * 100.0
+    );
     let direction = if rules.is_lower_better(&m.name) {
         "lower is better"
     } else {
@@ -213,6 +216,26 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
                 movement(m)
             )),
         ),
+        MetricClass::Inconclusive => {
+            let message = format!(
+                "{} inconclusive: {}; its interval reaches beyond the {:.1}% noise band ({direction})",
+                m.name,
+                movement(m),
+                m.band.unwrap_or_else(|| rules.band()) * 100.0
+            );
+            if rules.is_informational(&m.name) {
+                (Status::Passed, Some(format!("{message}; informational")))
+            } else {
+                (
+                    Status::Failure {
+                        kind: "inconclusive",
+                        body: message.clone(),
+                        message: Some(message),
+                    },
+                    None,
+                )
+            }
+        }
         MetricClass::Noise => (
             Status::Passed,
             Some(format!(
@@ -479,7 +502,7 @@ mod tests {
     #[test]
     fn junit_parses_back_with_expected_counts() {
         let (v, report) = fixture();
-        let rules = DecisionRules::default();
+        let rules = crate::verdict::decide::tests::rules();
         let xml = junit(&v, Some(&report), &rules);
         let parsed = parse_junit(xml.as_bytes()).unwrap();
         assert_eq!(parsed.cases.len(), 5 + 6 + 1);
@@ -537,7 +560,7 @@ mod tests {
         let rules = DecisionRules {
             noise_band: 0.15,
             lower_is_better: vec!["errors".into()],
-            ..DecisionRules::default()
+            ..crate::verdict::decide::tests::rules()
         };
         let parsed = parse_junit(junit(&v, None, &rules).as_bytes()).unwrap();
         assert_eq!(parsed.cases.len(), 6 + 1);
@@ -555,7 +578,7 @@ mod tests {
     fn approve_passes_and_reject_lists_gate_violations() {
         let k = EphemeralKey::generate();
         let v = sample_verdict(&k.public());
-        let rules = DecisionRules::default();
+        let rules = crate::verdict::decide::tests::rules();
         let xml = junit(&v, None, &rules);
         let parsed = parse_junit(xml.as_bytes()).unwrap();
         assert_eq!(outcome_of(&parsed, "fork.verdict"), TestOutcome::Passed);
@@ -603,7 +626,7 @@ mod tests {
         v.metrics = hostile.iter().map(|n| metric(n, Some(1.0), 2.0)).collect();
         let rules = DecisionRules {
             lower_is_better: vec!["*".into()],
-            ..DecisionRules::default()
+            ..crate::verdict::decide::tests::rules()
         };
         let xml = junit(&v, Some(&report), &rules);
         assert_xml_chars(&xml);
@@ -660,7 +683,7 @@ mod tests {
                 Some("\u{1b}[2J"),
             )],
         };
-        let xml = junit(&v, Some(&report), &DecisionRules::default());
+        let xml = junit(&v, Some(&report), &crate::verdict::decide::tests::rules());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.xml");
         std::fs::write(&path, &xml).unwrap();

@@ -195,6 +195,7 @@ pub(super) mod tests {
             patched,
             change: baseline.and_then(|b| (b != 0.0).then(|| (patched - b) / b.abs())),
             significant: None,
+            ..Metric::default()
         }
     }
 
