@@ -50,7 +50,10 @@ pub struct MetricAgreement {
     /// How far apart the two are: the relative changes' difference with baselines, else
     /// the values' relative difference.
     pub relative_difference: Option<f64>,
-    /// Whether that difference is within the noise band (nothing else).
+    /// The noise band this metric is held to (the policy's band for its kind, see
+    /// [`crate::verdict::decide::DecisionRules::band_for`]).
+    pub band: f64,
+    /// Whether that difference is within that band (nothing else).
     pub within_band: bool,
     /// Whether the two measurements agree, and why (see [`Agreed`]); `None`: they do not.
     pub agreed: Option<Agreed>,
@@ -87,6 +90,8 @@ pub struct Agreement {
     pub ours: VerdictKind,
     pub their_node: String,
     pub their_node_trusted: bool,
+    /// The policy's band for metrics no per-kind band matches (each metric's own is in
+    /// [`MetricAgreement::band`]).
     pub noise_band: f64,
     pub metrics: Vec<MetricAgreement>,
     pub our_bundle: PathBuf,
@@ -177,11 +182,17 @@ fn metric_agrees(
     }
 }
 
-/// Compares two verdicts: the same answer, and every metric of theirs agreeing with ours.
-pub fn compare(theirs: &Verdict, ours: &Verdict, band: f64) -> (bool, Vec<MetricAgreement>) {
+/// Compares two verdicts: the same answer, and every metric of theirs agreeing with ours,
+/// each metric held to the band `rules` give its kind.
+pub fn compare(
+    theirs: &Verdict,
+    ours: &Verdict,
+    rules: &crate::verdict::decide::DecisionRules,
+) -> (bool, Vec<MetricAgreement>) {
     let mut metrics = Vec::new();
     let mut all = true;
     for m in &theirs.metrics {
+        let band = rules.band_for(&m.name);
         let o = ours.metrics.iter().find(|x| x.name == m.name);
         let (agreed, rel) = match o {
             Some(o) => {
@@ -196,6 +207,7 @@ pub fn compare(theirs: &Verdict, ours: &Verdict, band: f64) -> (bool, Vec<Metric
             theirs: m.patched,
             ours: o.map(|o| o.patched),
             relative_difference: rel,
+            band,
             within_band: rel.is_some_and(|r| r <= band),
             agreed,
         });
@@ -252,17 +264,17 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
     req.ledger = LedgerChoice::Default;
     req.proposal = theirs.verdict.proposal_id.clone();
     let ours = evaluate(&req)?;
-    let band = crate::policy::Policy::load(a.policy.as_deref())
-        .map(|p| p.decision.noise_band)
-        .unwrap_or(crate::verdict::decide::DecisionRules::DEFAULT_NOISE_BAND);
-    let (agree, metrics) = compare(&theirs.verdict, &ours.verdict, band);
+    let rules = crate::policy::Policy::load(a.policy.as_deref())
+        .map(|p| p.decision)
+        .unwrap_or_default();
+    let (agree, metrics) = compare(&theirs.verdict, &ours.verdict, &rules);
     let report = Agreement {
         agree,
         theirs: theirs.verdict.verdict,
         ours: ours.verdict.verdict,
         their_node: theirs.node_key.to_string(),
         their_node_trusted,
-        noise_band: band,
+        noise_band: rules.noise_band,
         metrics,
         our_bundle: ours.out_dir.clone(),
         our_run_id: ours.verdict.run_id.clone(),
@@ -273,7 +285,38 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verdict::decide::DecisionRules;
     use crate::verdict::Metric;
+
+    /// Rules with one band for every metric.
+    fn flat(band: f64) -> DecisionRules {
+        DecisionRules {
+            noise_band: band,
+            bands: Default::default(),
+            ..DecisionRules::default()
+        }
+    }
+
+    #[test]
+    fn each_metric_is_held_to_the_band_of_its_kind() {
+        // The default policy: timing percentiles 10%, byte counts exact.
+        let rules = DecisionRules::default();
+        let a = verdict_with(
+            VerdictKind::Approve,
+            &[("p99_ms", 100.0), ("out_bytes", 1000.0)],
+        );
+        let b = verdict_with(
+            VerdictKind::Approve,
+            &[("p99_ms", 106.0), ("out_bytes", 1005.0)],
+        );
+        let (agree, m) = compare(&a, &b, &rules);
+        assert!(!agree, "0.5% apart on an exact metric is a disagreement");
+        assert!(m[0].within_band && m[0].band > 0.05, "{:?}", m[0]);
+        assert!(!m[1].within_band && m[1].band == 0.0, "{:?}", m[1]);
+        // With one flat 1% band the same p99 disagrees and the bytes agree.
+        let (_, m) = compare(&a, &b, &flat(0.01));
+        assert!(!m[0].within_band && m[1].within_band);
+    }
 
     fn verdict_with(kind: VerdictKind, metrics: &[(&str, f64)]) -> Verdict {
         let mut v: Verdict = serde_json::from_value(serde_json::json!({
@@ -304,19 +347,19 @@ mod tests {
     fn agreement_needs_the_same_answer_and_metrics_within_the_band() {
         let a = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.0), ("bytes", 0.0)]);
         let b = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.5), ("bytes", 0.0)]);
-        assert!(compare(&a, &b, 0.01).0);
+        assert!(compare(&a, &b, &flat(0.01)).0);
         let c = verdict_with(VerdictKind::Approve, &[("p99_ms", 103.0), ("bytes", 0.0)]);
-        let (agree, m) = compare(&a, &c, 0.01);
+        let (agree, m) = compare(&a, &c, &flat(0.01));
         assert!(!agree);
         assert!(!m[0].within_band);
         let d = verdict_with(
             VerdictKind::NeedsRevision,
             &[("p99_ms", 100.0), ("bytes", 0.0)],
         );
-        assert!(!compare(&a, &d, 0.01).0);
+        assert!(!compare(&a, &d, &flat(0.01)).0);
         let e = verdict_with(VerdictKind::Approve, &[("p99_ms", 100.0)]);
         assert!(
-            !compare(&a, &e, 0.01).0,
+            !compare(&a, &e, &flat(0.01)).0,
             "a metric missing from ours is a disagreement"
         );
     }
@@ -331,14 +374,14 @@ mod tests {
             v.metrics[0].change = Some(c);
             v.metrics[0].significant = Some(true);
         }
-        assert!(compare(&a, &b, 0.01).0);
+        assert!(compare(&a, &b, &flat(0.01)).0);
         // One node saw a significant gain, the other a significant loss: disagreement.
         b.metrics[0].change = Some(0.30);
-        assert!(!compare(&a, &b, 0.01).0);
+        assert!(!compare(&a, &b, &flat(0.01)).0);
         // Neither significant: agreement whatever the noise.
         a.metrics[0].significant = Some(false);
         b.metrics[0].significant = Some(false);
-        let (agree, m) = compare(&a, &b, 0.01);
+        let (agree, m) = compare(&a, &b, &flat(0.01));
         assert!(agree);
         // 2 points apart, beyond the 1% band: they agree, but not "within the band".
         assert!(!m[0].within_band);

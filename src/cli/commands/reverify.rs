@@ -94,8 +94,15 @@ fn agreement(m: &MetricAgreement) -> String {
     };
     match m.agreed {
         Some(why) if m.within_band => format!("agree: {} ({apart})", why.describe()),
-        Some(why) => format!("agree: {}; {apart}, beyond the noise band", why.describe()),
-        None => format!("DISAGREE: {apart}, beyond the noise band"),
+        Some(why) => format!(
+            "agree: {}; {apart}, beyond its {:.1}% noise band",
+            why.describe(),
+            m.band * 100.0
+        ),
+        None => format!(
+            "DISAGREE: {apart}, beyond its {:.1}% noise band",
+            m.band * 100.0
+        ),
     }
 }
 
@@ -110,6 +117,7 @@ mod tests {
             theirs: 1.0,
             ours: diff.map(|_| 1.0),
             relative_difference: diff,
+            band: 0.01,
             within_band,
             agreed,
         }
@@ -120,7 +128,7 @@ mod tests {
         let beyond = agreement(&m(Some(0.046), false, Some(Agreed::SameConclusion)));
         assert_eq!(
             beyond,
-            "agree: the same conclusion (significance and direction); 4.6% apart, beyond the noise band"
+            "agree: the same conclusion (significance and direction); 4.6% apart, beyond its 1.0% noise band"
         );
         assert!(!beyond.contains("within"));
         assert_eq!(
@@ -129,7 +137,7 @@ mod tests {
         );
         assert_eq!(
             agreement(&m(Some(0.046), false, None)),
-            "DISAGREE: 4.6% apart, beyond the noise band"
+            "DISAGREE: 4.6% apart, beyond its 1.0% noise band"
         );
         assert_eq!(
             agreement(&m(None, false, None)),

@@ -199,14 +199,19 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
                 m.name,
                 movement(m)
             );
-            (
-                Status::Failure {
-                    kind: "regression",
-                    body: message.clone(),
-                    message: Some(message),
-                },
-                None,
-            )
+            if rules.is_informational(&m.name) {
+                // As in the verdict: an informational metric never decides, it is a caveat.
+                (Status::Passed, Some(format!("{message}; informational")))
+            } else {
+                (
+                    Status::Failure {
+                        kind: "regression",
+                        body: message.clone(),
+                        message: Some(message),
+                    },
+                    None,
+                )
+            }
         }
         MetricClass::Improved => (
             Status::Passed,
@@ -572,6 +577,21 @@ mod tests {
         v2.metrics = vec![metric("score", Some(10.0), 12.0)];
         let parsed = parse_junit(junit(&v2, None, &rules).as_bytes()).unwrap();
         assert_eq!(outcome_of(&parsed, "metrics.score"), TestOutcome::Passed);
+    }
+
+    #[test]
+    fn an_informational_regression_passes_as_in_the_verdict() {
+        let (v, _) = fixture();
+        let rules = crate::verdict::decide::tests::rules();
+        let parsed = parse_junit(junit(&v, None, &rules).as_bytes()).unwrap();
+        assert_eq!(outcome_of(&parsed, "metrics.errors"), TestOutcome::Failed);
+        // The verdict makes an informational metric's regression a caveat: so does JUnit.
+        let rules = DecisionRules {
+            informational: vec!["errors".into()],
+            ..rules
+        };
+        let parsed = parse_junit(junit(&v, None, &rules).as_bytes()).unwrap();
+        assert_eq!(outcome_of(&parsed, "metrics.errors"), TestOutcome::Passed);
     }
 
     #[test]
