@@ -8,7 +8,7 @@
 mod common;
 use common::lifecycle::need_root;
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -475,6 +475,21 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
         .collect();
     assert_eq!(leftovers.len(), 1);
     let id = leftovers[0].file_name().to_string_lossy()["fork-".len()..].to_string();
+    // The run directory recorded where its cgroups are (on cgroup v2 they sit beside the
+    // dead supervisor's own cgroup, where a `fork gc` started elsewhere cannot derive them).
+    let recorded = std::fs::read_to_string(leftovers[0].path().join("cgroups")).unwrap();
+    let mut recorded: Vec<PathBuf> = recorded.lines().map(PathBuf::from).collect();
+    let mut found = cgroup_dirs(&id);
+    recorded.sort();
+    found.sort();
+    assert!(
+        !found.is_empty(),
+        "the killed run's cgroups are there before gc"
+    );
+    assert_eq!(
+        recorded, found,
+        "the run directory lists exactly its cgroups"
+    );
     let out = fork_cmd(&run_root).args(["gc", "--json"]).output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -491,6 +506,16 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
             .any(|r| r == id.as_str()),
         "{rep}"
     );
+    for p in &recorded {
+        assert!(
+            rep["cgroups_removed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r.as_str() == p.to_str()),
+            "gc names {p:?} it removed: {rep}"
+        );
+    }
     assert_nothing_left(&run_root, &id);
 }
 
@@ -499,6 +524,7 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
     need_root!();
     let run_root = scratch("runs");
     let report = run_root.join("r.json");
+    let marker = format!("{}", 60_000 + (std::process::id() % 1000));
     let mut sup = fork_cmd(&run_root)
         .args([
             "run",
@@ -506,11 +532,17 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
             report.to_str().unwrap(),
             "--",
             "sleep",
-            "60",
+            &marker,
         ])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The run is under way: its command runs in the sandbox (a signal during start-up is
+    // tests/interrupt.rs's). A fixed delay was not enough under software emulation.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processes_starting(&format!("sleep {marker}")).is_empty() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sup.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -517,7 +517,14 @@ impl Sandbox {
                 cpu_percent: Some(spec.limits.cpu_percent),
                 pids: Some(spec.limits.pids),
             };
-            match cgroup::SandboxCgroup::create(&self.rundir().id, &limits) {
+            let rundir = self.rundir();
+            let created =
+                cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
+                    rundir
+                        .record_cgroups(paths)
+                        .ctx("recording the cgroups in", &rundir.path)
+                });
+            match created {
                 Ok(cg) => self.cgroup = Some(cg),
                 Err(e) => {
                     let p = cgroup::probe();
