@@ -523,13 +523,13 @@ mod tests {
             layout_of_recorded(&fake, "abc", &[tmp.path().join("fork-abc")]),
             Err(CgroupError::NotOurs { detail, .. }) if detail.contains("cgroup filesystem")
         ));
-        assert!(layout_of_recorded(&host, "a/b", &[ours.clone()]).is_err());
+        assert!(layout_of_recorded(&host, "a/b", std::slice::from_ref(&ours)).is_err());
         // Fork's cgroup of the run, beneath our hierarchy: addressed there with its controllers.
-        let l = layout_of_recorded(&host, "abc", &[ours.clone()]);
+        let l = layout_of_recorded(&host, "abc", std::slice::from_ref(&ours));
         // `somewhere` does not exist, so statfs fails and it is refused; its parent does.
         assert!(l.is_err());
         let here = d.own_dir.join("fork-abc");
-        let l = layout_of_recorded(&host, "abc", &[here.clone()]).unwrap();
+        let l = layout_of_recorded(&host, "abc", std::slice::from_ref(&here)).unwrap();
         assert_eq!(l.version, host.version);
         assert_eq!(l.dirs.len(), 1);
         assert_eq!(l.dirs[0].own_dir, d.own_dir);
