@@ -14,13 +14,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Returns from the test (saying why) unless it runs as root: the default policy mounts a
-/// capped tmpfs and creates cgroups. (Not every test crate uses it.)
+/// Returns from the test (saying why) unless it runs as root: it asserts what only root's
+/// runs have (a uid of their own per run, the host's cgroups, detached mounts) or needs the
+/// default policy, whose cgroup layer a user has only in a delegated cgroup. The line it
+/// prints starts with `fork-test-skip:`: cargo counts the test as passed, so the VM
+/// harness (`scripts/vm-test.sh`, with `--nocapture`) counts these lines as skipped, not
+/// passed. (Not every test crate uses it.)
 #[allow(unused_macros)]
 macro_rules! need_root {
     () => {
         if !$crate::common::is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
+            eprintln!(
+                "fork-test-skip: {}: needs root (root-only isolation or the default policy's cgroup layer)",
+                module_path!()
+            );
             return;
         }
     };

@@ -44,6 +44,7 @@ pub use probe::{probe, CgroupProbe, CgroupProblem, ControllerProbe};
 pub use stats::CgroupSample;
 
 use delegate::ensure_v2_controllers;
+pub use delegate::DELEGATE_FIX;
 use layout::{detect_layout, missing_controllers_error, validate_run_id, Layout, PREFIX};
 use stats::StatFiles;
 
