@@ -235,12 +235,12 @@ pub fn check(policy: &Policy) -> CheckReport {
         } else if rootless {
             "a size-capped tmpfs per run holds the workspace and /tmp, mounted in fork's own user and mount namespace".into()
         } else {
-            crate::sandbox::disk_unavailable_reason()
+            crate::sandbox::rootless::disk_unavailable_reason()
         },
         fix: if root || rootless {
             String::new()
         } else {
-            crate::sandbox::DISK_ROOTLESS_FIX.into()
+            crate::sandbox::rootless::DISK_ROOTLESS_FIX.into()
         },
     });
     CheckReport {

@@ -618,7 +618,9 @@ fn bad_policy_is_exit_65_naming_the_file() {
 #[test]
 fn missing_layer_is_exit_69_naming_it() {
     need_root!();
-    // An unprivileged user cannot mount the capped workspace: the disk layer is missing.
+    // nobody has no cgroup delegated to it (here, and in the VM harness), so the default
+    // policy's cgroup layer is missing for it (the capped disk it now has: fork mounts it
+    // in a namespace of its own).
     let d = scratch("unpriv");
     std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let out = Command::new("setpriv")
@@ -640,6 +642,9 @@ fn missing_layer_is_exit_69_naming_it() {
         err.contains("isolation layer") && err.contains("Fix:"),
         "{err}"
     );
+    assert!(err.contains("cgroup"), "{err}");
+    // The fix a user gets is one the user can take (delegation, cgroup v2, the policy).
+    assert!(!err.contains("as root"), "{err}");
 }
 
 #[test]

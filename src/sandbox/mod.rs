@@ -272,17 +272,6 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// The fix when a user's fork has no namespace of its own to mount the capped disk in.
-pub const DISK_ROOTLESS_FIX: &str = "allow unprivileged user namespaces (see the `userns` line of `fork check` for the step), or set [layers] disk = \"optional\" in the policy (then /tmp is capped inside the sandbox but the workspace is not)";
-
-/// Why a user's fork cannot mount the capped disk (see [`rootless`]).
-pub fn disk_unavailable_reason() -> String {
-    format!(
-        "capping the workspace needs a tmpfs that fork mounts in a user and mount namespace of its own: {}",
-        rootless::why_not().unwrap_or("fork did not enter one")
-    )
-}
-
 impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
     /// seccomp profile, creates the run directory and the size-capped disk holding
@@ -412,8 +401,8 @@ impl Sandbox {
             return require_missing(
                 &self.spec.layers,
                 Layer::Disk,
-                &disk_unavailable_reason(),
-                DISK_ROOTLESS_FIX,
+                &rootless::disk_unavailable_reason(),
+                rootless::DISK_ROOTLESS_FIX,
             );
         }
         let disk = self.disk();
@@ -444,7 +433,7 @@ impl Sandbox {
                 if is_root() {
                     "run fork with mount rights (CAP_SYS_ADMIN), or set [layers] disk = \"optional\""
                 } else {
-                    DISK_ROOTLESS_FIX
+                    rootless::DISK_ROOTLESS_FIX
                 },
             ),
         }

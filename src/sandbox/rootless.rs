@@ -61,3 +61,14 @@ pub fn why_not() -> Option<&'static str> {
         _ => None,
     }
 }
+
+/// The fix when a user's fork has no namespace of its own to mount the capped disk in.
+pub const DISK_ROOTLESS_FIX: &str = "allow unprivileged user namespaces (see the `userns` line of `fork check` for the step), or set [layers] disk = \"optional\" in the policy (then /tmp is capped inside the sandbox but the workspace is not)";
+
+/// Why a user's fork cannot mount the capped disk.
+pub fn disk_unavailable_reason() -> String {
+    format!(
+        "capping the workspace needs a tmpfs that fork mounts in a user and mount namespace of its own: {}",
+        why_not().unwrap_or("fork did not enter one")
+    )
+}
