@@ -166,6 +166,7 @@ step "user: no sandbox cgroup left" leftovers
 
 if [ "${FORK_VM_MODE:-smoke}" = full ]; then
   for t in $FORK_VM_TESTS; do
+    [ "${FORK_VM_SUITES:-both}" = user ] && break
     name=${t%%=*}
     bin=${t#*=}
     # The whole output goes back to the host (FORK_VM_OUT is a host directory); the
@@ -190,6 +191,7 @@ if [ "${FORK_VM_MODE:-smoke}" = full ]; then
   chmod 1777 "$FORK_VM_TMP"
   skipped_total=0
   for t in $FORK_VM_TESTS; do
+    [ "${FORK_VM_SUITES:-both}" = root ] && break
     name=${t%%=*}
     bin=${t#*=}
     case $name in sandbox | evaluate) ;; *) continue ;; esac

@@ -61,7 +61,7 @@ fn gate_violation(e: &Eval) -> String {
 
 #[test]
 fn swap_compressor_is_approved_and_improves_compression() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-swap");
     let e = evaluate(
         &env,
@@ -117,7 +117,7 @@ fn swap_compressor_is_approved_and_improves_compression() {
 
 #[test]
 fn breaks_test_needs_revision() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-breaks");
     let e = evaluate(
         &env,
@@ -138,7 +138,7 @@ fn breaks_test_needs_revision() {
 
 #[test]
 fn does_not_apply_is_rejected_naming_file_and_hunk() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-noapply");
     let e = evaluate(&env, &patch("does-not-apply"), &demo(), "noapply", &[]);
     assert_eq!(e.code, 1, "{}", e.ctx());
@@ -152,7 +152,7 @@ fn does_not_apply_is_rejected_naming_file_and_hunk() {
 
 #[test]
 fn gates_reject_before_anything_is_cloned() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-gates");
     for (name, gate, names) in [
         (
@@ -186,7 +186,7 @@ fn gates_reject_before_anything_is_cloned() {
 
 #[test]
 fn noop_comment_is_approved() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-noop");
     let e = evaluate(
         &env,
@@ -238,7 +238,7 @@ fn assert_contained(report: &Value, parent_db: &Path, strict: bool) {
 
 #[test]
 fn hostile_escape_is_contained() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-hostile");
     // A copy of the runtime whose task tells the hostile code where the parent's live
     // state is (as a real successor could guess it), wherever this checkout lives.
@@ -358,7 +358,7 @@ fn alter_payload_digest(path: &Path) {
 
 #[test]
 fn signature_chain_verifies_and_catches_tampering() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-sign");
     let e = evaluate(
         &env,
@@ -607,7 +607,7 @@ impl Drop for WriterGuard {
 
 #[test]
 fn parent_is_never_modified_while_a_writer_writes() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-parent");
     let placeholder = "@PARENT_DB@";
     let rt = env.runtime(
@@ -808,7 +808,7 @@ fn stage_dirs(run_root: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-kill");
     let (m1, m2) = (unique_sleep(30), unique_sleep(31));
     let rt = env.runtime(
@@ -880,7 +880,7 @@ fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
 
 #[test]
 fn killed_supervisor_leaves_no_staging_directory() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-stage");
     let m = unique_sleep(32);
     let rt = env.runtime(
@@ -900,7 +900,7 @@ fn killed_supervisor_leaves_no_staging_directory() {
 #[test]
 fn staging_copy_of_the_state_is_private() {
     use std::os::unix::fs::PermissionsExt;
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-private");
     let m = unique_sleep(33);
     let rt = env.runtime(
@@ -955,7 +955,7 @@ fn staging_copy_of_the_state_is_private() {
 
 #[test]
 fn bad_input_is_refused_without_a_trace() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-bad");
     let d = &env.dir;
     let bad_patch = d.join("malformed.diff");
@@ -1104,7 +1104,7 @@ fn bad_input_is_refused_without_a_trace() {
 
 #[test]
 fn blown_budget_is_a_reject_naming_it() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-budget");
     let m = unique_sleep(30);
     let rt = env.runtime("hermes-demo", &format!(
@@ -1152,7 +1152,7 @@ fn blown_budget_is_a_reject_naming_it() {
 
 #[test]
 fn json_prints_exactly_the_verdict_document() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-json");
     for (name, code) in [("noop-comment", 0), ("touches-protected", 1)] {
         let e = evaluate(&env, &patch(name), &demo(), name, &["--json"]);
@@ -1176,7 +1176,7 @@ fn json_prints_exactly_the_verdict_document() {
 /// never read (no APPROVE) and no host file travels into the bundle.
 #[test]
 fn results_behind_a_symlink_are_never_read() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-linked-reports");
     let host = env.dir.join("host-side");
     std::fs::create_dir_all(host.join("reports")).unwrap();
@@ -1234,7 +1234,7 @@ fn results_behind_a_symlink_are_never_read() {
 /// names `evaluation_wall`, and every limit (cpu_time included) is recorded for replay.
 #[test]
 fn the_evaluation_wall_bounds_all_runs_together() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-evalwall");
     let rt = env.runtime(
         "rt",
@@ -1306,7 +1306,7 @@ fn the_evaluation_wall_bounds_all_runs_together() {
 /// single process is refused at load, naming the task and the field.
 #[test]
 fn task_budgets_get_the_policy_checks() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-taskbudget");
     let rt = env.runtime(
         "rt",
@@ -1351,7 +1351,7 @@ results = { format = "junit", path = "tests.xml" }
 /// rerun of the failing tests must clear and hand back.
 #[test]
 fn what_a_successor_leaves_never_suppresses_its_verdict() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-leftovers");
     let rt = env.runtime("rt", LEFTOVER_TASKS);
     let tasks = ["long_report_name", "predicted_log", "deep_tree"];
@@ -1411,7 +1411,7 @@ fn what_a_successor_leaves_never_suppresses_its_verdict() {
 /// by it without being read whole, and the bundle keeps only a bounded prefix of it.
 #[test]
 fn patch_files_are_checked_before_they_are_read() {
-    need_root!();
+    need_default_policy!();
     let env = Env::new("ev-patchfile");
     let fifo = env.dir.join("incoming.diff");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();

@@ -35,6 +35,25 @@ macro_rules! need_root {
 #[allow(unused_imports)]
 pub(crate) use need_root;
 
+/// Returns from the test (saying why, on a `fork-test-skip:` line as [`need_root`] does)
+/// unless the default policy works here: as root, or as a user given every layer (a
+/// delegated cgroup v2 subtree; the capped disk fork mounts in a namespace of its own).
+/// For tests that assert nothing only root's runs have.
+#[allow(unused_macros)]
+macro_rules! need_default_policy {
+    () => {
+        if !$crate::common::default_policy_works() {
+            eprintln!(
+                "fork-test-skip: {}: needs root, or a user's fork with every layer of the default policy (`fork check` fails here)",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use need_default_policy;
+
 /// The bundled demo runtime.
 pub fn demo() -> PathBuf {
     repo().join("fixtures/hermes-demo")
