@@ -52,7 +52,7 @@ pub fn join_netns_of(pid: i32) -> Result<(), (&'static str, String)> {
 
 /// In the supervisor (as root): runs `f` (the clone of the init) with the calling thread in
 /// a private copy of its mount namespace in which every mount at or beneath a `detach`
-/// path, and every mount inside a fork run directory (any run root's: other fork
+/// path (only beneath, for the run root), and every mount inside a fork run directory (any run root's: other fork
 /// processes' runs too), is detached, then returns the thread to its own namespace and working directory.
 /// The init's mount namespace, copied from that one, never holds those mounts (mounts it
 /// inherits are locked: it could not detach them itself). The host is never affected: the
@@ -80,13 +80,17 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
         .map_err(|e| format!("make the private mount namespace private: {e}"))?;
         let table = std::fs::read_to_string("/proc/thread-self/mountinfo")
             .map_err(|e| format!("read the mount table: {e}"))?;
+        let run_root = crate::rundir::base_dir();
         let mut points: Vec<PathBuf> = table
             .lines()
             .filter_map(|l| l.split(' ').nth(4).map(super::reclaim::unescape_mountinfo))
             .filter(|p| {
-                // Strictly beneath: a run root that is itself a mount (a tmpfs, say) holds
-                // the sandbox's root directory and stays.
-                detach.iter().any(|d| p != d && p.starts_with(d))
+                // At or beneath, except the run root itself: a run root that is itself a
+                // mount (a tmpfs, say) holds the sandbox's root directory and stays. (A
+                // cgroup2 mount at /sys/fs/cgroup goes: on v2 it is the path itself.)
+                detach
+                    .iter()
+                    .any(|d| p.starts_with(d) && (p != d || *d != run_root))
                     || p.components()
                         .any(|c| crate::rundir::is_run_dir_name(&c.as_os_str().to_string_lossy()))
             })
