@@ -61,10 +61,12 @@ log=$out/console.log
 mkdir -p "$out/bin"
 cp "$target/debug/fork" "$out/bin/fork"
 snap=""
-for t in $tests; do
-  cp "${t#*=}" "$out/bin/${t%%=*}"
-  snap="$snap ${t%%=*}=$out/bin/${t%%=*}"
-done
+if [ "$mode" = full ]; then
+  for t in $tests; do
+    cp "${t#*=}" "$out/bin/${t%%=*}"
+    snap="$snap ${t%%=*}=$out/bin/${t%%=*}"
+  done
+fi
 tests=$snap
 echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
@@ -74,6 +76,7 @@ timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G
   --overlay-rwdir "$target/tmp" --rwdir "$out" \
   --exec "env FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
   >"$log" 2>&1 || status=$?
+rm -rf "$out/bin" # the snapshot (hundreds of MB); the logs stay
 grep -E '^vm: ' "$log" || true
 result=$(grep -E '^vm-result: ' "$log" | tail -n 1 || true)
 if [ -z "$result" ]; then
