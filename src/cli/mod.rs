@@ -65,20 +65,6 @@ pub use crate::sandbox::signals::{default_sigpipe, hold_interrupts, release_inte
 /// first, so one that came during start-up is answered as any other (the run ends
 /// cleanly, nothing is left behind); the others get the default action back.
 pub fn dispatch(cli: Cli) -> i32 {
-    if matches!(
-        cli.command,
-        Command::Run(_)
-            | Command::Check(_)
-            | Command::Evaluate(_)
-            | Command::Reverify(_)
-            | Command::Mesh {
-                command: commands::mesh::MeshCommand::Serve(_)
-            }
-    ) {
-        // Without root: a user and mount namespace of fork's own, for the capped disk. Before
-        // anything else: it needs a process of one thread.
-        crate::sandbox::rootless::enter();
-    }
     let makes_runs = matches!(
         cli.command,
         Command::Run(_)
@@ -88,6 +74,11 @@ pub fn dispatch(cli: Cli) -> i32 {
                 command: commands::mesh::MeshCommand::Serve(_)
             }
     );
+    if makes_runs || matches!(cli.command, Command::Check(_)) {
+        // Without root: a user and mount namespace of fork's own, for the capped disk
+        // (`check` makes a trial launch). Before anything else: it needs a single thread.
+        crate::sandbox::rootless::enter();
+    }
     if makes_runs {
         crate::sandbox::signals::install_interrupt_flag();
     }
