@@ -185,7 +185,7 @@ if [ "${FORK_VM_MODE:-smoke}" = full ]; then
     fi
   done
   # The unprivileged pass: the sandbox and evaluate suites as uid 1500, each fork in a
-  # fresh cgroup of the user's delegated subtree. Tests that need root say so on a line
+  # fresh cgroup of the user's delegated subtree. Tests that need root say so with
   # `fork-test-skip:` (cargo counts them as passed): they are counted as skipped here.
   # The tests' scratch directory (a writable overlay in this guest) is the user's too.
   chmod 1777 "$FORK_VM_TMP"
@@ -201,7 +201,8 @@ if [ "${FORK_VM_MODE:-smoke}" = full ]; then
     rc=$?
     summary=$(grep -E '^test result' "$log" | tail -n 1)
     ran=$(echo "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
-    skipped=$(grep -c '^fork-test-skip:' "$log")
+    # (the line may follow cargo's `test NAME ... ` on the same line)
+    skipped=$(grep -c 'fork-test-skip:' "$log")
     skipped_total=$((skipped_total + skipped))
     failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
     what="$((${ran:-0} - skipped)) passed, $skipped skipped (they need root), cargo: $summary"
