@@ -165,6 +165,37 @@ step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluat
 step "user: no sandbox cgroup left" leftovers
 
 if [ "${FORK_VM_MODE:-smoke}" = full ]; then
+  # The unprivileged pass: the sandbox and evaluate suites as uid 1500, each fork in a
+  # fresh cgroup of the user's delegated subtree. Tests that need root say so with
+  # `fork-test-skip:` (cargo counts them as passed): they are counted as skipped here.
+  # The tests' scratch directory (a writable overlay in this guest) is the user's too.
+  chmod 1777 "$FORK_VM_TMP"
+  skipped_total=0
+  for t in $FORK_VM_TESTS; do
+    [ "${FORK_VM_SUITES:-both}" = root ] && break
+    name=${t%%=*}
+    bin=${t#*=}
+    case $name in sandbox | evaluate) ;; *) continue ;; esac
+    log=$FORK_VM_OUT/user-$name.log
+    # shellcheck disable=SC2086
+    as_user sh -c 'cd "$1" && shift && exec "$@"' sh "$FORK_VM_REPO" "$bin" --test-threads=1 --nocapture ${FORK_VM_USER_ARGS-${FORK_VM_ARGS:-}} >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result' "$log" | tail -n 1)
+    ran=$(echo "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
+    # (the line may follow cargo's `test NAME ... ` on the same line)
+    skipped=$(grep -c 'fork-test-skip:' "$log")
+    skipped_total=$((skipped_total + skipped))
+    failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
+    what="$((${ran:-0} - skipped)) passed, $skipped skipped (they need root), cargo: $summary"
+    if [ $rc = 0 ]; then
+      echo "vm: user: cargo test --test $name: PASS ($what)"
+      pass=$((pass + 1))
+    else
+      echo "vm: user: cargo test --test $name: FAIL ($what) failed: $failed_tests"
+      fail=$((fail + 1))
+    fi
+  done
+  echo "vm: user: $skipped_total test(s) skipped because they need root (not counted as passes)"
   for t in $FORK_VM_TESTS; do
     [ "${FORK_VM_SUITES:-both}" = user ] && break
     name=${t%%=*}
@@ -184,37 +215,6 @@ if [ "${FORK_VM_MODE:-smoke}" = full ]; then
       fail=$((fail + 1))
     fi
   done
-  # The unprivileged pass: the sandbox and evaluate suites as uid 1500, each fork in a
-  # fresh cgroup of the user's delegated subtree. Tests that need root say so with
-  # `fork-test-skip:` (cargo counts them as passed): they are counted as skipped here.
-  # The tests' scratch directory (a writable overlay in this guest) is the user's too.
-  chmod 1777 "$FORK_VM_TMP"
-  skipped_total=0
-  for t in $FORK_VM_TESTS; do
-    [ "${FORK_VM_SUITES:-both}" = root ] && break
-    name=${t%%=*}
-    bin=${t#*=}
-    case $name in sandbox | evaluate) ;; *) continue ;; esac
-    log=$FORK_VM_OUT/user-$name.log
-    # shellcheck disable=SC2086
-    as_user sh -c 'cd "$1" && shift && exec "$@"' sh "$FORK_VM_REPO" "$bin" --test-threads=1 --nocapture ${FORK_VM_ARGS:-} >"$log" 2>&1
-    rc=$?
-    summary=$(grep -E '^test result' "$log" | tail -n 1)
-    ran=$(echo "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
-    # (the line may follow cargo's `test NAME ... ` on the same line)
-    skipped=$(grep -c 'fork-test-skip:' "$log")
-    skipped_total=$((skipped_total + skipped))
-    failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
-    what="$((${ran:-0} - skipped)) passed, $skipped skipped (they need root), cargo: $summary"
-    if [ $rc = 0 ]; then
-      echo "vm: user: cargo test --test $name: PASS ($what)"
-      pass=$((pass + 1))
-    else
-      echo "vm: user: cargo test --test $name: FAIL ($what) failed: $failed_tests"
-      fail=$((fail + 1))
-    fi
-  done
-  echo "vm: user: $skipped_total test(s) skipped because they need root (not counted as passes)"
 fi
 
 echo "vm-result: passed=$pass failed=$fail"
