@@ -485,7 +485,8 @@ fn signature_chain_verifies_and_catches_tampering() {
 const WRITER: &str = r#"
 import os, sqlite3, sys, time
 db, ref, ready, stop = sys.argv[1:5]
-deadline = time.time() + 60          # bounded even if the test never says stop
+deadline = time.time() + 600         # bounded even if the test never says stop (two
+                                     # evaluations under software emulation pass 60 s)
 conns = [sqlite3.connect(db, timeout=20), sqlite3.connect(ref, timeout=20)]
 for c in conns:
     c.execute("CREATE TABLE fork_test_writer (id INTEGER PRIMARY KEY, at REAL NOT NULL, payload TEXT NOT NULL)")
@@ -787,9 +788,13 @@ fn kill_supervisor_mid_run(env: &Env, rt: &Path, task: &str, marker: &str) -> St
         .collect();
     assert_eq!(new.len(), 1, "one stale sandbox run directory: {new:?}");
     let id = new[0].clone();
-    // There is something to reclaim: the directory, its disk mount and its cgroups.
+    // There is something to reclaim: the directory, its disk mount and its cgroups. (A
+    // user's disk was mounted in the dead supervisor's own mount namespace, which went
+    // with it: only root's shows here.)
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(mounts.contains(&format!("fork-{id}")), "no mount of {id}");
+    if is_root() {
+        assert!(mounts.contains(&format!("fork-{id}")), "no mount of {id}");
+    }
     assert!(!cgroup_dirs(&id).is_empty(), "no cgroup of {id}");
     assert!(!env.dir.join(format!("out-killed-{task}")).exists());
     id
