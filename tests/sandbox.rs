@@ -697,10 +697,14 @@ fn init_forwards_signals_to_the_command() {
             })
             .collect();
         if let Some(p) = kids.first() {
-            let ready = std::fs::read_dir(&run_root)
-                .unwrap()
-                .flatten()
-                .any(|e| e.path().join("disk/successor/ready").exists());
+            // Seen through the supervisor's own root: a user's fork mounts the disk in a
+            // mount namespace of its own (as root it is the host's).
+            let ready = std::fs::read_dir(&run_root).unwrap().flatten().any(|e| {
+                let disk = e.path().join("disk/successor/ready");
+                Path::new(&format!("/proc/{sup_pid}/root"))
+                    .join(disk.strip_prefix("/").unwrap())
+                    .exists()
+            });
             if ready {
                 break *p;
             }
