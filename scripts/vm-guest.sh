@@ -48,7 +48,7 @@ chown -R $uid:$uid $cg/fork-vm/user/shell
 # fork directly, so a small shim stands over the binary inside this guest only).
 mkdir -p /tmp/fork-vm && chmod 755 /tmp/fork-vm
 touch /tmp/fork-vm/fork.real
-mount --bind "$fork" /tmp/fork-vm/fork.real
+mount --bind "${FORK_VM_REAL:-$fork}" /tmp/fork-vm/fork.real
 cat >/tmp/fork-vm/fork <<'EOF'
 #!/bin/sh
 if [ "$(id -u)" = 0 ]; then base=/sys/fs/cgroup/fork-vm/root; else base=/sys/fs/cgroup/fork-vm/user; fi
@@ -62,10 +62,6 @@ EOF
 chmod 755 /tmp/fork-vm/fork
 mount --bind /tmp/fork-vm/fork "$fork"
 
-user_policy=/tmp/fork-vm/user.toml
-# Without root the capped tmpfs cannot be mounted on the host: disk is the one layer made optional.
-printf '[layers]\ndisk = "optional"\n' >$user_policy
-chmod 644 $user_policy
 
 leftovers() {
   # No sandbox cgroup of any run remains (the run-* scopes are the shim's, as systemd's are).
@@ -80,6 +76,8 @@ reported_run() {
   "$fork" run "$@" --report "$r" -- /bin/true || return 1
   grep -q '"cgroup":"v2"' $r || grep -q '"cgroup": "v2"' $r || { cat $r; return 1; }
   grep -q '"cgroupns":true' $r || grep -q '"cgroupns": true' $r || { cat $r; return 1; }
+  # The capped disk: as root on the host, as a user in fork's own user and mount namespace.
+  grep -q '"disk": "tmpfs"' $r || { cat $r; return 1; }
 }
 memory_budget() {
   local r=$1 rc=0
@@ -158,14 +156,48 @@ as_user() {
       setpriv --reuid $uid --regid $uid --clear-groups -- bash -c '"$@"' bash "$@"
   )
 }
-step "user: fork check --policy (disk optional)" as_user "$fork" check --policy $user_policy
-step "user: fork run -- /bin/true (cgroup v2, cgroupns in the report)" as_user reported_run /tmp/fork-vm/home/user.json --policy $user_policy
-step "user: memory budget kills at 64MiB in the delegated subtree" as_user memory_budget /tmp/fork-vm/home/user-mem.json --policy $user_policy
-step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluate_demo user --policy $user_policy
+# The user gets the default policy, every layer required: the capped disk in fork's own
+# user and mount namespace, the budgets in the delegated subtree.
+step "user: fork check (the default policy, every layer)" as_user "$fork" check
+step "user: fork run -- /bin/true (cgroup v2, cgroupns, capped disk in the report)" as_user reported_run /tmp/fork-vm/home/user.json
+step "user: memory budget kills at 64MiB in the delegated subtree" as_user memory_budget /tmp/fork-vm/home/user-mem.json
+step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluate_demo user
 step "user: no sandbox cgroup left" leftovers
 
 if [ "${FORK_VM_MODE:-smoke}" = full ]; then
+  # The unprivileged pass: the sandbox and evaluate suites as uid 1500, each fork in a
+  # fresh cgroup of the user's delegated subtree. Tests that need root say so with
+  # `fork-test-skip:` (cargo counts them as passed): they are counted as skipped here.
+  # The tests' scratch directory (a writable overlay in this guest) is the user's too.
+  chmod 1777 "$FORK_VM_TMP"
+  skipped_total=0
   for t in $FORK_VM_TESTS; do
+    [ "${FORK_VM_SUITES:-both}" = root ] && break
+    name=${t%%=*}
+    bin=${t#*=}
+    case $name in sandbox | evaluate) ;; *) continue ;; esac
+    log=$FORK_VM_OUT/user-$name.log
+    # shellcheck disable=SC2086
+    as_user sh -c 'cd "$1" && shift && exec "$@"' sh "$FORK_VM_REPO" "$bin" --test-threads=1 --nocapture ${FORK_VM_USER_ARGS-${FORK_VM_ARGS:-}} >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result' "$log" | tail -n 1)
+    ran=$(echo "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
+    # (the line may follow cargo's `test NAME ... ` on the same line)
+    skipped=$(grep -c 'fork-test-skip:' "$log")
+    skipped_total=$((skipped_total + skipped))
+    failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
+    what="$((${ran:-0} - skipped)) passed, $skipped skipped (they need root), cargo: $summary"
+    if [ $rc = 0 ]; then
+      echo "vm: user: cargo test --test $name: PASS ($what)"
+      pass=$((pass + 1))
+    else
+      echo "vm: user: cargo test --test $name: FAIL ($what) failed: $failed_tests"
+      fail=$((fail + 1))
+    fi
+  done
+  echo "vm: user: $skipped_total test(s) skipped because they need root (not counted as passes)"
+  for t in $FORK_VM_TESTS; do
+    [ "${FORK_VM_SUITES:-both}" = user ] && break
     name=${t%%=*}
     bin=${t#*=}
     # The whole output goes back to the host (FORK_VM_OUT is a host directory); the

@@ -6,6 +6,8 @@
 #   scripts/vm-test.sh            # smoke: fork check + fork run, as root and as a user
 #   scripts/vm-test.sh full       # smoke, then the sandbox, portability and evaluate suites as root
 #   scripts/vm-test.sh full ARGS  # ARGS go to the suites' test binaries (a name filter...)
+#   FORK_VM_SUITES=root|user scripts/vm-test.sh full   # the suites of one pass only
+#   FORK_VM_USER_ARGS=... scripts/vm-test.sh full ARGS  # other test args for the user's pass
 #
 # Prints one line per step and a closing "N passed, N failed". Exits non-zero when a step
 # fails or when the VM did not boot or did not finish: it never skips. Run it as root (it
@@ -54,14 +56,28 @@ mkdir -p "$target/tmp"
 out=$(mktemp -d /var/tmp/fork-vm-XXXXXX)
 chmod 755 "$out"
 log=$out/console.log
+# The guest reads the host's files live over 9p: it runs a snapshot of this build, so that
+# a rebuild on the host while the VM runs (a test binary or fork rewritten under a running
+# guest dies with SIGSEGV) cannot disturb it.
+mkdir -p "$out/bin"
+cp "$target/debug/fork" "$out/bin/fork"
+snap=""
+if [ "$mode" = full ]; then
+  for t in $tests; do
+    cp "${t#*=}" "$out/bin/${t%%=*}"
+    snap="$snap ${t%%=*}=$out/bin/${t%%=*}"
+  done
+fi
+tests=$snap
 echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
 # and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
 status=0
 timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G --cpus 2 \
   --overlay-rwdir "$target/tmp" --rwdir "$out" \
-  --exec "env FORK_VM_MODE=$mode FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' FORK_VM_BIN='$target/debug/fork' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
+  --exec "env FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' ${FORK_VM_USER_ARGS+FORK_VM_USER_ARGS='$FORK_VM_USER_ARGS'} FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
   >"$log" 2>&1 || status=$?
+rm -rf "$out/bin" # the snapshot (hundreds of MB); the logs stay
 grep -E '^vm: ' "$log" || true
 result=$(grep -E '^vm-result: ' "$log" | tail -n 1 || true)
 if [ -z "$result" ]; then

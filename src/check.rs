@@ -225,20 +225,22 @@ pub fn check(policy: &Policy) -> CheckReport {
         }
     }
     let root = nix::unistd::geteuid().is_root();
+    let rootless = crate::sandbox::rootless::entered();
     layers.push(LayerReport {
         layer: Layer::Disk,
         requirement: req(Layer::Disk),
-        available: root,
+        available: root || rootless,
         detail: if root {
             "a size-capped tmpfs per run holds the workspace and /tmp".into()
+        } else if rootless {
+            "a size-capped tmpfs per run holds the workspace and /tmp, mounted in fork's own user and mount namespace".into()
         } else {
-            "mounting the size-capped workspace needs root on the host".into()
+            crate::sandbox::rootless::disk_unavailable_reason()
         },
-        fix: if root {
+        fix: if root || rootless {
             String::new()
         } else {
-            "run fork as root, or set [layers] disk = \"optional\" (then only /tmp is capped)"
-                .into()
+            crate::sandbox::rootless::DISK_ROOTLESS_FIX.into()
         },
     });
     CheckReport {

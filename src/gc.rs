@@ -1,7 +1,8 @@
 //! `fork gc`: reclaims what crashed supervisors left behind. A run directory whose lock
 //! nobody holds belongs to a dead supervisor: its sandbox init (if still alive) is
-//! killed, which ends its whole pid namespace; its cgroups are removed; every mount
-//! beneath it is detached and the directory deleted.
+//! killed, which ends its whole pid namespace; its cgroups are removed (those its run
+//! directory recorded, wherever they are, and any `fork-<id>` beneath our own cgroup);
+//! every mount beneath it is detached and the directory deleted.
 
 use serde::Serialize;
 use std::collections::HashSet;
@@ -95,6 +96,17 @@ fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
+        }
+    }
+    // Its cgroups, where it recorded them (wherever they are: on cgroup v2 beside the dead
+    // supervisor's own cgroup, not beneath ours).
+    let recorded = crate::rundir::recorded_cgroups(&r.path);
+    if !recorded.is_empty() {
+        match crate::sandbox::cgroup::remove_recorded(&r.id, &recorded) {
+            Ok(paths) => rep
+                .cgroups_removed
+                .extend(paths.into_iter().map(|p| p.display().to_string())),
+            Err(e) => rep.errors.push(format!("run {}: {e}", r.id)),
         }
     }
     match crate::sandbox::reclaim_dir(&r.path, &r.id) {

@@ -11,6 +11,8 @@ fn main() {
         std::process::exit(fork::sandbox::init::main(&args[2..]));
     }
     fork::cli::default_sigpipe();
+    // Until the command knows how to answer them (see `cli::dispatch`).
+    fork::cli::hold_interrupts();
     let cli = match fork::cli::Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -20,6 +22,7 @@ fn main() {
             } else {
                 0
             };
+            fork::cli::release_interrupts();
             let _ = e.print();
             std::process::exit(code);
         }

@@ -11,6 +11,8 @@
 //! ```text
 //! fork-<id>/lock       the supervisor's flock
 //! fork-<id>/meta.json  {run_id, supervisor_pid, init_pid, created}
+//! fork-<id>/cgroups    the absolute path of each cgroup of the run, one a line, written
+//!                      before they are created (so `fork gc`, from any cgroup, finds them)
 //! fork-<id>/root/      mount point for the sandbox's new root (only used inside its mount ns)
 //! fork-<id>/disk/      the size-capped filesystem: the sandbox's /tmp, workspace at disk/successor
 //! ```
@@ -147,6 +149,24 @@ impl RunDir {
         self.path.join("disk")
     }
 
+    /// Records the absolute paths of the run's cgroups, before they are created: `fork gc`
+    /// removes exactly those after a crash, whatever cgroup it runs in itself (on cgroup v2
+    /// the sandbox's cgroup sits beside the supervisor's, which another process cannot
+    /// derive from its own).
+    pub fn record_cgroups(&self, paths: &[PathBuf]) -> std::io::Result<()> {
+        let mut text = String::new();
+        for p in paths {
+            let line = p.to_str().filter(|l| !l.contains('\n')).ok_or_else(|| {
+                std::io::Error::other(format!("cgroup path {p:?} is not one line of UTF-8"))
+            })?;
+            text.push_str(line);
+            text.push('\n');
+        }
+        let tmp = self.path.join("cgroups.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, self.path.join(CGROUPS_FILE))
+    }
+
     /// Records the sandbox init's host pid so that gc can kill it after a crash.
     pub fn write_meta(&self, init_pid: Option<i32>) {
         let meta = RunMeta {
@@ -171,6 +191,22 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         live().remove(&self.id);
     }
+}
+
+/// The file of a run directory that lists its cgroups.
+const CGROUPS_FILE: &str = "cgroups";
+
+/// The cgroups a run directory recorded (see [`RunDir::record_cgroups`]); none when it
+/// recorded none (a run without cgroup budgets, or one made by an older fork).
+pub fn recorded_cgroups(run_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_to_string(run_dir.join(CGROUPS_FILE))
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A run directory found on disk.
@@ -248,6 +284,14 @@ mod tests {
             r.meta.as_ref().unwrap().supervisor_pid,
             std::process::id() as i32
         );
+        let cgroups = vec![
+            PathBuf::from("/sys/fs/cgroup/a/fork-x"),
+            PathBuf::from("/sys/fs/cgroup/memory/fork-x"),
+        ];
+        assert!(recorded_cgroups(&rd.path).is_empty());
+        rd.record_cgroups(&cgroups).unwrap();
+        assert_eq!(recorded_cgroups(&rd.path), cgroups);
+        assert!(rd.record_cgroups(&[PathBuf::from("/a\nb")]).is_err());
         drop(rd);
         let runs = list_runs();
         assert!(runs.iter().find(|r| r.id == id).unwrap().stale);

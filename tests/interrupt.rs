@@ -210,3 +210,55 @@ fn sigterm_during_fork_run_setup_or_teardown_leaves_nothing() {
         assert!(!mounts.contains(run_root.to_str().unwrap()));
     }
 }
+
+/// A SIGTERM that comes before fork has installed its handlers (here: already pending,
+/// blocked, when fork starts, as a signal sent in its first instants would be) is
+/// answered like any other: `fork run` ends at once with 137, having made nothing, instead
+/// of dying by the signal or, as here without the fix, ignoring it while `sleep 60` runs.
+#[test]
+fn a_sigterm_before_the_handlers_ends_fork_run_having_made_nothing() {
+    let run_root = scratch("int-early");
+    // python3 blocks SIGTERM, sends it to itself (it stays pending across exec) and
+    // execs fork; nothing else about the start differs.
+    let script = "import os, signal, sys\n\
+                  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n\
+                  os.kill(os.getpid(), signal.SIGTERM)\n\
+                  os.execv(sys.argv[1], sys.argv[1:])\n";
+    let started = Instant::now();
+    let mut child = std::process::Command::new("python3")
+        .env("FORK_RUN_ROOT", &run_root)
+        .args(["-c", script])
+        .arg(fork_bin())
+        .args(["run", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // sleep 60 would take 60 s; fork's start-up takes well under 10 s even under emulation.
+    let limit = Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fork ignored a SIGTERM pending at its start for {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(137), "{stderr}");
+    assert!(
+        stderr.contains("interrupted before the sandbox was made"),
+        "{stderr}"
+    );
+    let made: Vec<_> = std::fs::read_dir(&run_root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(made.is_empty(), "nothing is made: {made:?}");
+}

@@ -6,9 +6,9 @@
 //! as on the project's CI machine.
 
 mod common;
-use common::lifecycle::need_root;
+use common::lifecycle::{need_default_policy, need_root};
 use common::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ fn assert_denied(args: &[&str], errno: i64) {
 
 #[test]
 fn seccomp_refuses_the_dangerous_syscalls() {
-    need_root!();
+    need_default_policy!();
     for probe in [
         "ptrace",
         "process_vm_readv",
@@ -63,7 +63,7 @@ fn seccomp_refuses_the_dangerous_syscalls() {
 
 #[test]
 fn harmless_calls_still_work() {
-    need_root!();
+    need_default_policy!();
     for probe in ["mknod-fifo", "personality-query"] {
         let p = probe_ok(probe);
         assert_eq!(
@@ -118,7 +118,7 @@ fn no_privileges_inside() {
 
 #[test]
 fn host_filesystem_is_read_only() {
-    need_root!();
+    need_default_policy!();
     let d = scratch("rofs");
     let victim = d.join("victim.txt");
     std::fs::write(&victim, b"original").unwrap();
@@ -153,7 +153,7 @@ fn host_filesystem_is_read_only() {
 
 #[test]
 fn symlink_and_hardlink_tricks_stay_inside() {
-    need_root!();
+    need_default_policy!();
     let d = scratch("links");
     let victim = d.join("victim.txt");
     std::fs::write(&victim, b"original").unwrap();
@@ -224,7 +224,7 @@ fn secrets_are_invisible() {
 
 #[test]
 fn devices_are_minimal() {
-    need_root!();
+    need_default_policy!();
     let p = probe_ok("devices");
     let text = p.to_string();
     for want in [
@@ -243,7 +243,7 @@ fn devices_are_minimal() {
 
 #[test]
 fn host_processes_are_invisible_and_unkillable() {
-    need_root!();
+    need_default_policy!();
     let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = victim.id().to_string();
     let r = probe(&[], &["kill", &pid, "15"]);
@@ -265,7 +265,7 @@ fn host_processes_are_invisible_and_unkillable() {
 
 #[test]
 fn environment_is_scrubbed() {
-    need_root!();
+    need_default_policy!();
     let run_root = scratch("runs");
     let h = hostile_bin();
     let out = fork_cmd(&run_root)
@@ -309,7 +309,7 @@ fn environment_is_scrubbed() {
 
 #[test]
 fn network_is_loopback_only() {
-    need_root!();
+    need_default_policy!();
     let p = probe_ok("ifaces");
     let text = p.to_string();
     assert!(text.contains("lo"), "{text}");
@@ -339,7 +339,7 @@ fn network_is_loopback_only() {
 
 #[test]
 fn landlock_restricts_tcp_by_policy() {
-    need_root!();
+    need_default_policy!();
     // The default policy refuses TCP bind/connect (Landlock ABI >= 4) inside the sandbox too.
     let r = probe(&[], &["bind-tcp", "0"]);
     let p = r.probe();
@@ -357,7 +357,7 @@ fn landlock_restricts_tcp_by_policy() {
 
 #[test]
 fn wall_budget_kills_promptly() {
-    need_root!();
+    need_default_policy!();
     let t = Instant::now();
     let r = run(&["--wall", "2s"], &["sleep", "30"]);
     let took = t.elapsed();
@@ -369,7 +369,7 @@ fn wall_budget_kills_promptly() {
 
 #[test]
 fn memory_budget_ooms_a_big_allocation() {
-    need_root!();
+    need_default_policy!();
     let r = probe(&["--memory", "128MiB"], &["alloc", "1024"]);
     assert_eq!(
         r.budget().as_deref(),
@@ -384,7 +384,7 @@ fn memory_budget_ooms_a_big_allocation() {
 
 #[test]
 fn pids_budget_stops_a_bounded_fork_loop() {
-    need_root!();
+    need_default_policy!();
     let r = probe(&["--pids", "64"], &["fork-many", "200", "5"]);
     assert_eq!(r.budget().as_deref(), Some("pids"), "{}", r.report);
     let peak = r.report["usage"]["pids_peak"].as_u64().unwrap();
@@ -397,7 +397,7 @@ fn pids_budget_stops_a_bounded_fork_loop() {
 
 #[test]
 fn disk_budget_stops_a_big_write() {
-    need_root!();
+    need_default_policy!();
     let r = probe(
         &["--disk", "64MiB"],
         &["write-bytes", "/tmp/successor/big", "400"],
@@ -418,7 +418,7 @@ fn disk_budget_stops_a_big_write() {
 
 #[test]
 fn exit_status_is_the_commands() {
-    need_root!();
+    need_default_policy!();
     assert_eq!(run(&[], &["sh", "-c", "exit 7"]).code, 7);
     let r = run(&[], &["sh", "-c", "kill -TERM $$"]);
     assert_eq!(r.code, 143);
@@ -430,7 +430,7 @@ fn exit_status_is_the_commands() {
 
 #[test]
 fn init_reaps_orphans_and_nothing_remains() {
-    need_root!();
+    need_default_policy!();
     let r = probe(&[], &["orphans", "20", "60"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     // `run` asserted that no process, mount, cgroup or directory of the run remains;
@@ -441,7 +441,7 @@ fn init_reaps_orphans_and_nothing_remains() {
 
 #[test]
 fn supervisor_death_kills_the_tree_and_gc_reclaims() {
-    need_root!();
+    need_default_policy!();
     let run_root = scratch("runs");
     let marker = format!("{}", 2_000 + (std::process::id() % 1000));
     let h = hostile_bin();
@@ -475,6 +475,21 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
         .collect();
     assert_eq!(leftovers.len(), 1);
     let id = leftovers[0].file_name().to_string_lossy()["fork-".len()..].to_string();
+    // The run directory recorded where its cgroups are (on cgroup v2 they sit beside the
+    // dead supervisor's own cgroup, where a `fork gc` started elsewhere cannot derive them).
+    let recorded = std::fs::read_to_string(leftovers[0].path().join("cgroups")).unwrap();
+    let mut recorded: Vec<PathBuf> = recorded.lines().map(PathBuf::from).collect();
+    let mut found = cgroup_dirs(&id);
+    recorded.sort();
+    found.sort();
+    assert!(
+        !found.is_empty(),
+        "the killed run's cgroups are there before gc"
+    );
+    assert_eq!(
+        recorded, found,
+        "the run directory lists exactly its cgroups"
+    );
     let out = fork_cmd(&run_root).args(["gc", "--json"]).output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -491,14 +506,25 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
             .any(|r| r == id.as_str()),
         "{rep}"
     );
+    for p in &recorded {
+        assert!(
+            rep["cgroups_removed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r.as_str() == p.to_str()),
+            "gc names {p:?} it removed: {rep}"
+        );
+    }
     assert_nothing_left(&run_root, &id);
 }
 
 #[test]
 fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
-    need_root!();
+    need_default_policy!();
     let run_root = scratch("runs");
     let report = run_root.join("r.json");
+    let marker = format!("{}", 60_000 + (std::process::id() % 1000));
     let mut sup = fork_cmd(&run_root)
         .args([
             "run",
@@ -506,11 +532,17 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
             report.to_str().unwrap(),
             "--",
             "sleep",
-            "60",
+            &marker,
         ])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The run is under way: its command runs in the sandbox (a signal during start-up is
+    // tests/interrupt.rs's). A fixed delay was not enough under software emulation.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processes_starting(&format!("sleep {marker}")).is_empty() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sup.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -527,7 +559,7 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
 
 #[test]
 fn workspace_round_trip() {
-    need_root!();
+    need_default_policy!();
     let ws = scratch("ws");
     std::fs::write(ws.join("input.txt"), b"in").unwrap();
     let r = run(
@@ -544,7 +576,7 @@ fn workspace_round_trip() {
 
 #[test]
 fn strict_policy_shows_only_system_directories() {
-    need_root!();
+    need_default_policy!();
     let strict = repo().join("policies/strict.toml");
     let r = run(&["--policy", strict.to_str().unwrap()], &["ls", "/"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
@@ -586,7 +618,9 @@ fn bad_policy_is_exit_65_naming_the_file() {
 #[test]
 fn missing_layer_is_exit_69_naming_it() {
     need_root!();
-    // An unprivileged user cannot mount the capped workspace: the disk layer is missing.
+    // nobody has no cgroup delegated to it (here, and in the VM harness), so the default
+    // policy's cgroup layer is missing for it (the capped disk it now has: fork mounts it
+    // in a namespace of its own).
     let d = scratch("unpriv");
     std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let out = Command::new("setpriv")
@@ -608,6 +642,9 @@ fn missing_layer_is_exit_69_naming_it() {
         err.contains("isolation layer") && err.contains("Fix:"),
         "{err}"
     );
+    assert!(err.contains("cgroup"), "{err}");
+    // The fix a user gets is one the user can take (delegation, cgroup v2, the policy).
+    assert!(!err.contains("as root"), "{err}");
 }
 
 #[test]
@@ -627,7 +664,7 @@ fn check_reports_every_layer() {
 
 #[test]
 fn init_forwards_signals_to_the_command() {
-    need_root!();
+    need_default_policy!();
     let run_root = scratch("runs");
     let report = run_root.join("r.json");
     // The command exits 3 when SIGUSR1 reaches it (and only then: it would sleep 20 s).
@@ -660,10 +697,14 @@ fn init_forwards_signals_to_the_command() {
             })
             .collect();
         if let Some(p) = kids.first() {
-            let ready = std::fs::read_dir(&run_root)
-                .unwrap()
-                .flatten()
-                .any(|e| e.path().join("disk/successor/ready").exists());
+            // Seen through the supervisor's own root: a user's fork mounts the disk in a
+            // mount namespace of its own (as root it is the host's).
+            let ready = std::fs::read_dir(&run_root).unwrap().flatten().any(|e| {
+                let disk = e.path().join("disk/successor/ready");
+                Path::new(&format!("/proc/{sup_pid}/root"))
+                    .join(disk.strip_prefix("/").unwrap())
+                    .exists()
+            });
             if ready {
                 break *p;
             }
@@ -689,7 +730,7 @@ fn init_forwards_signals_to_the_command() {
 
 #[test]
 fn a_workspace_replaced_by_a_symlink_is_not_copied_back() {
-    need_root!();
+    need_default_policy!();
     let ws = scratch("ws-link");
     let host = scratch("host-secret");
     std::fs::write(host.join("host-only.txt"), b"host").unwrap();
@@ -735,7 +776,7 @@ fn policy_with_network(dir: &std::path::Path, network: &str) -> std::path::PathB
 
 #[test]
 fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
-    need_root!();
+    need_default_policy!();
     use std::io::{Read, Write};
     // Two host loopback services the test owns; only the first is forwarded.
     let wanted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -810,7 +851,7 @@ fn a_forward_to_another_host_is_refused_at_load_time() {
 
 #[test]
 fn without_the_disk_layer_the_workspace_is_still_there() {
-    need_root!();
+    need_default_policy!();
     // A policy that turns the capped disk off: /tmp is then a tmpfs inside the sandbox and
     // the workspace is bound into it from the run directory; the report says so.
     let d = scratch("nodisk");

@@ -56,10 +56,33 @@ pub enum Command {
     Ledger(commands::history::LedgerArgs),
 }
 
-pub use crate::sandbox::signals::default_sigpipe;
+pub use crate::sandbox::signals::{default_sigpipe, hold_interrupts, release_interrupts};
 
 /// Runs a parsed command line; returns the process exit code.
+///
+/// SIGINT/SIGTERM/SIGHUP are held back from `main`'s start (see [`hold_interrupts`]): the
+/// commands that create runs (run, evaluate, reverify, mesh serve) get the interrupt flag
+/// first, so one that came during start-up is answered as any other (the run ends
+/// cleanly, nothing is left behind); the others get the default action back.
 pub fn dispatch(cli: Cli) -> i32 {
+    let makes_runs = matches!(
+        cli.command,
+        Command::Run(_)
+            | Command::Evaluate(_)
+            | Command::Reverify(_)
+            | Command::Mesh {
+                command: commands::mesh::MeshCommand::Serve(_)
+            }
+    );
+    if makes_runs || matches!(cli.command, Command::Check(_)) {
+        // Without root: a user and mount namespace of fork's own, for the capped disk
+        // (`check` makes a trial launch). Before anything else: it needs a single thread.
+        crate::sandbox::rootless::enter();
+    }
+    if makes_runs {
+        crate::sandbox::signals::install_interrupt_flag();
+    }
+    release_interrupts();
     progress::init(cli.verbose);
     let r = match cli.command {
         Command::Run(a) => commands::run::run_cmd(a),

@@ -27,6 +27,7 @@ pub mod net;
 pub mod probe;
 mod reclaim;
 pub mod rlimits;
+pub mod rootless;
 pub mod seccomp;
 pub mod signals;
 pub mod spec;
@@ -151,6 +152,11 @@ pub struct Isolation {
     pub root: String,
     /// The host uid the sandbox's uid 0 maps to.
     pub host_uid: u32,
+    /// The sandbox shares its host uid with the supervisor and with every other sandbox of
+    /// this user (fork without root: the judge's and the subject's runs included); as root
+    /// each run gets a uid of its own.
+    #[serde(default)]
+    pub uid_shared: bool,
 }
 
 /// How a sandboxed run ended.
@@ -391,12 +397,12 @@ impl Sandbox {
         if !req.wanted() {
             return Ok(());
         }
-        if !is_root() {
+        if !is_root() && !rootless::entered() {
             return require_missing(
                 &self.spec.layers,
                 Layer::Disk,
-                "capping the workspace needs a tmpfs mounted by root on the host",
-                "run fork as root, or set [layers] disk = \"optional\" in the policy (then /tmp is capped inside the sandbox but the workspace is not)",
+                &rootless::disk_unavailable_reason(),
+                rootless::DISK_ROOTLESS_FIX,
             );
         }
         let disk = self.disk();
@@ -424,7 +430,11 @@ impl Sandbox {
                     self.spec.limits.disk_bytes,
                     disk.display()
                 ),
-                "run fork as root with mount rights, or set [layers] disk = \"optional\"",
+                if is_root() {
+                    "run fork with mount rights (CAP_SYS_ADMIN), or set [layers] disk = \"optional\""
+                } else {
+                    rootless::DISK_ROOTLESS_FIX
+                },
             ),
         }
     }
@@ -494,6 +504,7 @@ impl Sandbox {
                 RootMode::Minimal => "minimal".into(),
             },
             host_uid: self.host_uid,
+            uid_shared: !is_root(),
             ..Default::default()
         };
 
@@ -517,12 +528,19 @@ impl Sandbox {
                 cpu_percent: Some(spec.limits.cpu_percent),
                 pids: Some(spec.limits.pids),
             };
-            match cgroup::SandboxCgroup::create(&self.rundir().id, &limits) {
+            let rundir = self.rundir();
+            let created =
+                cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
+                    rundir
+                        .record_cgroups(paths)
+                        .ctx("recording the cgroups in", &rundir.path)
+                });
+            match created {
                 Ok(cg) => self.cgroup = Some(cg),
                 Err(e) => {
                     let p = cgroup::probe();
                     let fix = if p.fix.is_empty() {
-                        "run fork as root, or delegate a cgroup to your user (systemd-run --user --scope -p Delegate=yes fork ...)".to_string()
+                        cgroup::DELEGATE_FIX.to_string()
                     } else {
                         p.fix.join("; ")
                     };

@@ -68,7 +68,7 @@ static TEMPLATE: std::sync::Mutex<Option<Template>> = std::sync::Mutex::new(None
 
 /// In the supervisor (as root): runs `f` (the clone of the init) with the calling thread in
 /// a private copy of its mount namespace in which every mount at or beneath a `detach`
-/// path, and every mount inside a fork run directory (any run root's: other fork
+/// path (only beneath, for the run root), and every mount inside a fork run directory (any run root's: other fork
 /// processes' runs too), is detached, then returns the thread to its own namespace and working directory.
 /// The init's mount namespace, copied from that one, never holds those mounts (mounts it
 /// inherits are locked: it could not detach them itself). The host is never affected: the

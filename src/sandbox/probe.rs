@@ -31,7 +31,8 @@ pub fn apparmor_confines_userns(restrict: Option<i64>, root: bool, label: &str) 
     restrict == Some(1) && !root && label.trim_end_matches(['\n', '\0']).trim() == "unconfined"
 }
 
-fn apparmor_restricts_us() -> bool {
+/// [`apparmor_confines_userns`] for this process.
+pub(crate) fn apparmor_confines_us() -> bool {
     let label = std::fs::read_to_string("/proc/self/attr/apparmor/current")
         .or_else(|_| std::fs::read_to_string("/proc/self/attr/current"))
         .unwrap_or_default();
@@ -64,7 +65,7 @@ pub fn probe_namespaces() -> Vec<LayerProbe> {
     let mut out = Vec::new();
     let mut user = unshare_in_child(CloneFlags::empty());
     out.push(match user {
-        Ok(()) if apparmor_restricts_us() => {
+        Ok(()) if apparmor_confines_us() => {
             user = Err(nix::Error::EPERM);
             LayerProbe {
                 layer: Layer::Userns,

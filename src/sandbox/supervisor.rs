@@ -356,6 +356,10 @@ pub(super) fn supervise(
                     if cancelled() {
                         return (None, false, true);
                     }
+                    // A signal that came before the handlers above existed.
+                    if super::signals::interrupted() {
+                        return (None, true, false);
+                    }
                     if let Some(c) = &cost {
                         wd.set_api_cost(c.spent_usd());
                         if c.exceeded() {

@@ -14,19 +14,45 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Returns from the test (saying why) unless it runs as root: the default policy mounts a
-/// capped tmpfs and creates cgroups. (Not every test crate uses it.)
+/// Returns from the test (saying why) unless it runs as root: it asserts what only root's
+/// runs have (a uid of their own per run, the host's cgroups, detached mounts) or needs the
+/// default policy, whose cgroup layer a user has only in a delegated cgroup. The line it
+/// prints starts with `fork-test-skip:`: cargo counts the test as passed, so the VM
+/// harness (`scripts/vm-test.sh`, with `--nocapture`) counts these lines as skipped, not
+/// passed. (Not every test crate uses it.)
 #[allow(unused_macros)]
 macro_rules! need_root {
     () => {
         if !$crate::common::is_root() {
-            eprintln!("this test drives the sandbox with the default policy, which needs root");
+            eprintln!(
+                "fork-test-skip: {}: needs root (root-only isolation or the default policy's cgroup layer)",
+                module_path!()
+            );
             return;
         }
     };
 }
 #[allow(unused_imports)]
 pub(crate) use need_root;
+
+/// Returns from the test (saying why, on a `fork-test-skip:` line as [`need_root`] does)
+/// unless the default policy works here: as root, or as a user given every layer (a
+/// delegated cgroup v2 subtree; the capped disk fork mounts in a namespace of its own).
+/// For tests that assert nothing only root's runs have.
+#[allow(unused_macros)]
+macro_rules! need_default_policy {
+    () => {
+        if !$crate::common::default_policy_works() {
+            eprintln!(
+                "fork-test-skip: {}: needs root, or a user's fork with every layer of the default policy (`fork check` fails here)",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use need_default_policy;
 
 /// The bundled demo runtime.
 pub fn demo() -> PathBuf {

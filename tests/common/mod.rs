@@ -96,6 +96,22 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Whether `fork run` works here under the default policy, every layer required: as root,
+/// or as a user whose fork gets every layer (a delegated cgroup v2 subtree, user
+/// namespaces), as `fork check` (with its trial launch) says. Asked once per test binary.
+pub fn default_policy_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| {
+        is_root()
+            || Command::new(fork_bin())
+                .arg("check")
+                .env("FORK_RUN_ROOT", scratch("check-default"))
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success())
+    })
+}
+
 /// The result of one `fork run`.
 pub struct Run {
     pub code: i32,

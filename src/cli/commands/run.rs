@@ -31,6 +31,13 @@ pub struct RunArgs {
 
 pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::RUN_KILLED);
+    if crate::sandbox::signals::interrupted() {
+        // Interrupted during start-up: nothing was created, nothing ran, no report.
+        return Err(CliError::new(
+            exit::RUN_KILLED,
+            "interrupted before the sandbox was made: nothing ran",
+        ));
+    }
     let policy = load_policy(a.policy.as_deref(), &a.budget)?;
     let limits = policy.budgets.clone();
     let r = run(RunRequest {

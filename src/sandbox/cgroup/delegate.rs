@@ -19,7 +19,7 @@ pub(super) const SUPERVISOR_LEAF: &str = "fork-supervisor";
 /// v2 controllers we need.
 pub(super) const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 /// The fix for missing v2 delegation.
-pub(super) const DELEGATE_FIX: &str = "run fork as the only process of a delegated cgroup, e.g. `systemd-run --user --scope -p Delegate=yes fork ...` (as root: `systemd-run --scope -p Delegate=yes fork ...`), or enable the controllers in the parent's cgroup.subtree_control";
+pub const DELEGATE_FIX: &str = "start fork as the only process of a delegated cgroup: `systemd-run --user --scope -p Delegate=yes fork ...` (for root's own runs: `systemd-run --scope -p Delegate=yes fork ...`), or enable the controllers in the parent's cgroup.subtree_control";
 
 /// The whitespace-separated words of a file (`cgroup.controllers`, `cgroup.subtree_control`).
 pub(super) fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {

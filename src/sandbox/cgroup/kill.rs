@@ -19,7 +19,8 @@ use crate::sandbox::sys::{pidfd_open, pidfd_send_signal};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::layout::{detect_layout, validate_run_id, PREFIX};
+use super::delegate::SUPERVISOR_LEAF;
+use super::layout::{detect_layout, layout_of_recorded, validate_run_id, PREFIX};
 use super::{CgroupError, CgroupVersion, SandboxCgroup};
 use crate::ioerr::IoError;
 
@@ -204,6 +205,35 @@ pub fn remove_stale(is_stale: &dyn Fn(&str) -> bool) -> Result<Vec<PathBuf>, Cgr
     }
 }
 
+/// For `fork gc`: removes the cgroups a dead supervisor's run directory recorded for
+/// `run_id` (see `RunDir::record_cgroups`), killing their tasks first, wherever they are
+/// (on v2 beside the dead supervisor's own leaf, which `fork gc` cannot derive from its
+/// own cgroup). Every path is checked first (named `fork-<run_id>`, beneath a hierarchy
+/// fork uses, on a cgroup filesystem); one that fails is left alone and reported. On v2
+/// the dead supervisor's leaf `fork-supervisor` beside them goes too when it is empty (the
+/// kernel refuses to remove a cgroup that holds a process or a child). Returns the
+/// directories removed.
+pub fn remove_recorded(run_id: &str, paths: &[PathBuf]) -> Result<Vec<PathBuf>, CgroupError> {
+    let present: Vec<PathBuf> = paths.iter().filter(|p| p.exists()).cloned().collect();
+    if present.is_empty() {
+        return Ok(Vec::new());
+    }
+    let host = detect_layout()?;
+    let layout = layout_of_recorded(&host, run_id, &present)?;
+    let cg = SandboxCgroup::attach(&layout, run_id);
+    let mut removed: Vec<PathBuf> = cg.paths().into_iter().filter(|p| p.exists()).collect();
+    cg.destroy()?;
+    if layout.version == CgroupVersion::V2 {
+        for d in &layout.dirs {
+            let leaf = d.own_dir.join(SUPERVISOR_LEAF);
+            if leaf.is_dir() && fs::remove_dir(&leaf).is_ok() {
+                removed.push(leaf);
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{release, spawn_gated, unique, wait_bounded};
@@ -274,5 +304,51 @@ mod tests {
             "live run untouched"
         );
         live.destroy().unwrap();
+    }
+
+    /// A crashed supervisor's cgroups are found from the paths its run directory recorded,
+    /// not by looking beneath the caller's own cgroup: the caller here is told nothing else.
+    #[test]
+    fn remove_recorded_removes_exactly_the_recorded_cgroups_and_their_tasks() {
+        let id = unique("recorded");
+        let other = SandboxCgroup::create(&unique("other"), &CgroupLimits::default()).unwrap();
+        let mut recorded = Vec::new();
+        let cg = SandboxCgroup::create_recorded(&id, &CgroupLimits::default(), &mut |p| {
+            recorded = p.to_vec();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(recorded, cg.paths());
+        let mut sleeper = Command::new("sleep")
+            .arg("30")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        cg.add_pid(sleeper.id() as i32).unwrap();
+        std::mem::forget(cg);
+        // A path recorded for another run is refused and nothing is touched.
+        assert!(matches!(
+            remove_recorded("test-not-this-run", &recorded),
+            Err(CgroupError::NotOurs { .. })
+        ));
+        assert!(recorded.iter().all(|p| p.exists()));
+        let mut removed = remove_recorded(&id, &recorded).unwrap();
+        removed.sort();
+        let mut want = recorded.clone();
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(recorded.iter().all(|p| !p.exists()));
+        let st = wait_bounded(&mut sleeper, Duration::from_secs(5));
+        assert_eq!(st.signal(), Some(libc::SIGKILL));
+        assert!(
+            other.paths().iter().all(|p| p.exists()),
+            "other run untouched"
+        );
+        // Already gone: nothing to do, no error.
+        assert_eq!(
+            remove_recorded(&id, &recorded).unwrap(),
+            Vec::<PathBuf>::new()
+        );
+        other.destroy().unwrap();
     }
 }

@@ -66,6 +66,83 @@ impl HierDir {
     }
 }
 
+impl HierDir {
+    /// The hierarchy's mount point: our own directory without our own path in it.
+    fn mount_point(&self) -> Option<&Path> {
+        self.own_dir
+            .ancestors()
+            .nth(self.own_rel.components().count())
+    }
+}
+
+/// The layout that addresses exactly the cgroups a run directory recorded for `run_id`
+/// (`fork gc` removes a dead supervisor's cgroups wherever they are, not only beneath its
+/// own cgroup). Each path must be absolute and plain (no `..`), be named `fork-<run_id>`,
+/// lie beneath the mount point of a hierarchy this host's layout uses (on v2 the unified
+/// one; on v1 the hierarchy then gives the controllers) and sit on a cgroup filesystem;
+/// anything else is refused (`NotOurs`), never touched.
+pub(super) fn layout_of_recorded(
+    host: &Layout,
+    run_id: &str,
+    paths: &[PathBuf],
+) -> Result<Layout, CgroupError> {
+    validate_run_id(run_id)?;
+    let name = format!("{PREFIX}{run_id}");
+    let mut dirs: Vec<HierDir> = Vec::new();
+    for path in paths {
+        let refuse = |detail: &'static str| CgroupError::NotOurs {
+            path: path.clone(),
+            run_id: run_id.to_string(),
+            detail,
+        };
+        let plain = path.is_absolute()
+            && path
+                .components()
+                .skip(1)
+                .all(|c| matches!(c, Component::Normal(_)));
+        if !plain {
+            return Err(refuse("not an absolute plain path"));
+        }
+        if path.file_name().and_then(|n| n.to_str()) != Some(name.as_str()) {
+            return Err(refuse("not named after the run"));
+        }
+        let parent = path.parent().unwrap_or(Path::new("/"));
+        let hier = host.dirs.iter().find_map(|d| {
+            let point = d.mount_point()?;
+            let rel = parent.strip_prefix(point).ok()?;
+            Some((d, rel.to_path_buf()))
+        });
+        let Some((hier, own_rel)) = hier else {
+            return Err(refuse("outside every cgroup hierarchy fork uses here"));
+        };
+        if !on_cgroup_fs(parent) {
+            return Err(refuse("its parent is not on a cgroup filesystem"));
+        }
+        if dirs.iter().any(|d| d.own_dir == parent) {
+            continue;
+        }
+        dirs.push(HierDir {
+            controllers: hier.controllers.clone(),
+            own_dir: parent.to_path_buf(),
+            own_rel,
+        });
+    }
+    Ok(Layout {
+        version: host.version,
+        dirs,
+        missing: Vec::new(),
+    })
+}
+
+/// Whether `dir` is on a cgroup (v1 or v2) filesystem.
+fn on_cgroup_fs(dir: &Path) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
+    statfs(dir).is_ok_and(|s| {
+        let t = s.filesystem_type();
+        t == CGROUP2_SUPER_MAGIC || t == CGROUP_SUPER_MAGIC
+    })
+}
+
 /// Every hierarchy fork uses on this host.
 #[derive(Debug, Clone)]
 pub(super) struct Layout {
@@ -416,6 +493,48 @@ mod tests {
             Some(PathBuf::from("/docker/c1"))
         );
         assert_eq!(cgroup2_mount_root(mi, "/elsewhere"), None);
+    }
+
+    /// Recorded paths are taken only when they are fork's cgroup of that run, beneath a
+    /// hierarchy this host's layout uses, on a cgroup filesystem.
+    #[test]
+    fn recorded_paths_are_checked_before_they_are_addressed() {
+        let host = detect_layout().unwrap();
+        let d = &host.dirs[0];
+        let ours = d.own_dir.join("somewhere/fork-abc");
+        let refused = |paths: &[PathBuf]| {
+            matches!(
+                layout_of_recorded(&host, "abc", paths),
+                Err(CgroupError::NotOurs { .. })
+            )
+        };
+        // A directory of another name, another run, outside the hierarchies, with `..`,
+        // relative, or on another filesystem.
+        assert!(refused(&[d.own_dir.join("somewhere/user.slice")]));
+        assert!(refused(&[d.own_dir.join("fork-abd")]));
+        assert!(refused(&[PathBuf::from("/tmp/fork-abc")]));
+        assert!(refused(&[d.own_dir.join("../x/fork-abc")]));
+        assert!(refused(&[PathBuf::from("sys/fs/cgroup/fork-abc")]));
+        let tmp = tempfile::tempdir().unwrap();
+        let mut fake = host.clone();
+        fake.dirs[0].own_dir = tmp.path().to_path_buf();
+        fake.dirs[0].own_rel = PathBuf::new();
+        assert!(matches!(
+            layout_of_recorded(&fake, "abc", &[tmp.path().join("fork-abc")]),
+            Err(CgroupError::NotOurs { detail, .. }) if detail.contains("cgroup filesystem")
+        ));
+        assert!(layout_of_recorded(&host, "a/b", std::slice::from_ref(&ours)).is_err());
+        // Fork's cgroup of the run, beneath our hierarchy: addressed there with its controllers.
+        let l = layout_of_recorded(&host, "abc", std::slice::from_ref(&ours));
+        // `somewhere` does not exist, so statfs fails and it is refused; its parent does.
+        assert!(l.is_err());
+        let here = d.own_dir.join("fork-abc");
+        let l = layout_of_recorded(&host, "abc", std::slice::from_ref(&here)).unwrap();
+        assert_eq!(l.version, host.version);
+        assert_eq!(l.dirs.len(), 1);
+        assert_eq!(l.dirs[0].own_dir, d.own_dir);
+        assert_eq!(l.dirs[0].own_rel, d.own_rel);
+        assert_eq!(l.dirs[0].controllers, d.controllers);
     }
 
     #[test]

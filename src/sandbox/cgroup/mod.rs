@@ -39,11 +39,12 @@ mod stats;
 #[cfg(test)]
 mod test_support;
 
-pub use kill::remove_stale;
+pub use kill::{remove_recorded, remove_stale};
 pub use probe::{probe, CgroupProbe, CgroupProblem, ControllerProbe};
 pub use stats::CgroupSample;
 
 use delegate::ensure_v2_controllers;
+pub use delegate::DELEGATE_FIX;
 use layout::{detect_layout, missing_controllers_error, validate_run_id, Layout, PREFIX};
 use stats::StatFiles;
 
@@ -126,6 +127,16 @@ pub enum CgroupError {
         /// What to do.
         fix: String,
     },
+    /// A cgroup path a run directory recorded is not one fork made for that run.
+    #[error("cgroup: {path:?}, recorded for run {run_id}, is not a fork cgroup of that run ({detail}); left alone")]
+    NotOurs {
+        /// The recorded path.
+        path: PathBuf,
+        /// The run it was recorded for.
+        run_id: String,
+        /// Why it is refused.
+        detail: &'static str,
+    },
     /// A cgroup for this run already exists (a crashed run not yet collected).
     #[error("cgroup: {path:?} already exists; fix: run `fork gc` to collect stale runs, or use a fresh run id")]
     AlreadyExists {
@@ -188,6 +199,17 @@ impl SandboxCgroup {
     /// Creates `fork-<run_id>` beneath this process's own cgroup in each hierarchy that has a
     /// controller we need, and applies the limits. On any error nothing is left behind.
     pub fn create(run_id: &str, limits: &CgroupLimits) -> Result<Self, CgroupError> {
+        Self::create_recorded(run_id, limits, &mut |_| Ok(()))
+    }
+
+    /// [`Self::create`], handing the absolute paths it is about to create to `record` first
+    /// (the run directory keeps them for `fork gc`, see [`remove_recorded`]); a failing
+    /// `record` creates nothing.
+    pub fn create_recorded(
+        run_id: &str,
+        limits: &CgroupLimits,
+        record: &mut dyn FnMut(&[PathBuf]) -> Result<(), IoError>,
+    ) -> Result<Self, CgroupError> {
         validate_run_id(run_id)?;
         let quota = limits::validate(limits)?;
         let layout = detect_layout()?;
@@ -201,6 +223,8 @@ impl SandboxCgroup {
                 return Err(CgroupError::AlreadyExists { path: target });
             }
         }
+        let targets: Vec<PathBuf> = layout.dirs.iter().map(|d| d.own_dir.join(&name)).collect();
+        record(&targets)?;
         if layout.version == CgroupVersion::V2 {
             // Single hierarchy: enable controllers for children of our own cgroup only (not
             // cgroups-rs's `Cgroup::create`, which writes at the hierarchy root; see

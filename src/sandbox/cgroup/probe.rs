@@ -200,7 +200,11 @@ pub fn probe() -> CgroupProbe {
                 | CgroupError::InternalProcesses { fix, .. }
                 | CgroupError::MissingControllers { fix, .. }
                 | CgroupError::OwnCgroup { fix, .. } => fix.clone(),
-                _ => "run fork as root or in a delegated cgroup (`systemd-run --user --scope -p Delegate=yes fork ...`)".into(),
+                _ if !nix::unistd::geteuid().is_root() => match layout.version {
+                    CgroupVersion::V2 => super::DELEGATE_FIX.into(),
+                    CgroupVersion::V1 => V1_USER_FIX.into(),
+                },
+                _ => "run fork in a delegated cgroup (`systemd-run --scope -p Delegate=yes fork ...`)".into(),
             };
             out.problems.push(CgroupProblem {
                 what: format!("cannot create a child cgroup: {e}"),
@@ -210,6 +214,9 @@ pub fn probe() -> CgroupProbe {
     }
     finish_probe(out)
 }
+
+/// The fix for a user on a cgroup v1 host: v1 hierarchies are not delegated to users.
+pub const V1_USER_FIX: &str = "this host's cgroups are v1, which are not delegated to users: on a host booted with cgroup v2 (systemd.unified_cgroup_hierarchy=1, the default of current distributions) start fork as `systemd-run --user --scope -p Delegate=yes fork ...`; here, set [layers] cgroup = \"optional\" and cgroupns = \"optional\" in the policy (no budgets then: the verdict's isolation block records it)";
 
 /// Fills the derived fields of a probe.
 fn finish_probe(mut out: CgroupProbe) -> CgroupProbe {
