@@ -327,15 +327,7 @@ fn look_at(
             continue;
         }
         let band = rules.band_for(name);
-        let r = sequential::assess(
-            b,
-            p,
-            band,
-            a,
-            10_000,
-            0x666f_726b ^ replica as u64,
-            rules.is_lower_better(name),
-        );
+        let r = sequential::assess(b, p, band, a, 10_000, 0x666f_726b ^ replica as u64);
         assessed.insert(
             (*name).clone(),
             Assessed {
