@@ -2,7 +2,7 @@
 //! [`SnapshotOptions::image_max_bytes`] is read whole inside one read transaction, then
 //! written, checked and hashed.
 
-use super::snapshot::{
+use super::sqlite::{
     check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,
 };
 use sha2::{Digest, Sha256};

@@ -2,7 +2,8 @@
 //!
 //! * [`snapshot`]: the runtime's SQLite state, copied through SQLite (one image in one read
 //!   transaction, or the online backup API for a large database) while the parent keeps
-//!   running and writing; `image.rs` holds the one-image copy.
+//!   running and writing; `image.rs` holds the one-image copy, `sqlite.rs` what both copies
+//!   share (options, statistics, errors, opening, checking and hashing).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
@@ -11,6 +12,7 @@ pub mod error;
 mod image;
 pub mod parent;
 pub mod snapshot;
+mod sqlite;
 pub mod tree;
 pub mod workspace;
 

@@ -495,29 +495,19 @@ pub fn decode_verdict_message(bytes: &[u8]) -> Result<VerdictMessage, MeshError>
     Ok(m)
 }
 
-/// [`decode_proposal`] of a message received with NATS `headers`: a generation header
-/// this code does not read is refused before the body is parsed, and the headers must
-/// agree with the body's header ([`crate::mesh::wire::check_headers`]).
-pub fn decode_proposal_message(
-    headers: Option<&async_nats::HeaderMap>,
-    bytes: &[u8],
-) -> Result<Proposal, MeshError> {
-    crate::mesh::wire::check_generation_header(headers)?;
-    let p = decode_proposal(bytes)?;
-    crate::mesh::wire::check_headers(headers, &p.header)?;
-    Ok(p)
-}
-
-/// [`decode_verdict_message`] of a message received with NATS `headers` (checked as
-/// [`decode_proposal_message`] does).
-pub fn decode_verdict_message_with(
-    headers: Option<&async_nats::HeaderMap>,
-    bytes: &[u8],
-) -> Result<VerdictMessage, MeshError> {
-    crate::mesh::wire::check_generation_header(headers)?;
-    let m = decode_verdict_message(bytes)?;
-    crate::mesh::wire::check_headers(headers, &m.header)?;
-    Ok(m)
+/// A key given on the command line, or the file holding it.
+pub(crate) fn parse_key(flag: &str, s: &str) -> Result<crate::identity::PublicKey, MeshError> {
+    let r = if std::path::Path::new(s).is_file() {
+        crate::identity::read_public_key(std::path::Path::new(s))
+    } else {
+        crate::identity::PublicKey::parse_any(s)
+    };
+    r.map_err(|e| {
+        MeshError::Usage(format!(
+            "{flag} {}: {e}",
+            s.chars().take(80).collect::<String>()
+        ))
+    })
 }
 
 /// A proposal id is a UUID (so it is one safe subject token and one safe directory name).

@@ -20,16 +20,17 @@
 use crate::identity::PublicKey;
 use crate::ioerr::IoContext;
 use crate::mesh::consensus::{consensus, ConsensusConfig, ConsensusReport, Quorum};
-use crate::mesh::messages::{decode_verdict_message_with, MeshError, Proposal, MAX_PATCH_BYTES};
+use crate::mesh::messages::{parse_key, MeshError, Proposal, MAX_PATCH_BYTES};
 use crate::mesh::steward::STEWARD_APPROVAL_TYPE;
 use crate::mesh::steward::{decode_approval_message, Filed, StewardApprovalMessage};
 use crate::mesh::transport::Bus;
 use crate::mesh::wire;
+use crate::mesh::wire::decode_verdict_message_with;
 use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// `fork mesh propose`.
@@ -140,21 +141,6 @@ pub fn propose_blocking(opts: ProposeOptions) -> Result<ProposeReport, MeshError
         .build()
         .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
         .block_on(propose(opts))
-}
-
-/// A key given on the command line, or the file holding it.
-pub(crate) fn parse_key(flag: &str, s: &str) -> Result<PublicKey, MeshError> {
-    let r = if Path::new(s).is_file() {
-        crate::identity::read_public_key(Path::new(s))
-    } else {
-        PublicKey::parse_any(s)
-    };
-    r.map_err(|e| {
-        MeshError::Usage(format!(
-            "{flag} {}: {e}",
-            s.chars().take(80).collect::<String>()
-        ))
-    })
 }
 
 /// Whether more votes could still change the outcome.

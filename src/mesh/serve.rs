@@ -21,10 +21,9 @@
 use crate::evaluation::{EvaluateError, LedgerChoice, Request};
 use crate::identity::{NodeKey, PublicKey};
 use crate::ioerr::IoContext;
-use crate::mesh::messages::{
-    decode_proposal_message, MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES,
-};
+use crate::mesh::messages::{MeshError, Proposal, VerdictMessage, MAX_PROPOSAL_MESSAGE_BYTES};
 use crate::mesh::transport::{backoff, consumer_name, Bus, PROGRESS_EVERY};
+use crate::mesh::wire::decode_proposal_message;
 use crate::sandbox::signals::interrupted;
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures_util::StreamExt;

@@ -16,11 +16,12 @@ use crate::identity::{NodeKey, PublicKey};
 use crate::ioerr::IoContext;
 use crate::mesh::approve::{approval_file_name, approve, check_approval};
 use crate::mesh::messages::{
-    check_proposal_id, decode_checked, decode_verdict_message_with, new_header, MeshError,
-    MAX_PATCH_BYTES, VERDICT_MESSAGE_TYPE,
+    check_proposal_id, decode_checked, new_header, parse_key, MeshError, MAX_PATCH_BYTES,
+    VERDICT_MESSAGE_TYPE,
 };
 use crate::mesh::transport::Bus;
 use crate::mesh::wire;
+use crate::mesh::wire::decode_verdict_message_with;
 use crate::verdict::bundle::VERDICT_FILE;
 use crate::verdict::{sha256_digest, verify_bundle, Header, VerdictKind};
 use async_nats::jetstream::consumer;
@@ -299,7 +300,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         .map_err(|e| MeshError::Usage(format!("--key {}: {e}", opts.key.display())))?;
     let mut trusted = Vec::new();
     for t in &opts.trust {
-        let k = crate::mesh::propose::parse_key("--trust", t)?;
+        let k = parse_key("--trust", t)?;
         if !trusted.contains(&k) {
             trusted.push(k);
         }

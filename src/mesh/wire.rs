@@ -120,6 +120,31 @@ pub fn check_runtime_token(name: &str) -> Result<(), MeshError> {
     }
 }
 
+/// [`decode_proposal`](crate::mesh::messages::decode_proposal) of a message received with NATS `headers`: a generation header
+/// this code does not read is refused before the body is parsed, and the headers must
+/// agree with the body's header ([`check_headers`]).
+pub fn decode_proposal_message(
+    headers: Option<&async_nats::HeaderMap>,
+    bytes: &[u8],
+) -> Result<crate::mesh::messages::Proposal, MeshError> {
+    check_generation_header(headers)?;
+    let p = crate::mesh::messages::decode_proposal(bytes)?;
+    check_headers(headers, &p.header)?;
+    Ok(p)
+}
+
+/// [`decode_verdict_message`](crate::mesh::messages::decode_verdict_message) of a message received with NATS `headers` (checked as
+/// [`decode_proposal_message`] does).
+pub fn decode_verdict_message_with(
+    headers: Option<&async_nats::HeaderMap>,
+    bytes: &[u8],
+) -> Result<crate::mesh::messages::VerdictMessage, MeshError> {
+    check_generation_header(headers)?;
+    let m = crate::mesh::messages::decode_verdict_message(bytes)?;
+    check_headers(headers, &m.header)?;
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,274 @@
+//! The snapshot's vocabulary and the SQLite steps both copies share (see
+//! [`super::snapshot`] for how a snapshot is taken, [`super::image`] for the one-image
+//! copy): options, statistics, errors, opening the source read-only, retrying while it is
+//! busy, checking the copy and hashing it.
+
+use rusqlite::{Connection, OpenFlags};
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+
+/// The 16 bytes every SQLite 3 database file starts with.
+pub const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// The default bound of a one-image copy: 128 MiB. Measured with `benches/snapshot.rs`, a
+/// 100 MiB database takes 25-40 ms to read as one image; in rollback-journal mode the
+/// source's shared lock is held that long, so a bigger bound would stall the parent's
+/// writers longer than the 50 ms the snapshot promises them.
+pub const IMAGE_MAX_BYTES: u64 = 128 << 20;
+
+/// Which check runs on the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntegrityCheck {
+    /// `PRAGMA integrity_check`: every page, every index entry.
+    Full,
+    /// `PRAGMA quick_check`: like `integrity_check` without checking index contents.
+    Quick,
+    /// No check (then `SnapshotStats::integrity_ok` is false).
+    Skip,
+}
+
+/// How the snapshot paces itself.
+#[derive(Debug, Clone)]
+pub struct SnapshotOptions {
+    /// Pages copied per backup step (a negative number: all pages in one step).
+    pub pages_per_step: i32,
+    /// Sleep between two steps in rollback-journal mode, so that writers can commit.
+    /// (In WAL mode writers are never blocked, and there is no pause.)
+    pub pause: Duration,
+    /// How many backup restarts (the source changed between two steps) are tolerated.
+    pub max_restarts: u32,
+    /// Double the step after each restart so that the copy converges under a busy writer.
+    pub grow_on_restart: bool,
+    /// Give up after this long (error `Timeout`).
+    pub timeout: Duration,
+    /// The check run on the copy.
+    pub check: IntegrityCheck,
+    /// A database of at most this many bytes is copied as one image inside one read
+    /// transaction (see [`snapshot`]); a larger one, or 0 here, goes `pages_per_step` pages
+    /// at a time.
+    pub image_max_bytes: u64,
+}
+
+impl Default for SnapshotOptions {
+    /// Defaults measured with `benches/snapshot.rs` on a 100 MiB database (25 600 pages of
+    /// 4 KiB) under a writer rewriting a random row per transaction:
+    /// * WAL: the step size hardly matters (64 to all pages: 103-127 ms, no restarts, the
+    ///   writer never waits on the copy), 1024 pages keeps each step near 5 ms.
+    /// * Rollback journal: with ~200 commits/s every pass is cut by a commit until one step
+    ///   covers the whole database, whatever the initial step (64 → 9 restarts, 1024 → 5,
+    ///   all pages → 0), and the writer then waits about one full copy (~100 ms). With a
+    ///   sparser writer, 1024-page steps (~4 ms each) let the copy finish between commits
+    ///   while a committing writer waits at most one step. A 2 ms pause lets a writer that
+    ///   found the lock taken in (it holds SQLite's PENDING lock, which makes our next step
+    ///   return busy until it has committed).
+    fn default() -> Self {
+        SnapshotOptions {
+            pages_per_step: 1024,
+            pause: Duration::from_millis(2),
+            max_restarts: 64,
+            grow_on_restart: true,
+            timeout: Duration::from_secs(600),
+            check: IntegrityCheck::Full,
+            image_max_bytes: IMAGE_MAX_BYTES,
+        }
+    }
+}
+
+/// What a snapshot did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotStats {
+    /// Size of the copy in bytes.
+    pub bytes: u64,
+    /// Pages in the copy.
+    pub pages: u64,
+    /// Backup steps taken (including steps that found the source busy).
+    pub steps: u64,
+    /// Times the backup restarted because the source changed between two steps.
+    pub restarts: u32,
+    /// Steps that found the source locked by a writer and were retried.
+    pub busy_retries: u64,
+    /// Whether the source was in WAL mode (copied inside one read transaction).
+    pub wal: bool,
+    /// Total time, copy + check + hash.
+    pub elapsed: Duration,
+    /// Time spent copying pages (the backup itself).
+    pub copy_elapsed: Duration,
+    /// Time spent in the integrity check.
+    pub check_elapsed: Duration,
+    /// Time spent hashing the copy.
+    pub hash_elapsed: Duration,
+    /// The longest single step. In rollback-journal mode a step holds the source's shared
+    /// lock throughout, so this is the longest a committing writer could have waited on us.
+    pub longest_step: Duration,
+    /// `sha256:<hex>` of the copy's bytes.
+    pub sha256: String,
+    /// True when the integrity check ran and answered `ok` (false only with `Skip`).
+    pub integrity_ok: bool,
+}
+
+/// Why a snapshot failed. Each message names the file and what to do.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    #[error("state file {path} does not exist: fix [runtime].state in fork.toml")]
+    Missing { path: PathBuf },
+    #[error(
+        "state file {path} is not a regular file: [runtime].state must list SQLite database files"
+    )]
+    NotAFile { path: PathBuf },
+    #[error("state file {path} is not an SQLite database (its header is not `SQLite format 3`): [runtime].state must list SQLite database files")]
+    NotSqlite { path: PathBuf },
+    #[error("snapshot destination {path} already exists: a snapshot never overwrites; remove it or pick a fresh workspace")]
+    DestExists { path: PathBuf },
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("SQLite failed to {action} {path}: {source}")]
+    Sqlite {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the snapshot of {path} restarted {restarts} times because the database kept changing: raise max_restarts or let grow_on_restart enlarge the steps")]
+    TooManyRestarts { path: PathBuf, restarts: u32 },
+    #[error("the snapshot of {path} did not finish within {timeout:?} (the database stayed locked by a writer?): retry, or raise the timeout")]
+    Timeout { path: PathBuf, timeout: Duration },
+    #[error("the snapshot of {path} failed its integrity check: {report}; the source database may itself be damaged: run `sqlite3 {path} 'PRAGMA integrity_check'`")]
+    Corrupt { path: PathBuf, report: String },
+}
+
+pub(super) fn sqlite_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(rusqlite::Error) -> SnapshotError + 'a {
+    move |source| {
+        if source.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) {
+            SnapshotError::NotSqlite {
+                path: path.to_path_buf(),
+            }
+        } else {
+            SnapshotError::Sqlite {
+                action,
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+}
+
+/// `sha256:<hex>` of a file's bytes, streamed.
+pub fn file_sha256(path: &Path) -> Result<String, io::Error> {
+    let mut file = fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
+}
+
+/// Opens the source read-only, never following a link, through `uri` when given.
+pub(super) fn open_source(src: &Path, uri: Option<&str>) -> Result<Connection, SnapshotError> {
+    let ro = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let source = match uri {
+        Some(u) => Connection::open_with_flags(u, ro | OpenFlags::SQLITE_OPEN_URI),
+        None => Connection::open_with_flags(src, ro),
+    }
+    .map_err(sqlite_err("open", src))?;
+    // Never checkpoint (nor delete the parent's -wal) when this connection closes.
+    source
+        .set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(sqlite_err("configure", src))?;
+    // No busy handler: a read that finds a writer holding the lock returns Busy at once
+    // and the caller sleeps and retries, so that a step's duration is the time the
+    // source's lock was held, and the timeout bounds the wait.
+    source
+        .busy_timeout(Duration::ZERO)
+        .map_err(sqlite_err("configure", src))?;
+    // Reads through a memory map: no read() per page.
+    source
+        .execute_batch("PRAGMA mmap_size = 1073741824")
+        .map_err(sqlite_err("configure", src))?;
+    Ok(source)
+}
+
+/// Runs `f` until it stops failing with SQLITE_BUSY or SQLITE_LOCKED (a writer holds the
+/// lock), sleeping `opts.pause` (at least 1 ms) between tries, until `opts.timeout`.
+pub(super) fn retry_busy<T>(
+    src: &Path,
+    opts: &SnapshotOptions,
+    started: Instant,
+    action: &'static str,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> Result<T, SnapshotError> {
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) =>
+            {
+                if started.elapsed() > opts.timeout {
+                    return Err(SnapshotError::Timeout {
+                        path: src.to_path_buf(),
+                        timeout: opts.timeout,
+                    });
+                }
+                std::thread::sleep(opts.pause.max(Duration::from_millis(1)));
+            }
+            Err(e) => return Err(sqlite_err(action, src)(e)),
+        }
+    }
+}
+
+/// Runs the check on the copy; returns whether a check ran (and passed).
+pub(super) fn check_copy(dest: &Path, check: IntegrityCheck) -> Result<bool, SnapshotError> {
+    let pragma = match check {
+        IntegrityCheck::Full => "PRAGMA integrity_check",
+        IntegrityCheck::Quick => "PRAGMA quick_check",
+        IntegrityCheck::Skip => return Ok(false),
+    };
+    let conn = Connection::open_with_flags(
+        dest,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite_err("open", dest))?;
+    let lines: Vec<String> = {
+        let mut stmt = conn.prepare(pragma).map_err(sqlite_err("check", dest))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sqlite_err("check", dest))?;
+        rows.take(20)
+            .collect::<Result<_, _>>()
+            .map_err(sqlite_err("check", dest))?
+    };
+    conn.close()
+        .map_err(|(_, e)| sqlite_err("close", dest)(e))?;
+    if lines.len() == 1 && lines[0] == "ok" {
+        Ok(true)
+    } else {
+        Err(SnapshotError::Corrupt {
+            path: dest.to_path_buf(),
+            report: lines.join("; "),
+        })
+    }
+}
