@@ -19,6 +19,7 @@
 
 pub mod caps;
 pub mod cgroup;
+mod disk;
 pub mod init;
 pub mod landlock;
 pub mod mounts;
@@ -34,6 +35,7 @@ pub mod spec;
 mod supervisor;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
+mod teardown;
 pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};
@@ -392,53 +394,6 @@ impl Sandbox {
         self.disk().join("successor")
     }
 
-    fn mount_disk(&mut self) -> Result<(), SandboxError> {
-        let req = self.spec.layers.get(Layer::Disk);
-        if !req.wanted() {
-            return Ok(());
-        }
-        if !is_root() && !rootless::entered() {
-            return require_missing(
-                &self.spec.layers,
-                Layer::Disk,
-                &rootless::disk_unavailable_reason(),
-                rootless::DISK_ROOTLESS_FIX,
-            );
-        }
-        let disk = self.disk();
-        let data = format!(
-            "size={},mode=0700,uid={},gid={}",
-            self.spec.limits.disk_bytes, self.host_uid, self.host_gid
-        );
-        use nix::mount::{mount, MsFlags};
-        match mount(
-            Some("tmpfs"),
-            &disk,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(data.as_str()),
-        ) {
-            Ok(()) => {
-                self.disk_mounted = true;
-                Ok(())
-            }
-            Err(e) => require_missing(
-                &self.spec.layers,
-                Layer::Disk,
-                &format!(
-                    "mounting a {} tmpfs at {} failed: {e}",
-                    self.spec.limits.disk_bytes,
-                    disk.display()
-                ),
-                if is_root() {
-                    "run fork with mount rights (CAP_SYS_ADMIN), or set [layers] disk = \"optional\""
-                } else {
-                    rootless::DISK_ROOTLESS_FIX
-                },
-            ),
-        }
-    }
-
     /// Lowers the wall-clock limit of the runs to come to at most `max` (a caller's own
     /// deadline, such as an evaluation's whole-run budget). Never raises it.
     pub fn clamp_wall(&mut self, max: std::time::Duration) {
@@ -760,43 +715,6 @@ impl Sandbox {
             cancelled,
             exec_error,
         })
-    }
-
-    /// Kills whatever remains, removes the cgroup, unmounts the disk and deletes the run
-    /// directory. Idempotent.
-    pub fn destroy(mut self) -> Result<(), SandboxError> {
-        self.teardown()
-    }
-
-    fn teardown(&mut self) -> Result<(), SandboxError> {
-        let mut first_err = None;
-        if let Some(cg) = self.cgroup.take() {
-            if let Err(e) = cg.destroy() {
-                first_err.get_or_insert(SandboxError::Setup {
-                    stage: "destroy cgroup".into(),
-                    message: e.to_string(),
-                });
-            }
-        }
-        if let Some(rd) = self.rundir.take() {
-            if let Err(e) = reclaim_dir(&rd.path, rd.id.as_str()) {
-                first_err.get_or_insert(e);
-            }
-            drop(rd);
-        }
-        self.disk_mounted = false;
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if let Err(e) = self.teardown() {
-            tracing::error!("destroying the sandbox: {e}");
-        }
     }
 }
 
