@@ -61,6 +61,7 @@ log=$out/console.log
 # guest dies with SIGSEGV) cannot disturb it.
 mkdir -p "$out/bin"
 cp "$target/debug/fork" "$out/bin/fork"
+cp "$target/debug/fork-init" "$out/bin/fork-init"   # the sandbox init, beside fork
 snap=""
 if [ "$mode" = full ]; then
   for t in $tests; do

@@ -5,11 +5,6 @@
 use clap::Parser;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    // The sandbox init role: the supervisor re-executes this binary inside the namespaces.
-    if args.get(1).map(String::as_str) == Some(fork::sandbox::INIT_ROLE) {
-        std::process::exit(fork::sandbox::init::main(&args[2..]));
-    }
     fork::cli::default_sigpipe();
     // Until the command knows how to answer them (see `cli::dispatch`).
     fork::cli::hold_interrupts();

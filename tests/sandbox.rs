@@ -989,3 +989,69 @@ fn names_a_run_dir(path: &str) -> bool {
         id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())
     })
 }
+
+/// A `fork` whose `fork-init` is missing, or is not of the same build, refuses to launch
+/// with exit 69 naming the file and the fix; a foreign init is never run, and nothing is
+/// left behind.
+#[test]
+fn a_missing_or_stale_init_is_refused_with_69() {
+    need_root!();
+    let d = scratch("init-exe");
+    let bin = d.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fork = bin.join("fork");
+    if std::fs::hard_link(fork_bin(), &fork).is_err() {
+        std::fs::copy(fork_bin(), &fork).unwrap();
+    }
+    let run_root = d.join("runs");
+    std::fs::create_dir_all(&run_root).unwrap();
+    let launch = || {
+        Command::new(&fork)
+            .args(["run", "--", "/bin/true"])
+            .env("FORK_RUN_ROOT", &run_root)
+            .output()
+            .unwrap()
+    };
+    let check = |out: &std::process::Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{err}");
+        assert!(
+            err.contains(&bin.join("fork-init").display().to_string()),
+            "{err}"
+        );
+        assert!(err.contains(why), "{err}");
+        assert!(
+            err.contains("Fix:") && err.contains("cargo install"),
+            "{err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&run_root).unwrap().flatten().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    };
+    // Missing.
+    check(&launch(), "is missing");
+    // Stale: an executable that is not this build's init (it would leave a mark if run).
+    let mark = d.join("ran");
+    let init = bin.join("fork-init");
+    std::fs::write(
+        &init,
+        format!("#!/bin/sh\ntouch {}\nexit 0\n", mark.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    check(&launch(), "not from this build");
+    assert!(!mark.exists(), "the stale init was run");
+    // The real one of this build, beside it: the launch works.
+    std::fs::remove_file(&init).unwrap();
+    let real = fork_bin().parent().unwrap().join("fork-init");
+    if std::fs::hard_link(&real, &init).is_err() {
+        std::fs::copy(&real, &init).unwrap();
+    }
+    let out = launch();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -7,7 +7,7 @@
 //! | 2 | NEEDS_REVISION |
 //! | 64 | usage error |
 //! | 65 | bad input: malformed patch, manifest, policy, task or verdict |
-//! | 69 | a required isolation layer is unavailable on this host (fail closed) |
+//! | 69 | a required isolation layer is unavailable on this host, or the sandbox init binary is missing or of another build (fail closed) |
 //! | 70 | internal error |
 //! | 73 | a CI output could not be written (the verdict was printed and recorded first) |
 //! | 130 | interrupted |
@@ -75,6 +75,8 @@ pub fn verdict(k: VerdictKind) -> i32 {
 pub fn sandbox(e: &SandboxError) -> i32 {
     match e {
         SandboxError::LayerUnavailable { .. } => UNAVAILABLE,
+        // The sandbox init binary is missing or of another build: nothing can be launched.
+        SandboxError::InitExe(_) => UNAVAILABLE,
         SandboxError::Seccomp(_) => BAD_INPUT,
         _ => INTERNAL,
     }

@@ -1,4 +1,4 @@
-//! The sandbox init: `/proc/self/exe __sandbox-init CFG_FD STATUS_FD`, pid 1 of the new
+//! The sandbox init: `fork-init __sandbox-init CFG_FD STATUS_FD`, pid 1 of the new
 //! pid namespace, started by the supervisor with an empty environment (so nothing of the
 //! supervisor's environment can be read from /proc/1/environ).
 //!

@@ -5,9 +5,10 @@
 //! - **supervisor**: this process. It plans, creates the run directory, the size-capped
 //!   disk and the cgroup, clones the init into new namespaces, writes its uid/gid maps,
 //!   moves it into the cgroup, then watches budgets (tokio) until the init exits.
-//! - **init**: pid 1 of the new pid namespace; `/proc/self/exe` re-executed with the
-//!   `__sandbox-init` role (see [`init`]). It builds the root, forks the command, reaps,
-//!   forwards signals, and reports the command's status. It dies with the supervisor
+//! - **init**: pid 1 of the new pid namespace; the `fork-init` binary of the same build,
+//!   found beside `fork` ([`init_exe`]), run with the `__sandbox-init` role (see
+//!   [`init`]). It builds the root, forks the command, reaps, forwards signals, and
+//!   reports the command's status. It dies with the supervisor
 //!   (PDEATHSIG) and the kernel kills the whole namespace when it dies.
 //! - **command**: the successor. Capabilities dropped, no_new_privs, Landlock, seccomp,
 //!   then exec.
@@ -21,6 +22,7 @@ pub mod caps;
 pub mod cgroup;
 mod disk;
 pub mod init;
+pub mod init_exe;
 pub mod landlock;
 pub mod mounts;
 pub mod namespaces;
@@ -74,6 +76,8 @@ pub enum SandboxError {
     Setup { stage: String, message: String },
     #[error("the seccomp profile: {0}")]
     Seccomp(#[from] seccomp::SeccompError),
+    #[error(transparent)]
+    InitExe(#[from] init_exe::InitExeError),
     #[error(transparent)]
     RunDir(#[from] crate::rundir::RunDirError),
     #[error("{op}: {source}")]
@@ -279,6 +283,8 @@ impl Sandbox {
     /// seccomp profile, creates the run directory and the size-capped disk holding
     /// `/tmp` and the workspace.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        // No init of this build beside fork: refuse before anything is created (exit 69).
+        init_exe::open()?;
         let layers = &spec.layers;
         // Seccomp: compile at start, so a broken profile fails before anything runs.
         let seccomp = if layers.get(Layer::Seccomp).wanted() {

@@ -79,14 +79,10 @@ pub(super) fn spawn_init(
     let cfg_fd: OwnedFd = f.into();
     let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
     let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
-    let exe = nix::fcntl::open(
-        "/proc/self/exe",
-        OFlag::O_PATH | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(sys_err("open /proc/self/exe"))?;
+    // The small init binary of this build (checked once per process), not this binary.
+    let exe = init_exe::open()?;
     let argv_c = [
-        cstr("fork")?,
+        cstr(init_exe::INIT_NAME)?,
         cstr(INIT_ROLE)?,
         cstr(&cfg_fd.as_raw_fd().to_string())?,
         cstr(&status_wr.as_raw_fd().to_string())?,
@@ -138,7 +134,7 @@ pub(super) fn spawn_init(
             become_root,
             stdio,
             keep: &keep,
-            exe: exe.as_fd(),
+            exe,
             argv: &argv_c,
         })
     };

@@ -199,7 +199,7 @@ pub(crate) struct InitClone<'a> {
     pub stdio: Option<(BorrowedFd<'a>, BorrowedFd<'a>, BorrowedFd<'a>)>,
     /// Descriptors that survive the exec (close-on-exec cleared).
     pub keep: &'a [BorrowedFd<'a>],
-    /// The executable (`/proc/self/exe`, opened O_PATH), run with an empty environment.
+    /// The executable (`fork-init`, opened and checked), run with an empty environment.
     pub exe: BorrowedFd<'a>,
     pub argv: &'a [CString],
 }
