@@ -52,7 +52,11 @@ fn free_range_start() -> u32 {
     let mut end: u64 = 200_000;
     for f in ["/etc/subuid", "/etc/subgid"] {
         for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
-            let v: Vec<u64> = l.split(':').skip(1).filter_map(|x| x.parse().ok()).collect();
+            let v: Vec<u64> = l
+                .split(':')
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
             if let [s, c] = v[..] {
                 end = end.max(s + c);
             }
@@ -97,7 +101,11 @@ impl TestUser {
             }
             remove_user(name);
         }
-        if nix::unistd::User::from_uid(uid.into()).ok().flatten().is_some() {
+        if nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .is_some()
+        {
             eprintln!("fork-test-skip: uid {uid} is taken");
             return None;
         }
@@ -118,8 +126,8 @@ impl TestUser {
         if ranges {
             let start = free_range_start();
             let r = format!("{start}-{}", start + 65535);
-            let added = sh(Command::new("usermod")
-                .args(["--add-subuids", &r, "--add-subgids", &r, name]));
+            let added =
+                sh(Command::new("usermod").args(["--add-subuids", &r, "--add-subgids", &r, name]));
             assert!(added, "usermod --add-subuids {r} {name}");
         }
         assert_eq!(subuid_range(name, uid).is_some(), ranges);
@@ -273,7 +281,10 @@ fn a_user_with_subordinate_ids_runs_each_sandbox_as_a_uid_of_its_own_from_the_ra
     let range = u64::from(start)..u64::from(start) + u64::from(count);
     let d = user.scratch("uids-ranged");
     let check = uids_line(&check_output(&user, &d, None));
-    assert!(check.contains(" ok ") && check.contains("subordinate"), "{check}");
+    assert!(
+        check.contains(" ok ") && check.contains("subordinate"),
+        "{check}"
+    );
     let mut seen = Vec::new();
     for marker in [1551, 1552] {
         let (r, uid) = run_and_watch(&user, &d, marker);
@@ -306,15 +317,17 @@ fn a_user_with_subordinate_ids_runs_each_sandbox_as_a_uid_of_its_own_from_the_ra
     assert_eq!(out.status.code(), Some(0), "{err} {v}");
     assert_eq!(v["isolation"]["uid_shared"], false, "{v}");
     let side = |f: &str| -> Value {
-        serde_json::from_slice(&std::fs::read(out_dir.join("artifacts").join(f)).unwrap())
-            .unwrap()
+        serde_json::from_slice(&std::fs::read(out_dir.join("artifacts").join(f)).unwrap()).unwrap()
     };
     let (subject, judge) = (side("sandbox.json"), side("judge.json"));
     let subject_uid = subject["isolation"]["host_uid"].as_u64().unwrap();
     let judge_uid = judge["isolation"]["host_uid"].as_u64().unwrap();
     assert_eq!(judge["isolation"]["uid_shared"], false, "{judge}");
     assert_eq!(v["isolation"]["host_uid"], subject_uid, "{v}");
-    assert_ne!(subject_uid, judge_uid, "the judge runs as the subject's uid");
+    assert_ne!(
+        subject_uid, judge_uid,
+        "the judge runs as the subject's uid"
+    );
     assert!(range.contains(&subject_uid) && range.contains(&judge_uid));
     let left: Vec<_> = std::fs::read_dir(d.join("runs"))
         .unwrap()
@@ -334,8 +347,10 @@ fn a_user_without_subordinate_ids_shares_its_uid_and_fork_check_names_the_fix() 
     let check = uids_line(&check_output(&user, &d, None));
     assert!(check.contains(" shared "), "{check}");
     assert!(
-        check.contains(&format!("fix: add a range for {} to /etc/subuid", user.name))
-            && check.contains("usermod --add-subuids")
+        check.contains(&format!(
+            "fix: add a range for {} to /etc/subuid",
+            user.name
+        )) && check.contains("usermod --add-subuids")
             && check.contains("install uidmap"),
         "{check}"
     );
@@ -357,8 +372,11 @@ fn a_failing_newuidmap_leaves_the_uid_shared_and_says_so() {
     let bin = d.join("bin");
     std::fs::create_dir(&bin).unwrap();
     let fake = bin.join("newuidmap");
-    std::fs::write(&fake, "#!/bin/sh\necho 'newuidmap: refused by the test' >&2\nexit 1\n")
-        .unwrap();
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'newuidmap: refused by the test' >&2\nexit 1\n",
+    )
+    .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let check = uids_line(&check_output(&user, &d, Some(&bin)));
@@ -378,5 +396,51 @@ fn a_failing_newuidmap_leaves_the_uid_shared_and_says_so() {
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["isolation"]["uid_shared"], true, "{r}");
     assert_eq!(r["isolation"]["host_uid"], user.uid, "{r}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn what_a_killed_supervisor_left_as_subordinate_uids_is_removed_by_fork_gc() {
+    let Some(user) = TestUser::get("forkuids-killed", 1554, true) else {
+        return;
+    };
+    let d = user.scratch("uids-killed");
+    let mut child = user
+        .fork(&d, None)
+        .args(["run", "--policy", d.join("p.toml").to_str().unwrap()])
+        .args(["--wall", "60s", "--", "sleep", "30.1554"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while processes_starting("sleep 30.1554 ").is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The run directory holds the sandbox's mount point, owned by its subordinate uid (0700).
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let runs = d.join("runs");
+    let left = || -> Vec<_> {
+        std::fs::read_dir(&runs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect()
+    };
+    assert_eq!(left().len(), 1, "{:?}", left());
+    let out = user.fork(&d, None).arg("gc").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(left().is_empty(), "{:?} {err}", left());
+    let started = Instant::now();
+    while !processes_starting("sleep 30.1554 ").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the sandbox outlived its supervisor"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
