@@ -170,8 +170,8 @@ impl TestUser {
     }
 
     /// A scratch directory this user owns: runs/, home/ and the policy (budgets may be
-    /// missing: a user's cgroups are the host's to delegate).
-    fn scratch(&self, what: &str) -> PathBuf {
+    /// missing: a user's cgroups are the host's to delegate). Removed on drop.
+    fn scratch(&self, what: &str) -> Scratch {
         use std::os::unix::fs::PermissionsExt;
         let d = scratch(what);
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -184,7 +184,23 @@ impl TestUser {
             "[layers]\ncgroup = \"optional\"\ncgroupns = \"optional\"\n",
         )
         .unwrap();
-        d
+        Scratch(d)
+    }
+}
+
+/// A scratch directory removed when the test ends, failed or not.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -335,7 +351,6 @@ fn a_user_with_subordinate_ids_runs_each_sandbox_as_a_uid_of_its_own_from_the_ra
         .map(|e| e.file_name())
         .collect();
     assert!(left.is_empty(), "left in the run root: {left:?}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -358,7 +373,6 @@ fn a_user_without_subordinate_ids_shares_its_uid_and_fork_check_names_the_fix() 
     assert_eq!(r["isolation"]["uid_shared"], true, "{r}");
     assert_eq!(uid, user.uid);
     assert_eq!(r["isolation"]["host_uid"], user.uid, "{r}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -396,7 +410,6 @@ fn a_failing_newuidmap_leaves_the_uid_shared_and_says_so() {
     let r: Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(r["isolation"]["uid_shared"], true, "{r}");
     assert_eq!(r["isolation"]["host_uid"], user.uid, "{r}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -442,5 +455,4 @@ fn what_a_killed_supervisor_left_as_subordinate_uids_is_removed_by_fork_gc() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
