@@ -10,6 +10,8 @@ missing=()
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v perl >/dev/null 2>&1 || missing+=(perl)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
+# Distinct uids for a user's sandboxes: the subordinate-id helpers (newuidmap, newgidmap).
+command -v newuidmap >/dev/null 2>&1 || missing+=(uidmap)
 # The AppArmor profile under policies/apparmor is checked with apparmor_parser -Q.
 [ -x /sbin/apparmor_parser ] || [ -x /usr/sbin/apparmor_parser ] || missing+=(apparmor)
 # The mesh tests run a real NATS server (loopback only).

@@ -39,6 +39,14 @@ echo "$ctl" >$cg/fork-vm/user/cgroup.subtree_control
 # The unprivileged user: a plain uid with its own home (no login needed).
 uid=1500
 mkdir -p /tmp/fork-vm/home && chown $uid:$uid /tmp/fork-vm/home
+# Its subordinate ids (the guest's /etc is a writable overlay): each of its sandboxes then
+# runs as a uid of its own from the range, mapped by newuidmap/newgidmap (package uidmap),
+# which need a passwd entry to name the user.
+getent group $uid >/dev/null || echo "forkvm:x:$uid:" >>/etc/group
+getent passwd $uid >/dev/null || echo "forkvm:x:$uid:$uid:fork VM user:/tmp/fork-vm/home:/bin/sh" >>/etc/passwd
+user_name=$(getent passwd $uid | cut -d: -f1)
+grep -q "^$user_name:" /etc/subuid 2>/dev/null ||
+  usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "$user_name"
 chown $uid:$uid $cg/fork-vm/user $cg/fork-vm/user/cgroup.procs $cg/fork-vm/user/cgroup.threads \
   $cg/fork-vm/user/cgroup.subtree_control
 chown -R $uid:$uid $cg/fork-vm/user/shell

@@ -21,9 +21,22 @@ pub struct CheckReport {
     pub kernel: String,
     pub policy: String,
     pub layers: Vec<LayerReport>,
+    /// Whether each sandbox (the judge's and the subject's too) runs as a uid of its own.
+    pub uids: Uids,
     /// The trial launch ([`check_with_trial`]); absent from a probe-only check.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trial: Option<Trial>,
+}
+
+/// The `uids` line of `fork check`: as root, or as a user whose subordinate id ranges fork
+/// maps (newuidmap), each sandbox gets a uid of its own; otherwise they share the user's
+/// (recorded as `isolation.uid_shared` in every run), and `fix` says how to change that.
+#[derive(Debug, Clone, Serialize)]
+pub struct Uids {
+    pub distinct: bool,
+    pub detail: String,
+    /// Empty when distinct.
+    pub fix: String,
 }
 
 /// A trial launch: `true` run in a sandbox under the policy, as `fork run` would run it.
@@ -73,6 +86,16 @@ impl CheckReport {
             if !l.available {
                 s.push_str(&format!("{:<9} fix: {}\n", "", l.fix));
             }
+        }
+        s.push_str(&format!(
+            "{:<9} {:<8} {:<7} {}\n",
+            "uids",
+            "-",
+            if self.uids.distinct { "ok" } else { "shared" },
+            self.uids.detail
+        ));
+        if !self.uids.distinct {
+            s.push_str(&format!("{:<9} fix: {}\n", "", self.uids.fix));
         }
         if let Some(t) = &self.trial {
             if t.ok {
@@ -126,6 +149,11 @@ pub fn isolation_in_force(policy: &Policy) -> String {
         .map(|a| a.to_string())
         .unwrap_or_default();
     line.push_str(&format!("landlock_abi={abi}"));
+    // A verdict reached while the sandboxes shared the user's uid is not reused once they
+    // each have their own (or the other way round).
+    if !rep.uids.distinct {
+        line.push_str(";uids=shared");
+    }
     line
 }
 
@@ -243,10 +271,16 @@ pub fn check(policy: &Policy) -> CheckReport {
             crate::sandbox::rootless::DISK_ROOTLESS_FIX.into()
         },
     });
+    let (distinct, detail, fix) = crate::sandbox::rootless::uids_report();
     CheckReport {
         kernel: kernel(),
         policy: policy.origin.clone(),
         layers,
+        uids: Uids {
+            distinct,
+            detail,
+            fix,
+        },
         trial: None,
     }
 }

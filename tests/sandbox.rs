@@ -6,6 +6,8 @@
 //! as on the project's CI machine.
 
 mod common;
+#[path = "sandbox/uids.rs"]
+mod uids;
 use common::lifecycle::{need_default_policy, need_root};
 use common::*;
 use std::path::{Path, PathBuf};

@@ -74,9 +74,10 @@ pub fn dispatch(cli: Cli) -> i32 {
                 command: commands::mesh::MeshCommand::Serve(_)
             }
     );
-    if makes_runs || matches!(cli.command, Command::Check(_)) {
+    if makes_runs || matches!(cli.command, Command::Check(_) | Command::Gc(_)) {
         // Without root: a user and mount namespace of fork's own, for the capped disk
-        // (`check` makes a trial launch). Before anything else: it needs a single thread.
+        // (`check` makes a trial launch; `gc` removes what runs as subordinate uids left).
+        // Before anything else: it needs a single thread.
         crate::sandbox::rootless::enter();
     }
     if makes_runs {

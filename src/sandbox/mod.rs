@@ -34,6 +34,7 @@ pub mod rootless;
 pub mod seccomp;
 pub mod signals;
 pub mod spec;
+mod subids;
 mod supervisor;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
@@ -278,6 +279,12 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Whether each sandbox runs as a uid of its own: as root, or as a user whose subordinate
+/// ranges fork's namespace maps (see `rootless`). Otherwise every sandbox runs as the user.
+fn own_uid() -> bool {
+    is_root() || rootless::distinct_uids()
+}
+
 impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
     /// seccomp profile, creates the run directory and the size-capped disk holding
@@ -325,13 +332,16 @@ impl Sandbox {
             let n = u32::from_str_radix(&crate::rundir::new_run_id()[..7], 16).unwrap_or(0);
             let id = 1_000_000_000 + n;
             (id, id)
+        } else if let Some(ids) = rootless::distinct_ids() {
+            // A user's: drawn from the subordinate ranges fork's namespace maps.
+            ids
         } else {
             (
                 nix::unistd::geteuid().as_raw(),
                 nix::unistd::getegid().as_raw(),
             )
         };
-        if is_root() {
+        if own_uid() {
             // The init runs as an unprivileged uid and must reach its mount points beneath
             // the run root: every directory above them has to be searchable by others.
             let base = crate::rundir::base_dir();
@@ -365,7 +375,7 @@ impl Sandbox {
             landlock_abi,
             cgroup: None,
         };
-        if is_root() {
+        if own_uid() {
             // The init runs as the unprivileged host uid: it may traverse the run directory
             // (0711, nothing listable) to its own mount point; the disk is its alone (0700).
             use std::os::unix::fs::PermissionsExt;
@@ -413,7 +423,7 @@ impl Sandbox {
 
     /// Hands the workspace to the sandbox's uid (after the caller has populated it).
     pub fn chown_workspace(&self) -> Result<(), SandboxError> {
-        if !is_root() {
+        if !own_uid() {
             return Ok(());
         }
         chown_tree(&self.disk(), self.host_uid, self.host_gid)
@@ -465,7 +475,7 @@ impl Sandbox {
                 RootMode::Minimal => "minimal".into(),
             },
             host_uid: self.host_uid,
-            uid_shared: !is_root(),
+            uid_shared: !own_uid(),
             ..Default::default()
         };
 
@@ -551,9 +561,10 @@ impl Sandbox {
             ro_binds: &spec.ro_binds,
             fresh_sysfs: ns_flags & libc::CLONE_NEWNET != 0,
         });
-        // As root, the disk and the read-only binds go to the init as detached mount trees
-        // (the init then needs no host path to them, and its mount table names none).
-        let (ops, mount_fds) = if is_root() {
+        // With a uid of its own (as root, or a user's subordinate one), the disk and the
+        // read-only binds go to the init as detached mount trees (the init then needs no
+        // host path to them, and its mount table names none).
+        let (ops, mount_fds) = if own_uid() {
             supervisor::detach_sources(ops)?
         } else {
             (ops, Vec::new())

@@ -120,7 +120,9 @@ pub(super) fn spawn_init(
             }
         }
     }
-    let become_root = is_root();
+    // The init becomes uid 0 of its namespace, mapped to the run's own uid (as root, or a
+    // user with subordinate ids); else it keeps the user's uid, mapped to 0.
+    let become_root = is_root() || super::rootless::distinct_uids();
     let mut keep = vec![cfg_fd.as_fd(), status_wr.as_fd()];
     keep.extend(io.pass.iter().copied());
     keep.extend(io.mounts.iter().copied());
@@ -140,7 +142,7 @@ pub(super) fn spawn_init(
     };
     // As root, the init's mount namespace is copied from a private one of this thread in
     // which fork's run directories and the host's cgroup mounts are detached.
-    let cloned = if become_root {
+    let cloned = if is_root() {
         let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
         namespaces::with_private_mounts(&detach, clone).map_err(|message| SandboxError::Setup {
             stage: "mount namespace".into(),
