@@ -48,6 +48,15 @@ pub(super) fn copy_image(
         let _ = source.execute_batch("COMMIT");
         return Ok(None);
     }
+    if !wal && opts.raw_copy {
+        let image = Image {
+            bytes,
+            pages: pages as u64,
+            started,
+            locked,
+        };
+        return super::raw::copy_raw(src, source, dest, &image, opts).map(Some);
+    }
     let image = source
         .serialize(rusqlite::MAIN_DB)
         .map_err(sqlite_err("copy pages from", src))?;
@@ -105,6 +114,14 @@ pub(super) fn copy_image(
         sha256: hash.0,
         integrity_ok,
     }))
+}
+
+/// What the read transaction found: the image's size, and when it started.
+pub(super) struct Image {
+    pub bytes: u64,
+    pub pages: u64,
+    pub started: Instant,
+    pub locked: Instant,
 }
 
 /// Writes the image into the (empty) destination file.
