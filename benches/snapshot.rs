@@ -229,6 +229,22 @@ fn cp(src: &Path, dest: &Path) -> Duration {
     d
 }
 
+/// CPU time (user + system) used so far by this process (`self`) or by its waited-for
+/// children: less disturbed by other load on the machine than wall time.
+fn cpu(children: bool) -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let who = if children {
+        UsageWho::RUSAGE_CHILDREN
+    } else {
+        UsageWho::RUSAGE_SELF
+    };
+    let u = getrusage(who).expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
+
 fn sha256sum(path: &Path) -> Duration {
     let t = Instant::now();
     let out = Command::new("sha256sum")
@@ -273,6 +289,7 @@ struct Runs {
     longest_step: Vec<Duration>,
     stall: Vec<Duration>,
     wait: Vec<Duration>,
+    cpu: Vec<Duration>,
     restarts: Vec<u32>,
     last: Option<SnapshotStats>,
 }
@@ -345,6 +362,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         ),
     ];
     let mut cps = vec![];
+    let mut cp_cpu = vec![];
     let mut sums = vec![];
     let mut stall_cp = vec![];
     let mut stall_idle = vec![];
@@ -364,7 +382,9 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             wait_idle.push(wait);
             commits += n;
             if op == 0 {
+                let c0 = cpu(true);
                 cps.push(cp(&db, &copy));
+                cp_cpu.push(cpu(true) - c0);
                 let (s, n, _) = w.mark();
                 stall_cp.push(s);
                 commits += n;
@@ -372,7 +392,9 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
                 sums.push(sha256sum(&db));
                 commits += w.mark().1;
             } else {
+                let c0 = cpu(false);
                 let st = snapshot(&db, &copy, &variants[op - 2].1).expect("snapshot");
+                per[op - 2].cpu.push(cpu(false) - c0);
                 let (s, n, wait) = w.mark();
                 commits += n;
                 assert!(st.integrity_ok);
@@ -390,6 +412,8 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         ms(m_cp),
         list(&cps)
     );
+    let m_cp_cpu = median(&cp_cpu);
+    println!("cp CPU (user + system) median {:>9}", ms(m_cp_cpu));
     println!(
         "sha256sum              median {:>9}   runs: {}   ({:.2}x cp)",
         ms(m_sum),
@@ -410,6 +434,12 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             ms(m_copy),
             list(&r.copy),
             m_copy.as_secs_f64() / m_cp.as_secs_f64()
+        );
+        let m_cpu = median(&r.cpu);
+        println!(
+            "  CPU (all threads)    median {:>9}   ratio {:.2}x cp's CPU",
+            ms(m_cpu),
+            m_cpu.as_secs_f64() / m_cp_cpu.as_secs_f64()
         );
         println!("  check                median {:>9}", ms(median(&r.check)));
         let m_hash = median(&r.hash);
