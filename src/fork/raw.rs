@@ -68,6 +68,13 @@ pub(super) fn copy_raw(
             )),
         });
     }
+    // The first chunk (a small database's whole image) is read before any thread is
+    // started, so that starting them never lengthens the time the lock is held.
+    let first = read_chunk(&file, 0, CHUNK.min(image.bytes), src)?;
+    let (mut held_open, mut ended) = (Some((source, file)), None);
+    if image.bytes <= CHUNK {
+        ended = held_open.take().map(|(c, f)| end_read(c, f, image, src));
+    }
     let (hash_tx, hash_rx) = mpsc::channel::<Arc<Vec<u8>>>();
     let (write_tx, write_rx) = mpsc::channel::<Arc<Vec<u8>>>();
     let (read, held, written, copy_elapsed, checked, hash) = std::thread::scope(|s| {
@@ -90,15 +97,20 @@ pub(super) fn copy_raw(
             }
             Ok(())
         });
-        let read = read_chunks(&file, image.bytes, src, &hash_tx, &write_tx);
+        let first = Arc::new(first);
+        // A closed channel means that thread failed: its own error is reported.
+        let _ = hash_tx.send(first.clone());
+        let _ = write_tx.send(first);
+        let read = match held_open.take() {
+            Some((source, file)) => {
+                let read = read_rest(&file, image.bytes, src, &hash_tx, &write_tx);
+                ended = Some(end_read(source, file, image, src));
+                read
+            }
+            None => Ok(()),
+        };
         drop((hash_tx, write_tx));
-        // Ends the read transaction (nothing was written), then lets go of the file.
-        let ended = source
-            .execute_batch("COMMIT")
-            .map_err(sqlite_err("end the read transaction on", src));
-        let held = image.locked.elapsed();
-        drop(source);
-        drop(file);
+        let (ended, held) = ended.unwrap_or((Ok(()), Duration::ZERO));
         let written = writer.join().unwrap_or_else(|_| {
             Err(SnapshotError::Io {
                 action: "write",
@@ -146,22 +158,44 @@ pub(super) fn copy_raw(
     })
 }
 
-/// Reads the first `bytes` bytes of `file` chunk by chunk, handing each to both threads.
-fn read_chunks(
+/// Ends the read transaction (nothing was written), then lets go of the file: the time
+/// the lock was held.
+fn end_read(
+    source: Connection,
+    file: File,
+    image: &Image,
+    src: &Path,
+) -> (Result<(), SnapshotError>, Duration) {
+    let ended = source
+        .execute_batch("COMMIT")
+        .map_err(sqlite_err("end the read transaction on", src));
+    let held = image.locked.elapsed();
+    drop(source);
+    drop(file);
+    (ended, held)
+}
+
+/// `len` bytes of `file` at `off`.
+fn read_chunk(file: &File, off: u64, len: u64, src: &Path) -> Result<Vec<u8>, SnapshotError> {
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, off)
+        .map_err(io_err("read", src))?;
+    Ok(buf)
+}
+
+/// Reads the bytes of `file` after the first chunk up to `bytes`, chunk by chunk, handing
+/// each to both threads.
+fn read_rest(
     file: &File,
     bytes: u64,
     src: &Path,
     hash_tx: &mpsc::Sender<Arc<Vec<u8>>>,
     write_tx: &mpsc::Sender<Arc<Vec<u8>>>,
 ) -> Result<(), SnapshotError> {
-    let mut off = 0u64;
+    let mut off = CHUNK;
     while off < bytes {
         let n = CHUNK.min(bytes - off);
-        let mut buf = vec![0u8; n as usize];
-        file.read_exact_at(&mut buf, off)
-            .map_err(io_err("read", src))?;
-        let chunk = Arc::new(buf);
-        // A closed channel means that thread failed: its own error is reported.
+        let chunk = Arc::new(read_chunk(file, off, n, src)?);
         let _ = hash_tx.send(chunk.clone());
         let _ = write_tx.send(chunk);
         off += n;
