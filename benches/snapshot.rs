@@ -4,13 +4,16 @@
 //!
 //! For each journal mode (WAL and rollback `delete`), a database of FORK_BENCH_MB MiB is
 //! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
-//! updating random rows, one transaction per row, timing every commit. Then N runs, each
-//! doing `cp DB copy` and three snapshot variants (the default one-image copy with
-//! `integrity_check`, the same with `quick_check`, and the page-by-page backup with the
-//! image off) in a rotating order (interleaved, so drift in the machine's load hits all
-//! alike). Printed per variant: the medians, the ratios to cp (total, and the copy phase
-//! alone), the restarts, the longest time the source was locked, and the writer's longest
-//! commit latency while it ran.
+//! updating random rows, one transaction per row, timing every commit and, apart, the time
+//! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
+//! copy`, `sha256sum DB` (the hash's peer) and four snapshot variants (the default one-image
+//! copy with `integrity_check`, the image through `sqlite3_serialize` in rollback mode too,
+//! the default with `quick_check`, and the page-by-page backup with the image off) in a
+//! rotating order (interleaved, so drift in the machine's load hits all alike). Printed per
+//! variant: the medians, the ratios to cp (total, the copy phase alone, CPU time), the hash
+//! against sha256sum, the restarts, the longest time the source was locked, and the
+//! writer's longest lock wait (the stall the snapshot adds) and longest commit (its own
+//! fsyncs included) while it ran, against the same writer idle.
 //!
 //! Run: `cargo bench --bench snapshot` (Cargo.toml: `[[bench]] name = "snapshot"
 //! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
