@@ -49,7 +49,7 @@ pub(super) fn copy_image(
         return Ok(None);
     }
     if !wal && opts.raw_copy {
-        let image = Image {
+        let image = super::raw::Image {
             bytes,
             pages: pages as u64,
             started,
@@ -114,14 +114,6 @@ pub(super) fn copy_image(
         sha256: hash.0,
         integrity_ok,
     }))
-}
-
-/// What the read transaction found: the image's size, and when it started.
-pub(super) struct Image {
-    pub bytes: u64,
-    pub pages: u64,
-    pub started: Instant,
-    pub locked: Instant,
 }
 
 /// Writes the image into the (empty) destination file.

@@ -1,5 +1,5 @@
 //! The one-image copy of a rollback-journal database as the file's own bytes (see
-//! [`super::image`]): while the read transaction holds SQLite's SHARED lock no connection
+//! `image.rs`): while the read transaction holds SQLite's SHARED lock no connection
 //! can write the database file (a commit needs EXCLUSIVE), so the file's first
 //! `page_count * page_size` bytes are exactly the committed state that transaction sees,
 //! the same bytes `sqlite3_serialize` would return. They are read in chunks; each chunk
@@ -7,7 +7,6 @@
 //! hash is taken while the bytes are read and the lock is held only as long as the read.
 //! The check then runs on the written copy while the hash finishes.
 
-use super::image::Image;
 use super::sqlite::{check_copy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats};
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
@@ -18,6 +17,14 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What the one-image copy's read transaction found: the image's size, and when it started.
+pub(super) struct Image {
+    pub bytes: u64,
+    pub pages: u64,
+    pub started: Instant,
+    pub locked: Instant,
+}
 
 /// The pipeline's chunk: large enough that a chunk's hand-over costs nothing next to its
 /// hashing, small enough that the hash and the write start at once.
