@@ -4,13 +4,16 @@
 //!
 //! For each journal mode (WAL and rollback `delete`), a database of FORK_BENCH_MB MiB is
 //! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
-//! updating random rows, one transaction per row, timing every commit. Then N runs, each
-//! doing `cp DB copy` and three snapshot variants (the default one-image copy with
-//! `integrity_check`, the same with `quick_check`, and the page-by-page backup with the
-//! image off) in a rotating order (interleaved, so drift in the machine's load hits all
-//! alike). Printed per variant: the medians, the ratios to cp (total, and the copy phase
-//! alone), the restarts, the longest time the source was locked, and the writer's longest
-//! commit latency while it ran.
+//! updating random rows, one transaction per row, timing every commit and, apart, the time
+//! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
+//! copy`, `sha256sum DB` (the hash's peer) and four snapshot variants (the default one-image
+//! copy with `integrity_check`, the image as the file's bytes in rollback mode (`raw_copy`),
+//! the default with `quick_check`, and the page-by-page backup with the image off) in a
+//! rotating order (interleaved, so drift in the machine's load hits all alike). Printed per
+//! variant: the medians, the ratios to cp (total, the copy phase alone, CPU time), the hash
+//! against sha256sum, the restarts, the longest time the source was locked, and the
+//! writer's longest lock wait (the stall the snapshot adds) and longest commit (its own
+//! fsyncs included) while it ran, against the same writer idle.
 //!
 //! Run: `cargo bench --bench snapshot` (Cargo.toml: `[[bench]] name = "snapshot"
 //! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
@@ -61,22 +64,51 @@ fn main() {
     }
 }
 
+/// When the writer's current statement first found the database locked (µs since the
+/// writer's start + 1; 0: not blocked). Set by [`busy`], SQLite's busy handler.
+static BLOCKED_SINCE: AtomicU64 = AtomicU64::new(0);
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn now_us() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+/// The writer's busy handler: notes when the lock was first found taken, then retries every
+/// 200 µs for up to 60 s. (SQLite's own `busy_timeout` backs off up to 100 ms between tries,
+/// which would add its own sleep to every wait measured here.)
+fn busy(tries: i32) -> bool {
+    if tries == 0 {
+        BLOCKED_SINCE.store(now_us(), Ordering::SeqCst);
+    }
+    std::thread::sleep(Duration::from_micros(200));
+    tries < 300_000
+}
+
 /// The writer process: updates a random row per transaction until stdin closes. On each
-/// `mark` line it answers `<longest commit in µs> <commits>` since the previous mark.
+/// `mark` line it answers `<longest commit in µs> <commits> <longest lock wait in µs>` since
+/// the previous mark. The commit's time includes the writer's own work (its fsyncs: in
+/// rollback mode each commit syncs the journal and the database, and on a shared ext4 one
+/// sync can wait a journal commit of 100+ ms); the lock wait is only the time the commit
+/// could not get the lock, which is the stall a reader such as the snapshot can add.
 fn writer(db: &Path) {
     let c = Connection::open(db).expect("writer: open");
-    c.busy_timeout(Duration::from_secs(60))
-        .expect("writer: busy_timeout");
+    c.busy_handler(Some(busy)).expect("writer: busy handler");
     c.execute_batch("PRAGMA synchronous = NORMAL")
         .expect("writer: pragma");
     let rows: i64 = c
         .query_row("SELECT max(id) FROM t", [], |r| r.get(0))
         .expect("writer: count");
     let longest = Arc::new(AtomicU64::new(0));
+    let longest_wait = Arc::new(AtomicU64::new(0));
     let commits = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     {
-        let (longest, commits, stop) = (longest.clone(), commits.clone(), stop.clone());
+        let (longest, longest_wait, commits, stop) = (
+            longest.clone(),
+            longest_wait.clone(),
+            commits.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || {
             let stdin = std::io::stdin();
             let mut out = std::io::stdout();
@@ -85,7 +117,8 @@ fn writer(db: &Path) {
                 if line.trim() == "mark" {
                     let l = longest.swap(0, Ordering::SeqCst);
                     let n = commits.swap(0, Ordering::SeqCst);
-                    let _ = writeln!(out, "{l} {n}");
+                    let w = longest_wait.swap(0, Ordering::SeqCst);
+                    let _ = writeln!(out, "{l} {n} {w}");
                     let _ = out.flush();
                 }
             }
@@ -100,11 +133,16 @@ fn writer(db: &Path) {
         x ^= x << 17;
         let id = (x % rows as u64) as i64 + 1;
         let t = Instant::now();
+        BLOCKED_SINCE.store(0, Ordering::SeqCst);
         c.execute(
             "UPDATE t SET body = randomblob(?1) WHERE id = ?2",
             rusqlite::params![ROW_BYTES, id],
         )
         .expect("writer: update");
+        let since = BLOCKED_SINCE.load(Ordering::SeqCst);
+        if since > 0 {
+            longest_wait.fetch_max(now_us().saturating_sub(since), Ordering::SeqCst);
+        }
         longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::SeqCst);
         commits.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(1));
@@ -136,8 +174,8 @@ impl Writer {
         }
     }
 
-    /// (longest commit, commits) since the previous mark.
-    fn mark(&mut self) -> (Duration, u64) {
+    /// (longest commit, commits, longest lock wait) since the previous mark.
+    fn mark(&mut self) -> (Duration, u64, Duration) {
         let stdin = self.stdin.as_mut().expect("writer stdin");
         writeln!(stdin, "mark").expect("talk to the writer");
         stdin.flush().expect("talk to the writer");
@@ -148,7 +186,8 @@ impl Writer {
             .map(|v| v.parse::<u64>().unwrap_or(0));
         let us = it.next().unwrap_or(0);
         let n = it.next().unwrap_or(0);
-        (Duration::from_micros(us), n)
+        let wait = it.next().unwrap_or(0);
+        (Duration::from_micros(us), n, Duration::from_micros(wait))
     }
 
     fn stop(mut self) {
@@ -193,6 +232,34 @@ fn cp(src: &Path, dest: &Path) -> Duration {
     d
 }
 
+/// CPU time (user + system) used so far by this process (`self`) or by its waited-for
+/// children: less disturbed by other load on the machine than wall time.
+fn cpu(children: bool) -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let who = if children {
+        UsageWho::RUSAGE_CHILDREN
+    } else {
+        UsageWho::RUSAGE_SELF
+    };
+    let u = getrusage(who).expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+fn sha256sum(path: &Path) -> Duration {
+    let t = Instant::now();
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sha256sum");
+    let d = t.elapsed();
+    assert!(out.success(), "sha256sum failed");
+    d
+}
+
 fn median(v: &[Duration]) -> Duration {
     let mut s = v.to_vec();
     s.sort();
@@ -224,12 +291,15 @@ struct Runs {
     hash: Vec<Duration>,
     longest_step: Vec<Duration>,
     stall: Vec<Duration>,
+    wait: Vec<Duration>,
+    cpu: Vec<Duration>,
     restarts: Vec<u32>,
     last: Option<SnapshotStats>,
 }
 
 impl Runs {
-    fn push(&mut self, st: &SnapshotStats, stall: Duration) {
+    fn push(&mut self, st: &SnapshotStats, stall: Duration, wait: Duration) {
+        self.wait.push(wait);
         self.total.push(st.elapsed);
         self.copy.push(st.copy_elapsed);
         self.check.push(st.check_elapsed);
@@ -264,11 +334,20 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
     snapshot(&db, &copy, &SnapshotOptions::default()).expect("snapshot");
     remove_copy(&copy);
 
-    // The variants timed against cp, each run in a rotating order: the default (the
-    // one-image copy, integrity_check), the same with quick_check, and the page-by-page
-    // backup the previous release used for every size.
-    let variants: [(&str, SnapshotOptions); 3] = [
+    // The variants timed against cp (and sha256sum, the hash's peer), each run in a
+    // rotating order: the default (the one-image copy through SQLite's pager,
+    // `sqlite3_serialize`, integrity_check), the image as the file's bytes read under the
+    // shared lock, hashed and written while read (`raw_copy`; in WAL mode it changes
+    // nothing), the default with quick_check, and the page-by-page backup.
+    let variants: [(&str, SnapshotOptions); 4] = [
         ("image (default)", SnapshotOptions::default()),
+        (
+            "image as the file's bytes (raw_copy; rollback mode only)",
+            SnapshotOptions {
+                raw_copy: true,
+                ..SnapshotOptions::default()
+            },
+        ),
         (
             "image + quick_check",
             SnapshotOptions {
@@ -285,43 +364,63 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         ),
     ];
     let mut cps = vec![];
+    let mut cp_cpu = vec![];
+    let mut sums = vec![];
     let mut stall_cp = vec![];
     let mut stall_idle = vec![];
+    let mut wait_idle = vec![];
     let mut per: Vec<Runs> = variants.iter().map(|_| Runs::default()).collect();
     let mut commits = 0u64;
     let window = Instant::now();
     w.mark();
-    let ops = variants.len() + 1;
+    let ops = variants.len() + 2;
     for i in 0..runs {
         for k in 0..ops {
             let op = (i + k) % ops;
             // An idle window: the writer's natural jitter (fsync, checkpoints).
             std::thread::sleep(Duration::from_millis(100));
-            let (idle, n) = w.mark();
+            let (idle, n, wait) = w.mark();
             stall_idle.push(idle);
+            wait_idle.push(wait);
             commits += n;
             if op == 0 {
+                let c0 = cpu(true);
                 cps.push(cp(&db, &copy));
-                let (s, n) = w.mark();
+                cp_cpu.push(cpu(true) - c0);
+                let (s, n, _) = w.mark();
                 stall_cp.push(s);
                 commits += n;
+            } else if op == 1 {
+                sums.push(sha256sum(&db));
+                commits += w.mark().1;
             } else {
-                let st = snapshot(&db, &copy, &variants[op - 1].1).expect("snapshot");
-                let (s, n) = w.mark();
+                let c0 = cpu(false);
+                let st = snapshot(&db, &copy, &variants[op - 2].1).expect("snapshot");
+                per[op - 2].cpu.push(cpu(false) - c0);
+                let (s, n, wait) = w.mark();
                 commits += n;
                 assert!(st.integrity_ok);
-                per[op - 1].push(&st, s);
+                per[op - 2].push(&st, s, wait);
             }
             remove_copy(&copy);
         }
     }
     let rate = commits as f64 / window.elapsed().as_secs_f64();
     let m_cp = median(&cps);
+    let m_sum = median(&sums);
     println!("writer: ~{rate:.0} commits/s (one random 4 KB row rewrite each)");
     println!(
         "cp                     median {:>9}   runs: {}",
         ms(m_cp),
         list(&cps)
+    );
+    let m_cp_cpu = median(&cp_cpu);
+    println!("cp CPU (user + system) median {:>9}", ms(m_cp_cpu));
+    println!(
+        "sha256sum              median {:>9}   runs: {}   ({:.2}x cp)",
+        ms(m_sum),
+        list(&sums),
+        m_sum.as_secs_f64() / m_cp.as_secs_f64()
     );
     for ((name, _), r) in variants.iter().zip(&per) {
         let (m_snap, m_copy) = (median(&r.total), median(&r.copy));
@@ -338,8 +437,19 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             list(&r.copy),
             m_copy.as_secs_f64() / m_cp.as_secs_f64()
         );
+        let m_cpu = median(&r.cpu);
+        println!(
+            "  CPU (all threads)    median {:>9}   ratio {:.2}x cp's CPU",
+            ms(m_cpu),
+            m_cpu.as_secs_f64() / m_cp_cpu.as_secs_f64()
+        );
         println!("  check                median {:>9}", ms(median(&r.check)));
-        println!("  sha256               median {:>9}", ms(median(&r.hash)));
+        let m_hash = median(&r.hash);
+        println!(
+            "  sha256               median {:>9}   ({:.2}x sha256sum of the same file)",
+            ms(m_hash),
+            m_hash.as_secs_f64() / m_sum.as_secs_f64()
+        );
         println!(
             "  restarts per run: {:?}; longest step (source locked, rollback mode) median {}, max {}",
             r.restarts,
@@ -353,15 +463,19 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             );
         }
         println!(
-            "  writer longest commit during it: max {} (median {})",
+            "  writer during it: longest lock wait max {} (median {}); longest commit max {} (median {})",
+            ms(r.wait.iter().copied().max().unwrap_or_default()),
+            ms(median(&r.wait)),
             ms(r.stall.iter().copied().max().unwrap_or_default()),
             ms(median(&r.stall)),
         );
     }
     println!(
-        "writer longest commit: during cp max {}; idle max {}",
+        "writer longest commit: during cp max {}; idle max {} (median {}); idle longest lock wait max {}",
         ms(stall_cp.iter().copied().max().unwrap_or_default()),
         ms(stall_idle.iter().copied().max().unwrap_or_default()),
+        ms(median(&stall_idle)),
+        ms(wait_idle.iter().copied().max().unwrap_or_default()),
     );
 
     if sweep {

@@ -46,13 +46,75 @@ impl Drop for Staging {
 /// FORK, once per evaluation: every state store of the manifest snapshotted with SQLite's
 /// online backup API into `<staging>/state` (0600 copies), and the protected tree copied
 /// into `<staging>/protected` (see `protect`). Returns the state directory and the
-/// combined state hash.
+/// combined state hash. The two are independent (different sources, different
+/// directories), so the state stores are copied, checked and hashed on a thread of their
+/// own while this one copies the protected tree; a state store's error is reported first,
+/// as before.
 pub fn snapshot_state(p: &Plan, staging: &Staging) -> Result<(PathBuf, String), EvaluateError> {
     let snap_dir = staging.path().join("state");
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&snap_dir)
         .map_err(|e| internal("staging")(e.to_string()))?;
+    if !stores_outside_protected(p) {
+        let state_digests = snapshot_stores(p, &snap_dir)?;
+        protect_snapshot(p, staging)?;
+        return Ok((snap_dir, combined_state_hash(&state_digests)));
+    }
+    let (states, protected) = std::thread::scope(|s| {
+        let states = s.spawn(|| snapshot_stores(p, &snap_dir));
+        let protected = protect_snapshot(p, staging);
+        let states = states.join().unwrap_or_else(|_| {
+            Err(EvaluateError::Internal(
+                "the state snapshot's thread panicked".into(),
+            ))
+        });
+        (states, protected)
+    });
+    let state_digests = states?;
+    protected?;
+    Ok((snap_dir, combined_state_hash(&state_digests)))
+}
+
+/// The parent's protected tree, served read-only to every sandbox of the evaluation.
+fn protect_snapshot(p: &Plan, staging: &Staging) -> Result<(), EvaluateError> {
+    super::protect::snapshot(
+        staging.path(),
+        &p.runtime.join(&p.manifest.runtime.source),
+        &p.manifest.runtime.protected,
+        &p.manifest.runtime.exclude,
+    )
+}
+
+/// Whether the protected tree's copy can never open a state store (nor its side files):
+/// each lies outside the source tree, or inside a directory the manifest's `exclude` names
+/// (as the demo's `state`). Only then do the two copies run side by side: every POSIX lock
+/// a process holds on a file (SQLite's SHARED lock, which keeps writers off the database
+/// file while its bytes are read) is dropped when any descriptor of that file in the
+/// process closes, so nothing else in fork may open a state store while it is snapshotted.
+fn stores_outside_protected(p: &Plan) -> bool {
+    use std::path::Component;
+    let source = p.runtime.join(&p.manifest.runtime.source);
+    p.manifest.runtime.state.iter().all(|s| {
+        if s.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return false;
+        }
+        let full = p.runtime.join(s);
+        let Ok(rel) = full.strip_prefix(&source) else {
+            return true;
+        };
+        rel.ancestors().any(|a| {
+            !a.as_os_str().is_empty()
+                && a != rel
+                && p.manifest.runtime.exclude.iter().any(|e| Path::new(e) == a)
+        })
+    })
+}
+
+/// Every state store of the manifest, snapshotted into `snap_dir`: (path, sha256) each.
+fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<(String, String)>, EvaluateError> {
     let mut state_digests = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for s in &p.manifest.runtime.state {
@@ -92,12 +154,5 @@ pub fn snapshot_state(p: &Plan, staging: &Staging) -> Result<(PathBuf, String), 
         state_digests.push((s.display().to_string(), stats.sha256.clone()));
         check_interrupt()?;
     }
-    // The parent's protected tree, served read-only to every sandbox of the evaluation.
-    super::protect::snapshot(
-        staging.path(),
-        &p.runtime.join(&p.manifest.runtime.source),
-        &p.manifest.runtime.protected,
-        &p.manifest.runtime.exclude,
-    )?;
-    Ok((snap_dir, combined_state_hash(&state_digests)))
+    Ok(state_digests)
 }

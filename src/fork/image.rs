@@ -48,6 +48,15 @@ pub(super) fn copy_image(
         let _ = source.execute_batch("COMMIT");
         return Ok(None);
     }
+    if !wal && opts.raw_copy {
+        let image = super::raw::Image {
+            bytes,
+            pages: pages as u64,
+            started,
+            locked,
+        };
+        return super::raw::copy_raw(src, source, dest, &image, opts).map(Some);
+    }
     let image = source
         .serialize(rusqlite::MAIN_DB)
         .map_err(sqlite_err("copy pages from", src))?;

@@ -2,7 +2,9 @@
 //!
 //! * [`snapshot`]: the runtime's SQLite state, copied through SQLite (one image in one read
 //!   transaction, or the online backup API for a large database) while the parent keeps
-//!   running and writing; `image.rs` holds the one-image copy, `sqlite.rs` what both copies
+//!   running and writing; `image.rs` holds the one-image copy (`raw.rs`: a rollback-journal
+//!   database's image read as the file's bytes under the shared lock, hashed and written
+//!   while read), `sqlite.rs` what both copies
 //!   share (options, statistics, errors, opening, checking and hashing).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
@@ -11,6 +13,7 @@ pub mod copyback;
 pub mod error;
 mod image;
 pub mod parent;
+mod raw;
 pub mod snapshot;
 mod sqlite;
 pub mod tree;

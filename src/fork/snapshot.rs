@@ -427,7 +427,7 @@ mod tests {
     }
 
     /// `image`: the default one-image copy; otherwise page by page in small steps.
-    fn snapshot_under_writer(wal: bool, start_rows: u64, image: bool) {
+    fn snapshot_under_writer(wal: bool, start_rows: u64, image: bool, raw: bool) {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("live.db");
         make_db(&src, wal, start_rows);
@@ -449,7 +449,10 @@ mod tests {
         }
         let before = committed.load(Ordering::SeqCst);
         let opts = if image {
-            SnapshotOptions::default()
+            SnapshotOptions {
+                raw_copy: raw,
+                ..SnapshotOptions::default()
+            }
         } else {
             SnapshotOptions {
                 pages_per_step: 32,
@@ -533,22 +536,28 @@ mod tests {
 
     #[test]
     fn snapshot_wal_db_under_a_writer() {
-        snapshot_under_writer(true, 1500, false);
+        snapshot_under_writer(true, 1500, false, false);
     }
 
     #[test]
     fn snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, false);
+        snapshot_under_writer(false, 400, false, false);
     }
 
     #[test]
     fn image_snapshot_wal_db_under_a_writer() {
-        snapshot_under_writer(true, 1500, true);
+        snapshot_under_writer(true, 1500, true, false);
     }
 
     #[test]
     fn image_snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, true);
+        snapshot_under_writer(false, 400, true, false);
+    }
+
+    /// The raw image (the file's bytes under the shared lock) is one committed state too.
+    #[test]
+    fn raw_image_snapshot_rollback_db_under_a_writer() {
+        snapshot_under_writer(false, 400, true, true);
     }
 
     /// A database above the image bound goes page by page; at or below it, as one image.
@@ -603,6 +612,37 @@ mod tests {
         };
         let st = snapshot(&src, &dest, &quick).unwrap();
         assert!(st.integrity_ok);
+    }
+
+    /// A rollback-journal database's image read as the file's bytes under the shared lock
+    /// (`raw_copy`) is byte for byte what SQLite's pager serializes, and its hash (taken
+    /// while the bytes are read) is the copy's.
+    #[test]
+    fn raw_image_equals_the_serialized_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("s.db");
+        make_db(&src, false, 300);
+        let raw = dir.path().join("raw.db");
+        let ser = dir.path().join("ser.db");
+        let raw_opts = SnapshotOptions {
+            raw_copy: true,
+            ..SnapshotOptions::default()
+        };
+        let a = snapshot(&src, &raw, &raw_opts).unwrap();
+        let b = snapshot(
+            &src,
+            &ser,
+            &SnapshotOptions {
+                raw_copy: false,
+                ..SnapshotOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(fs::read(&raw).unwrap(), fs::read(&ser).unwrap());
+        assert_eq!(a.sha256, b.sha256);
+        assert_eq!(a.sha256, file_sha256(&raw).unwrap());
+        assert_eq!((a.bytes, a.pages, a.steps), (b.bytes, b.pages, 1));
+        assert!(a.integrity_ok && !a.wal);
     }
 
     #[test]

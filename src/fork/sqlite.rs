@@ -51,6 +51,15 @@ pub struct SnapshotOptions {
     /// transaction (see [`snapshot`]); a larger one, or 0 here, goes `pages_per_step` pages
     /// at a time.
     pub image_max_bytes: u64,
+    /// Rollback-journal mode only: read the one image as the database file's own bytes
+    /// (under the shared lock the read transaction holds, which no commit can pass) and
+    /// hash and write them while they are read, instead of through SQLite's pager
+    /// (`sqlite3_serialize`, then hashed). Same bytes; measured faster, and the lock is held
+    /// only while the file is read. (WAL mode always goes through the pager: the state is
+    /// the file plus the WAL's frames.) Off by default: on the loaded development machine
+    /// it took about 20% more CPU than `sqlite3_serialize` (`benches/snapshot.rs`), its
+    /// wall-time gain is unmeasured on a quiet one.
+    pub raw_copy: bool,
 }
 
 impl Default for SnapshotOptions {
@@ -74,6 +83,7 @@ impl Default for SnapshotOptions {
             timeout: Duration::from_secs(600),
             check: IntegrityCheck::Full,
             image_max_bytes: IMAGE_MAX_BYTES,
+            raw_copy: false,
         }
     }
 }
