@@ -39,6 +39,8 @@ echo "$ctl" >$cg/fork-vm/user/cgroup.subtree_control
 # The unprivileged user: a plain uid with its own home (no login needed).
 uid=1500
 mkdir -p /tmp/fork-vm/home && chown $uid:$uid /tmp/fork-vm/home
+# The user's evaluations keep their verdicts in the (host's) output directory too.
+mkdir -p "$FORK_VM_OUT/eval" && chmod 1777 "$FORK_VM_OUT/eval"
 chown $uid:$uid $cg/fork-vm/user $cg/fork-vm/user/cgroup.procs $cg/fork-vm/user/cgroup.threads \
   $cg/fork-vm/user/cgroup.subtree_control
 chown -R $uid:$uid $cg/fork-vm/user/shell
@@ -138,12 +140,15 @@ PY
 # classes are printed beside them. KIND: judged (`--task judged`) or plan (no --task: the
 # README's main command, the demo's evaluation plan).
 evaluate_demo() {
-  local d=/tmp/fork-vm/home/eval-$1 kind=$2 here there
+  local name=$1 d=/tmp/fork-vm/home/eval-$1 kind=$2 here there
   shift 2
   rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d"
   XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
     --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --no-ledger --out "$d/out" "$@" \
     >"$d/verdict.txt" 2>"$d/stderr.txt" || true
+  # Kept for the host (the guest's /tmp goes with it): eval/NAME/ in the output directory.
+  mkdir -p "$FORK_VM_OUT/eval/$name" && cp "$d/verdict.txt" "$d/stderr.txt" "$d/out/verdict.json" \
+    "$FORK_VM_OUT/eval/$name/" 2>/dev/null
   here=$(python3 "$FORK_VM_REPO/scripts/vm-verdict.py" key "$d/out/verdict.json")
   there=$(cat "$FORK_VM_OUT/host-$kind.txt" 2>/dev/null || echo "NO VERDICT on the host")
   if [ "$here" = "$there" ] && [ "${here#NO VERDICT}" = "$here" ]; then

@@ -91,12 +91,13 @@ host_verdict() {
   XDG_CONFIG_HOME=$d/xdg "$target/debug/fork" evaluate fixtures/patches/swap-compressor.diff \
     --runtime fixtures/hermes-demo --no-ledger --out "$d/out" "$@" >"$d/verdict.txt" 2>"$d/stderr.txt" || true
   python3 scripts/vm-verdict.py key "$d/out/verdict.json" >"$out/host-$kind.txt" || tail -n 3 "$d/stderr.txt" >&2
+  cp "$d/out/verdict.json" "$out/host-$kind.json" 2>/dev/null || true
   echo "vm-test: this host's verdict ($kind): $(cat "$out/host-$kind.txt") ($(python3 scripts/vm-verdict.py detail "$d/out/verdict.json"))"
   rm -rf "$d"
 }
 host_verdict judged --task judged
 if [ "$mode" = full ]; then host_verdict plan; fi
-chmod 644 "$out"/host-*.txt
+chmod 644 "$out"/host-*
 echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
 # and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
