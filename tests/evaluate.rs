@@ -47,6 +47,25 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until the evaluation `sup` runs its task (a process whose command line starts with
+/// `needle`), for as long as the evaluation runs: it gets there after the snapshot, the
+/// copies, the patch and its gates, which took more than 20 s under software emulation on
+/// a loaded host (the Debian guest of scripts/vm-test.sh). An evaluation that ends first
+/// fails at once; 600 s is the bound of a hung one, not a measure of speed.
+fn wait_until_the_task_runs(sup: &mut Child, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while processes_starting(needle).is_empty() {
+        if let Some(st) = sup.try_wait().unwrap() {
+            panic!("the evaluation ended ({st}) before its task `{needle}` ran");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until the task runs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn gate_violation(e: &Eval) -> String {
     assert_eq!(e.verdict["patch_gate"]["passed"], false, "{}", e.ctx());
     e.verdict["patch_gate"]["violations"][0]
@@ -809,10 +828,7 @@ fn kill_supervisor_mid_run(env: &Env, rt: &Path, task: &str, marker: &str) -> St
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let needle = format!("sleep {marker}");
-    wait_until("the task runs", Duration::from_secs(20), || {
-        !processes_starting(&needle).is_empty()
-    });
+    wait_until_the_task_runs(&mut sup, &format!("sleep {marker}"));
     sup.kill().unwrap(); // SIGKILL: no cleanup code runs in the supervisor.
     sup.wait().unwrap();
     let new: Vec<String> = std::fs::read_dir(&env.run_root)
@@ -973,9 +989,7 @@ fn staging_copy_of_the_state_is_private() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("the task runs", Duration::from_secs(20), || {
-        !processes_starting(&format!("sleep {m}")).is_empty()
-    });
+    wait_until_the_task_runs(&mut sup, &format!("sleep {m}"));
     let stages = stage_dirs(&env.run_root);
     let modes: Vec<(PathBuf, u32)> = stages
         .iter()
