@@ -525,7 +525,7 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
     let run_root = scratch("runs");
     let report = run_root.join("r.json");
     let marker = format!("{}", 60_000 + (std::process::id() % 1000));
-    let mut sup = fork_cmd(&run_root)
+    let sup = fork_cmd(&run_root)
         .args([
             "run",
             "--report",
