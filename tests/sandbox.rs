@@ -812,7 +812,9 @@ fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
     let wanted_port = wanted.local_addr().unwrap().port();
     let other_port = other.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
-        // Bounded: answer at most one connection, then stop.
+        // Bounded: answer at most one connection, then stop. The answer comes in two writes,
+        // which the forward may pass on in two segments: the client reads until it has all
+        // 10 bytes (a single recv got only `pong:` in the Debian guest).
         let (mut s, _) = wanted.accept().unwrap();
         let mut buf = [0u8; 5];
         s.read_exact(&mut buf).unwrap();
@@ -827,7 +829,9 @@ fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
     let script = format!(
         "import socket\n\
          s = socket.create_connection(('127.0.0.1', {}), timeout=5)\n\
-         s.sendall(b'hello'); print(s.recv(64).decode())\n\
+         s.sendall(b'hello'); data = b''\n\
+         while len(data) < 10:\n    chunk = s.recv(64)\n    if not chunk: break\n    data += chunk\n\
+         print(data.decode())\n\
          try:\n    socket.create_connection(('127.0.0.1', {}), timeout=2); print('OTHER REACHED')\n\
          except OSError as e:\n    print('other refused', e.errno)\n",
         wanted_port, other_port
