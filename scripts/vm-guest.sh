@@ -14,7 +14,7 @@ step() {
   out=$("$@" 2>&1)
   rc=$?
   if [ $rc = 0 ]; then
-    echo "vm: $name: PASS $(echo "$out" | head -n 1 | cut -c1-120)"
+    echo "vm: $name: PASS $(echo "$out" | head -n 1 | cut -c1-200)"
     pass=$((pass + 1))
   else
     echo "vm: $name: FAIL (exit $rc): $(echo "$out" | tail -n 4 | tr '\n' ' ')"
@@ -47,6 +47,8 @@ getent passwd $uid >/dev/null || echo "forkvm:x:$uid:$uid:fork VM user:/tmp/fork
 user_name=$(getent passwd $uid | cut -d: -f1)
 grep -q "^$user_name:" /etc/subuid 2>/dev/null ||
   usermod --add-subuids 300000-365535 --add-subgids 300000-365535 "$user_name"
+# The user's evaluations keep their verdicts in the (host's) output directory too.
+mkdir -p "$FORK_VM_OUT/eval" && chmod 1777 "$FORK_VM_OUT/eval"
 chown $uid:$uid $cg/fork-vm/user $cg/fork-vm/user/cgroup.procs $cg/fork-vm/user/cgroup.threads \
   $cg/fork-vm/user/cgroup.subtree_control
 chown -R $uid:$uid $cg/fork-vm/user/shell
@@ -140,24 +142,41 @@ if abi < 4:
 assert r["usage"]["memory_peak_bytes"] > 0 and r["usage"]["pids_peak"] >= 1, r["usage"]
 PY
 }
+# `fork evaluate` of the demo patch here, compared with the verdict the same build gave on
+# the host before the guest booted (scripts/vm-test.sh wrote its key to host-KIND.txt): the
+# verdict and each plan task's verdict must be the same; the confidence and the metrics'
+# classes are printed beside them. KIND: judged (`--task judged`) or plan (no --task: the
+# README's main command, the demo's evaluation plan).
 evaluate_demo() {
-  local d=/tmp/fork-vm/home/eval-$1
-  shift
+  local name=$1 d=/tmp/fork-vm/home/eval-$1 kind=$2 here there
+  shift 2
   rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d"
   XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
-    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --task judged --no-ledger --out "$d/out" "$@" \
+    --runtime "$FORK_VM_REPO/fixtures/hermes-demo" --no-ledger --out "$d/out" "$@" \
     >"$d/verdict.txt" 2>"$d/stderr.txt" || true
+  # Kept for the host (the guest's /tmp goes with it): eval/NAME/ in the output directory.
+  mkdir -p "$FORK_VM_OUT/eval/$name" && cp "$d/verdict.txt" "$d/stderr.txt" "$d/out/verdict.json" \
+    "$FORK_VM_OUT/eval/$name/" 2>/dev/null
+  here=$(python3 "$FORK_VM_REPO/scripts/vm-verdict.py" key "$d/out/verdict.json")
+  there=$(cat "$FORK_VM_OUT/host-$kind.txt" 2>/dev/null || echo "NO VERDICT on the host")
+  if [ "$here" = "$there" ] && [ "${here#NO VERDICT}" = "$here" ]; then
+    echo "$here, as on the host (here: $(python3 "$FORK_VM_REPO/scripts/vm-verdict.py" detail "$d/out/verdict.json"))"
+    cat "$d/verdict.txt"
+    return 0
+  fi
   cat "$d/verdict.txt"
-  grep -q '^APPROVE' "$d/verdict.txt" || { cat "$d/stderr.txt"; return 1; }
+  tail -n 5 "$d/stderr.txt"
+  echo "here: $here; on the host: $there"
+  return 1
 }
 
 step "root: no sandbox cgroup left" leftovers
 step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
-step "root: fork evaluate of the demo patch (judged) is APPROVE" evaluate_demo root
+step "root: fork evaluate of the demo patch (--task judged) gives the host's verdict" evaluate_demo root judged --task judged
 
 as_user() {
   export -f reported_run memory_budget evaluate_demo
-  export fork FORK_VM_REPO
+  export fork FORK_VM_REPO FORK_VM_OUT
   (
     echo "$BASHPID" >$cg/fork-vm/user/shell/cgroup.procs
     cd /tmp/fork-vm/home && exec env HOME=/tmp/fork-vm/home \
@@ -169,10 +188,15 @@ as_user() {
 step "user: fork check (the default policy, every layer)" as_user "$fork" check
 step "user: fork run -- /bin/true (cgroup v2, cgroupns, capped disk in the report)" as_user reported_run /tmp/fork-vm/home/user.json
 step "user: memory budget kills at 64MiB in the delegated subtree" as_user memory_budget /tmp/fork-vm/home/user-mem.json
-step "user: fork evaluate of the demo patch (judged) is APPROVE" as_user evaluate_demo user
+step "user: fork evaluate of the demo patch (--task judged) gives the host's verdict" as_user evaluate_demo user judged --task judged
 step "user: no sandbox cgroup left" leftovers
 
 if [ "${FORK_VM_MODE:-smoke}" = full ]; then
+  # The README's main command: the demo's evaluation plan (contract, then bench against the
+  # baseline), as root and as the user, against the host's verdict.
+  step "root: fork evaluate of the demo patch (the plan) gives the host's verdict" evaluate_demo root-plan plan
+  step "user: fork evaluate of the demo patch (the plan) gives the host's verdict" as_user evaluate_demo user-plan plan
+  step "root and user: no sandbox cgroup left" leftovers
   # The unprivileged pass: the sandbox and evaluate suites as uid 1500, each fork in a
   # fresh cgroup of the user's delegated subtree. Tests that need root say so with
   # `fork-test-skip:` (cargo counts them as passed): they are counted as skipped here.

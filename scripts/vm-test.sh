@@ -4,7 +4,11 @@
 # with every controller, AppArmor and Landlock in the LSM list and /dev mounted noexec.
 #
 #   scripts/vm-test.sh            # smoke: fork check + fork run, as root and as a user
-#   scripts/vm-test.sh full       # smoke, then the sandbox, portability and evaluate suites as root
+#   scripts/vm-test.sh full       # smoke, the demo's plan as root and as the user, then the
+#                                 # suites as the user (sandbox, evaluate) and as root (sandbox,
+#                                 # portability, evaluate)
+# Each `fork evaluate` of the demo patch in the guest must give the verdict this build gives
+# on this host (evaluated here first; scripts/vm-verdict.py says what is compared).
 #   scripts/vm-test.sh full ARGS  # ARGS go to the suites' test binaries (a name filter...)
 #   FORK_VM_SUITES=root|user scripts/vm-test.sh full   # the suites of one pass only
 #   FORK_VM_USER_ARGS=... scripts/vm-test.sh full ARGS  # other test args for the user's pass
@@ -13,6 +17,9 @@
 # fails or when the VM did not boot or did not finish: it never skips. Run it as root (it
 # installs qemu, the kernel package and virtme-ng when they are missing).
 set -euo pipefail
+# The whole script is one compound command, read before any of it runs: editing this file
+# while a (long) run is under way cannot change what that run does next.
+{
 cd "$(dirname "$0")/.."
 mode=${1:-smoke}
 shift || true
@@ -62,6 +69,9 @@ log=$out/console.log
 mkdir -p "$out/bin"
 cp "$target/debug/fork" "$out/bin/fork"
 cp "$target/debug/fork-init" "$out/bin/fork-init"   # the sandbox init, beside fork
+# bash reads a script as it runs it: the guest runs a copy, so editing the tree's
+# vm-guest.sh meanwhile cannot change a running guest's steps either.
+cp scripts/vm-guest.sh "$out/bin/vm-guest.sh"
 snap=""
 if [ "$mode" = full ]; then
   for t in $tests; do
@@ -70,13 +80,32 @@ if [ "$mode" = full ]; then
   done
 fi
 tests=$snap
+# The verdict here, which the guest's must equal (as root and as the user): the demo patch
+# evaluated by this build as this host's root, with the judged task (smoke) and with the
+# demo's evaluation plan, the README's main command (full). The keys (the verdict and each
+# plan task's) go to the output directory, where the guest reads them.
+host_verdict() {
+  local kind=$1 d
+  shift
+  d=$(mktemp -d /var/tmp/fork-vm-eval-XXXXXX)
+  chmod 755 "$d"
+  XDG_CONFIG_HOME=$d/xdg "$target/debug/fork" evaluate fixtures/patches/swap-compressor.diff \
+    --runtime fixtures/hermes-demo --no-ledger --out "$d/out" "$@" >"$d/verdict.txt" 2>"$d/stderr.txt" || true
+  python3 scripts/vm-verdict.py key "$d/out/verdict.json" >"$out/host-$kind.txt" || tail -n 3 "$d/stderr.txt" >&2
+  cp "$d/out/verdict.json" "$out/host-$kind.json" 2>/dev/null || true
+  echo "vm-test: this host's verdict ($kind): $(cat "$out/host-$kind.txt") ($(python3 scripts/vm-verdict.py detail "$d/out/verdict.json"))"
+  rm -rf "$d"
+}
+host_verdict judged --task judged
+if [ "$mode" = full ]; then host_verdict plan; fi
+chmod 644 "$out"/host-*
 echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
 # and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
 status=0
 timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G --cpus 2 \
   --overlay-rwdir "$target/tmp" --rwdir "$out" \
-  --exec "env FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' ${FORK_VM_USER_ARGS+FORK_VM_USER_ARGS='$FORK_VM_USER_ARGS'} FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $PWD/scripts/vm-guest.sh" \
+  --exec "env FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' ${FORK_VM_USER_ARGS+FORK_VM_USER_ARGS='$FORK_VM_USER_ARGS'} FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $out/bin/vm-guest.sh" \
   >"$log" 2>&1 || status=$?
 rm -rf "$out/bin" # the snapshot (hundreds of MB); the logs stay
 grep -E '^vm: ' "$log" || true
@@ -91,3 +120,5 @@ passed=$(echo "$result" | sed -E 's/.*passed=([0-9]+).*/\1/')
 failed=$(echo "$result" | sed -E 's/.*failed=([0-9]+).*/\1/')
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
+exit
+}

@@ -361,6 +361,11 @@ fn trial_of(
             e.to_string(),
             "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (or leave it unset)".into(),
         ),
+        Err(RunError::Sandbox(e @ SandboxError::RunRootUnreachable { .. })) => failed(
+            "run directory",
+            e.to_string(),
+            crate::sandbox::RUN_ROOT_FIX.into(),
+        ),
         Err(RunError::Sandbox(e @ SandboxError::Seccomp(_))) => failed(
             "seccomp",
             e.to_string(),

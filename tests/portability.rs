@@ -271,3 +271,64 @@ fn a_user_gets_the_capped_disk_in_a_namespace_of_its_own() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(runs.to_str().unwrap()), "{mounts}");
 }
+
+/// A run root beneath a directory others cannot search (a 0700 home): root's sandboxes run
+/// as an unprivileged uid that could not reach their run directories. That is a setting to
+/// change, not an internal error: `fork run` and `fork evaluate` refuse it with the usage
+/// exit (64) naming the directory, its mode, FORK_RUN_ROOT and the fix, and leave nothing
+/// in the run root; `fork check`'s trial launch names the same fix.
+#[test]
+fn an_unreachable_run_root_is_a_usage_error_naming_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    need_root!();
+    let d = scratch("runroot");
+    let closed = d.join("closed");
+    let runs = closed.join("runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let fork = |args: &[&str]| {
+        Command::new(fork_bin())
+            .args(args)
+            .env("FORK_RUN_ROOT", &runs)
+            .env("XDG_CONFIG_HOME", d.join("xdg"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let diff = repo().join("fixtures/patches/swap-compressor.diff");
+    let demo = repo().join("fixtures/hermes-demo");
+    let out_dir = d.join("out");
+    let evaluate: Vec<&str> = vec![
+        "evaluate",
+        diff.to_str().unwrap(),
+        "--runtime",
+        demo.to_str().unwrap(),
+        "--task",
+        "judged",
+        "--no-ledger",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    for args in [vec!["run", "--", "true"], evaluate] {
+        let out = fork(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        let named = format!(
+            "{} (mode 700) is not searchable by others",
+            closed.display()
+        );
+        assert!(err.contains(&named), "{args:?}: {err}");
+        assert!(
+            err.contains("Fix: set FORK_RUN_ROOT to a writable directory"),
+            "{args:?}: {err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&runs).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?} in the run root");
+    }
+    let check = fork(&["check"]);
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains("trial launch: FAILED at run directory") && text.contains("(o+x)"),
+        "{text}"
+    );
+}

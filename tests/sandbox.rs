@@ -527,7 +527,7 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
     let run_root = scratch("runs");
     let report = run_root.join("r.json");
     let marker = format!("{}", 60_000 + (std::process::id() % 1000));
-    let mut sup = fork_cmd(&run_root)
+    let sup = fork_cmd(&run_root)
         .args([
             "run",
             "--report",
@@ -536,6 +536,7 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
             "sleep",
             &marker,
         ])
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // The run is under way: its command runs in the sandbox (a signal during start-up is
@@ -545,18 +546,43 @@ fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
         assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The run's id, from its directory in this test's own run root.
+    let ids: Vec<String> = std::fs::read_dir(&run_root)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix("fork-")?;
+            (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "one run directory: {ids:?}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sup.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
     let t = Instant::now();
-    let st = sup.wait().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(3));
-    assert_eq!(st.code(), Some(137));
-    let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-    assert_eq!(rep["interrupted"], true);
-    assert_nothing_left(&run_root, rep["run_id"].as_str().unwrap());
+    let out = sup.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(t.elapsed() < Duration::from_secs(3), "{err}");
+    assert_eq!(out.status.code(), Some(137), "{err}");
+    match std::fs::read(&report) {
+        // The run ended by itself within the grace (300 ms): its report says why.
+        Ok(bytes) => {
+            let rep: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(rep["interrupted"], true);
+            assert_eq!(rep["run_id"], ids[0].as_str());
+        }
+        // It did not (a slow host: under software emulation, as a user): the interrupt
+        // watcher tore it down, and no report is written (README "Exit codes").
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(err.contains("interrupted: 1 run(s) torn down"), "{err}");
+        }
+        Err(e) => panic!("{}: {e}", report.display()),
+    }
+    assert_nothing_left(&run_root, &ids[0]);
+    assert!(processes_starting(&format!("sleep {marker}")).is_empty());
 }
 
 #[test]
@@ -788,7 +814,9 @@ fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
     let wanted_port = wanted.local_addr().unwrap().port();
     let other_port = other.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
-        // Bounded: answer at most one connection, then stop.
+        // Bounded: answer at most one connection, then stop. The answer comes in two writes,
+        // which the forward may pass on in two segments: the client reads until it has all
+        // 10 bytes (a single recv got only `pong:` in the Debian guest).
         let (mut s, _) = wanted.accept().unwrap();
         let mut buf = [0u8; 5];
         s.read_exact(&mut buf).unwrap();
@@ -803,7 +831,9 @@ fn a_forward_makes_one_host_service_reachable_and_nothing_else() {
     let script = format!(
         "import socket\n\
          s = socket.create_connection(('127.0.0.1', {}), timeout=5)\n\
-         s.sendall(b'hello'); print(s.recv(64).decode())\n\
+         s.sendall(b'hello'); data = b''\n\
+         while len(data) < 10:\n    chunk = s.recv(64)\n    if not chunk: break\n    data += chunk\n\
+         print(data.decode())\n\
          try:\n    socket.create_connection(('127.0.0.1', {}), timeout=2); print('OTHER REACHED')\n\
          except OSError as e:\n    print('other refused', e.errno)\n",
         wanted_port, other_port

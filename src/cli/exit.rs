@@ -5,7 +5,7 @@
 //! | 0 | APPROVE (verify: valid; consensus: quorum approves) |
 //! | 1 | REJECT (verify: invalid) |
 //! | 2 | NEEDS_REVISION |
-//! | 64 | usage error |
+//! | 64 | usage error (a bad flag or setting: an unreachable `FORK_RUN_ROOT`) |
 //! | 65 | bad input: malformed patch, manifest, policy, task or verdict |
 //! | 69 | a required isolation layer is unavailable on this host, or the sandbox init binary is missing or of another build (fail closed) |
 //! | 70 | internal error |
@@ -78,6 +78,7 @@ pub fn sandbox(e: &SandboxError) -> i32 {
         // The sandbox init binary is missing or of another build: nothing can be launched.
         SandboxError::InitExe(_) => UNAVAILABLE,
         SandboxError::Seccomp(_) => BAD_INPUT,
+        SandboxError::RunRootUnreachable { .. } => USAGE,
         _ => INTERNAL,
     }
 }

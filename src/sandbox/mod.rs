@@ -75,6 +75,14 @@ pub enum SandboxError {
     },
     #[error("sandbox setup failed at {stage}: {message}")]
     Setup { stage: String, message: String },
+    /// The run root (`$FORK_RUN_ROOT`, else the system temp dir) lies beneath a directory
+    /// the sandbox's unprivileged uid cannot search: a setting to change, not a fault.
+    #[error("the run root {}: {} (mode {mode:o}) is not searchable by others, so the sandbox's unprivileged uid cannot reach its run directory. Fix: {RUN_ROOT_FIX}", .base.display(), .dir.display())]
+    RunRootUnreachable {
+        base: PathBuf,
+        dir: PathBuf,
+        mode: u32,
+    },
     #[error("the seccomp profile: {0}")]
     Seccomp(#[from] seccomp::SeccompError),
     #[error(transparent)]
@@ -89,6 +97,9 @@ pub enum SandboxError {
     #[error("{} {}: {}", .0.action, .0.path.display(), .0.source)]
     Io(#[from] IoError),
 }
+
+/// The fix for [`SandboxError::RunRootUnreachable`] (`fork check` names it too).
+pub const RUN_ROOT_FIX: &str = "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (o+x), or leave it unset (the default, the system temp dir, is)";
 
 /// Why the cgroup namespace is missing when the cgroup layer is (`fork check` says the same).
 pub const CGROUPNS_NEEDS_CGROUP: &str = "no sandbox cgroup to root the cgroup namespace at";
@@ -350,14 +361,10 @@ impl Sandbox {
                 use std::os::unix::fs::PermissionsExt;
                 if let Ok(md) = std::fs::metadata(d) {
                     if md.permissions().mode() & 0o001 == 0 {
-                        return Err(SandboxError::Setup {
-                            stage: "run directory".into(),
-                            message: format!(
-                                "{} (mode {:o}) is not searchable by others, so the sandbox's unprivileged uid cannot reach its run directory under {}: set FORK_RUN_ROOT to a directory whose parents are all o+x (the default, the system temp dir, is)",
-                                d.display(),
-                                md.permissions().mode() & 0o7777,
-                                base.display()
-                            ),
+                        return Err(SandboxError::RunRootUnreachable {
+                            base: base.clone(),
+                            dir: d.to_path_buf(),
+                            mode: md.permissions().mode() & 0o7777,
                         });
                     }
                 }
