@@ -59,6 +59,10 @@ chown -R $uid:$uid $cg/fork-vm/user/shell
 mkdir -p /tmp/fork-vm && chmod 755 /tmp/fork-vm
 touch /tmp/fork-vm/fork.real
 mount --bind "${FORK_VM_REAL:-$fork}" /tmp/fork-vm/fork.real
+# fork finds its sandbox init beside the binary it runs from (/tmp/fork-vm/fork.real here):
+# the same build's fork-init goes beside it.
+touch /tmp/fork-vm/fork-init
+mount --bind "$(dirname "${FORK_VM_REAL:-$fork}")/fork-init" /tmp/fork-vm/fork-init
 cat >/tmp/fork-vm/fork <<'EOF'
 #!/bin/sh
 if [ "$(id -u)" = 0 ]; then base=/sys/fs/cgroup/fork-vm/root; else base=/sys/fs/cgroup/fork-vm/user; fi
