@@ -706,45 +706,54 @@ fn init_forwards_signals_to_the_command() {
         .spawn()
         .unwrap();
     let sup_pid = sup.id() as i32;
-    // The sandbox init is the supervisor's child; wait until the command is up.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let ppid = |p: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    // The sandbox init is the supervisor's child; the command is up (its trap set) once
+    // one of its `sleep`s runs: a child of the command, itself the init's child. Read from
+    // the process tree, which every uid sees: a user's sandbox may run as a subordinate
+    // uid whose 0700 disk the user cannot look into.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let init = loop {
-        let kids: Vec<i32> = processes_matching("__sandbox-init")
+        let init = processes_matching("__sandbox-init")
             .into_iter()
-            .filter(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/stat"))
-                    .ok()
-                    .and_then(|s| {
-                        s.rsplit(')')
-                            .next()
-                            .and_then(|r| r.split_whitespace().nth(1))
-                            .map(str::to_string)
-                    })
-                    .and_then(|pp| pp.parse::<i32>().ok())
-                    == Some(sup_pid)
-            })
-            .collect();
-        if let Some(p) = kids.first() {
-            // Seen through the supervisor's own root: a user's fork mounts the disk in a
-            // mount namespace of its own (as root it is the host's).
-            let ready = std::fs::read_dir(&run_root).unwrap().flatten().any(|e| {
-                let disk = e.path().join("disk/successor/ready");
-                Path::new(&format!("/proc/{sup_pid}/root"))
-                    .join(disk.strip_prefix("/").unwrap())
-                    .exists()
-            });
-            if ready {
-                break *p;
+            .find(|&p| ppid(p) == Some(sup_pid));
+        if let Some(init) = init {
+            let up = processes_starting("sleep")
+                .into_iter()
+                .any(|s| ppid(s).and_then(ppid) == Some(init));
+            if up {
+                break init;
             }
         }
         assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     };
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(init),
-        nix::sys::signal::Signal::SIGUSR1,
-    )
-    .unwrap();
+    if nix::unistd::geteuid().is_root() {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(init),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+    } else {
+        // A user's sandbox may run as a subordinate uid the user cannot signal from the
+        // host's namespace (as it should be): signal it from fork's own user namespace,
+        // which is the user's, as fork itself does.
+        let st = std::process::Command::new("nsenter")
+            .args(["--user", "--preserve-credentials", "--target"])
+            .arg(sup_pid.to_string())
+            .args(["--", "kill", "-USR1"])
+            .arg(init.to_string())
+            .status()
+            .unwrap();
+        assert!(st.success(), "nsenter ... kill -USR1 {init}: {st}");
+    }
     let st = sup.wait().unwrap();
     assert_eq!(
         st.code(),
