@@ -1037,6 +1037,16 @@ fn names_a_run_dir(path: &str) -> bool {
 #[test]
 fn a_missing_or_stale_init_is_refused_with_69() {
     need_root!();
+    let head = std::fs::read(fork_bin()).unwrap_or_default();
+    if !head.starts_with(b"\x7fELF") {
+        // The VM harness's guest stands a shell shim over the binary (to start each fork
+        // in a cgroup of its own): a copy of the shim is not a fork without its init.
+        eprintln!(
+            "fork-test-skip: {} is a wrapper, not the fork binary",
+            fork_bin().display()
+        );
+        return;
+    }
     let d = scratch("init-exe");
     let bin = d.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
