@@ -133,8 +133,8 @@ impl ProposeReport {
     }
 }
 
-/// Builds a runtime, runs [`propose`], prints the report (stdout); returns the exit code:
-/// 0 approved, 1 not approved.
+/// Builds a runtime and runs [`propose`]; returns its report (the CLI prints it and picks
+/// the exit code).
 pub fn propose_blocking(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
