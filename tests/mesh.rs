@@ -917,7 +917,21 @@ fn a_node_started_late_still_answers() {
     // The early node has answered (and the proposal was published well before) when the
     // late one starts: its brand-new durable consumer still delivers the proposal. With
     // --once, the late node answers what is pending and stops by itself.
-    early.wait_log("answered APPROVE", Duration::from_secs(40));
+    // Waited for here rather than with `wait_log`, so that a proposer which ended early
+    // (it waits for two answers: it should not) is reported with its own output.
+    let mut child = child;
+    let until = Instant::now() + Duration::from_secs(40);
+    while !early.logs().contains("answered APPROVE") {
+        if child.try_wait().unwrap().is_some() || Instant::now() > until {
+            let _ = child.kill();
+            panic!(
+                "the early node never answered:\n{}\nthe proposer: {:?}",
+                early.logs(),
+                child.wait_with_output()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     late.start_with(&nats.url(), &["--once"]);
     let p = wait_proposed(child, Duration::from_secs(70));
     let mut once = late.child.take().unwrap();
