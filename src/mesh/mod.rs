@@ -6,3 +6,17 @@ pub mod serve;
 pub mod steward;
 pub mod transport;
 pub mod wire;
+
+use messages::MeshError;
+
+/// Runs one of the mesh's futures to its end on a runtime of its own (current thread): the
+/// blocking entry points the CLI calls.
+pub(crate) fn block_on<T>(
+    fut: impl std::future::Future<Output = Result<T, MeshError>>,
+) -> Result<T, MeshError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
+        .block_on(fut)
+}

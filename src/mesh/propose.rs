@@ -136,11 +136,7 @@ impl ProposeReport {
 /// Builds a runtime and runs [`propose`]; returns its report (the CLI prints it and picks
 /// the exit code).
 pub fn propose_blocking(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
-        .block_on(propose(opts))
+    super::block_on(propose(opts))
 }
 
 /// Whether more votes could still change the outcome.

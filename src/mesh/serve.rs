@@ -52,11 +52,7 @@ pub struct ServeOptions {
 
 /// Builds a runtime and runs [`serve`] on it.
 pub fn serve_blocking(opts: ServeOptions) -> Result<(), MeshError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
-        .block_on(serve(opts))
+    super::block_on(serve(opts))
 }
 
 /// What the node knows about itself.

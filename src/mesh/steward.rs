@@ -234,11 +234,7 @@ impl StewardReport {
 
 /// Builds a runtime and runs [`approve_over_mesh`].
 pub fn approve_blocking(opts: StewardOptions) -> Result<StewardReport, MeshError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| MeshError::Internal(format!("cannot start the async runtime: {e}")))?
-        .block_on(approve_over_mesh(opts))
+    super::block_on(approve_over_mesh(opts))
 }
 
 /// The patch hash a verdict message's verdict.json claims (unverified: only to skip other
