@@ -238,16 +238,21 @@ if [ "${FORK_VM_MODE:-smoke}" = full ]; then
     bin=${t#*=}
     # The whole output goes back to the host (FORK_VM_OUT is a host directory); the
     # summary line and the failing tests' names are printed here.
+    # With --nocapture, so that a test which skips itself (`fork-test-skip:`, printed
+    # where this guest cannot run it) is counted as skipped, not as a pass.
     # shellcheck disable=SC2086
-    (cd "$FORK_VM_REPO" && "$bin" --test-threads=1 ${FORK_VM_ARGS:-}) >"$FORK_VM_OUT/$name.log" 2>&1
+    (cd "$FORK_VM_REPO" && "$bin" --test-threads=1 --nocapture ${FORK_VM_ARGS:-}) >"$FORK_VM_OUT/$name.log" 2>&1
     rc=$?
     summary=$(grep -E '^test result' "$FORK_VM_OUT/$name.log" | tail -n 1)
+    ran=$(echo "$summary" | sed -nE 's/.* ([0-9]+) passed.*/\1/p')
+    skipped=$(grep -c 'fork-test-skip:' "$FORK_VM_OUT/$name.log")
     failed_tests=$(sed -n '/^failures:$/,/^test result/p' "$FORK_VM_OUT/$name.log" | grep -E '^    ' | tr -d ' ' | tr '\n' ' ')
+    what="$((${ran:-0} - skipped)) passed, $skipped skipped, cargo: $summary"
     if [ $rc = 0 ]; then
-      echo "vm: root: cargo test --test $name: PASS ($summary)"
+      echo "vm: root: cargo test --test $name: PASS ($what)"
       pass=$((pass + 1))
     else
-      echo "vm: root: cargo test --test $name: FAIL ($summary) failed: $failed_tests"
+      echo "vm: root: cargo test --test $name: FAIL ($what) failed: $failed_tests"
       fail=$((fail + 1))
     fi
   done
