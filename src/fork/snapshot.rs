@@ -562,10 +562,12 @@ mod tests {
         snapshot_under_writer(false, 400, true, false);
     }
 
-    /// The raw image (the file's bytes under the shared lock) is one committed state too.
+    /// The raw image (the file's bytes copied under the shared lock) is one committed state
+    /// too, over several of the copy's chunks (about 9 MiB: the lock must hold the writer off
+    /// from the first chunk to the last).
     #[test]
     fn raw_image_snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, true, true);
+        snapshot_under_writer(false, 1500, true, true);
     }
 
     /// A database above the image bound goes page by page; at or below it, as one image.
