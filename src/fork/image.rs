@@ -1,6 +1,7 @@
 //! The snapshot's one-image copy (see [`super::snapshot`]): a database of at most
 //! [`SnapshotOptions::image_max_bytes`] is read whole inside one read transaction, then
-//! written, checked and hashed.
+//! written, checked and hashed (a rollback-journal database's image, by default, is copied
+//! as the file's bytes: `raw.rs`).
 
 use super::sqlite::{
     check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,

@@ -3,8 +3,8 @@
 //! * [`snapshot`]: the runtime's SQLite state, copied through SQLite (one image in one read
 //!   transaction, or the online backup API for a large database) while the parent keeps
 //!   running and writing; `image.rs` holds the one-image copy (`raw.rs`: a rollback-journal
-//!   database's image read as the file's bytes under the shared lock, hashed and written
-//!   while read), `sqlite.rs` what both copies
+//!   database's image copied as the file's bytes by the kernel under the shared lock,
+//!   hashed while copied), `sqlite.rs` what both copies
 //!   share (options, statistics, errors, opening, checking and hashing).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.

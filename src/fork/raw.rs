@@ -2,20 +2,25 @@
 //! `image.rs`): while the read transaction holds SQLite's SHARED lock no connection
 //! can write the database file (a commit needs EXCLUSIVE), so the file's first
 //! `page_count * page_size` bytes are exactly the committed state that transaction sees,
-//! the same bytes `sqlite3_serialize` would return. They are read in chunks; each chunk
-//! goes at once to a thread that hashes it and to one that writes it to the copy, so the
-//! hash is taken while the bytes are read and the lock is held only as long as the read.
-//! The check then runs on the written copy while the hash finishes.
+//! the same bytes `sqlite3_serialize` would return.
+//!
+//! They are copied file to file by the kernel (`copy_file_range`, page cache to page
+//! cache: no copy through fork's memory and no fresh memory to fault in), in chunks, under
+//! the lock; the lock is released as soon as the last chunk is copied, so a committing
+//! writer waits at most one kernel copy of the file (about `cp`'s own time). A second
+//! thread hashes the copy while it is written, chunk by chunk behind the copier (it reads
+//! the copy's finished chunks back from the page cache into one reused buffer), so the
+//! hash ends shortly after the copy instead of starting after it. The check then runs on
+//! the finished copy (through a memory map) while the hash finishes.
 
 use super::sqlite::{check_copy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats};
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the one-image copy's read transaction found: the image's size, and when it started.
@@ -26,9 +31,13 @@ pub(super) struct Image {
     pub locked: Instant,
 }
 
-/// The pipeline's chunk: large enough that a chunk's hand-over costs nothing next to its
-/// hashing, small enough that the hash and the write start at once.
+/// The copier's chunk: the hasher starts after the first one, so small enough that it
+/// starts at once, large enough that a chunk's system call and hand-over cost nothing next
+/// to its copy.
 const CHUNK: u64 = 4 << 20;
+
+/// The hasher's read buffer, reused for every read (it stays in the CPU's caches).
+const HASH_BUF: usize = 1 << 20;
 
 fn io_err<'a>(
     action: &'static str,
@@ -75,79 +84,51 @@ pub(super) fn copy_raw(
             )),
         });
     }
-    // The first chunk (a small database's whole image) is read before any thread is
-    // started, so that starting them never lengthens the time the lock is held.
-    let first = read_chunk(&file, 0, CHUNK.min(image.bytes), src)?;
-    let (mut held_open, mut ended) = (Some((source, file)), None);
-    if image.bytes <= CHUNK {
-        ended = held_open.take().map(|(c, f)| end_read(c, f, image, src));
-    }
-    let (hash_tx, hash_rx) = mpsc::channel::<Arc<Vec<u8>>>();
-    let (write_tx, write_rx) = mpsc::channel::<Arc<Vec<u8>>>();
-    let (read, held, written, copy_elapsed, checked, hash) = std::thread::scope(|s| {
-        let hasher = s.spawn(move || {
-            let t = Instant::now();
-            let mut h = Sha256::new();
-            for chunk in hash_rx {
-                h.update(&chunk[..]);
-            }
-            (format!("sha256:{}", hex::encode(h.finalize())), t.elapsed())
-        });
-        let writer = s.spawn(move || -> Result<(), SnapshotError> {
-            let mut out = fs::OpenOptions::new()
-                .write(true)
-                .truncate(true)
-                .open(dest)
-                .map_err(io_err("open", dest))?;
-            for chunk in write_rx {
-                out.write_all(&chunk).map_err(io_err("write", dest))?;
-            }
-            Ok(())
-        });
-        let first = Arc::new(first);
-        // A closed channel means that thread failed: its own error is reported.
-        let _ = hash_tx.send(first.clone());
-        let _ = write_tx.send(first);
-        let read = match held_open.take() {
-            Some((source, file)) => {
-                let read = read_rest(&file, image.bytes, src, &hash_tx, &write_tx);
-                ended = Some(end_read(source, file, image, src));
-                read
-            }
-            None => Ok(()),
-        };
-        drop((hash_tx, write_tx));
-        let (ended, held) = ended.unwrap_or((Ok(()), Duration::ZERO));
-        let written = writer.join().unwrap_or_else(|_| {
-            Err(SnapshotError::Io {
-                action: "write",
-                path: dest.to_path_buf(),
-                source: io::Error::other("the writing thread panicked"),
-            })
-        });
+    let out = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(dest)
+        .map_err(io_err("open", dest))?;
+    let back = File::open(dest).map_err(io_err("open", dest))?;
+    let (done_tx, done_rx) = mpsc::channel::<u64>();
+    let (copied, held, copy_elapsed, checked, hash) = std::thread::scope(|s| {
+        let hasher = s.spawn(move || hash_behind(&back, done_rx, dest));
+        let copied = copy_chunks(&file, &out, image.bytes, &done_tx, src);
+        // The lock goes as soon as the bytes are copied.
+        let (ended, held) = end_read(source, file, image, src);
+        drop(done_tx);
         let copy_elapsed = image.started.elapsed();
-        let read = read.and(ended);
+        let copied = copied.and(ended);
         // The check reads the finished copy while the hash finishes.
-        let checked = match (&read, &written) {
-            (Ok(()), Ok(())) => {
+        let checked = match &copied {
+            Ok(()) => {
                 let t = Instant::now();
                 check_copy(dest, opts.check).map(|ok| (ok, t.elapsed()))
             }
-            _ => Ok((false, Duration::ZERO)),
+            Err(_) => Ok((false, Duration::ZERO)),
         };
-        let hash = hasher.join().ok();
-        (read, held, written, copy_elapsed, checked, hash)
+        let hash = hasher.join().unwrap_or_else(|_| {
+            Err(SnapshotError::Io {
+                action: "hash",
+                path: dest.to_path_buf(),
+                source: io::Error::other("the hashing thread panicked"),
+            })
+        });
+        (copied, held, copy_elapsed, checked, hash)
     });
-    read?;
-    written?;
+    copied?;
     let (integrity_ok, check_elapsed) = checked?;
-    let Some((sha256, hash_elapsed)) = hash else {
+    let (sha256, hashed, hash_elapsed) = hash?;
+    if hashed != image.bytes {
         return Err(SnapshotError::Io {
             action: "hash",
             path: dest.to_path_buf(),
-            source: io::Error::other("the hashing thread panicked"),
+            source: io::Error::other(format!(
+                "hashed {hashed} bytes of a {}-byte copy",
+                image.bytes
+            )),
         });
-    };
+    }
     Ok(SnapshotStats {
         bytes: image.bytes,
         pages: image.pages,
@@ -182,30 +163,64 @@ fn end_read(
     (ended, held)
 }
 
-/// `len` bytes of `file` at `off`.
-fn read_chunk(file: &File, off: u64, len: u64, src: &Path) -> Result<Vec<u8>, SnapshotError> {
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, off)
-        .map_err(io_err("read", src))?;
-    Ok(buf)
-}
-
-/// Reads the bytes of `file` after the first chunk up to `bytes`, chunk by chunk, handing
-/// each to both threads.
-fn read_rest(
-    file: &File,
+/// Copies the first `bytes` bytes of `from` into `to` (both at their start), chunk by
+/// chunk, telling `done` how far the copy has come after each chunk. `std::io::copy`
+/// between two files lets the kernel copy (`copy_file_range`), or reads and writes where
+/// the filesystem refuses that.
+fn copy_chunks(
+    from: &File,
+    to: &File,
     bytes: u64,
+    done: &mpsc::Sender<u64>,
     src: &Path,
-    hash_tx: &mpsc::Sender<Arc<Vec<u8>>>,
-    write_tx: &mpsc::Sender<Arc<Vec<u8>>>,
 ) -> Result<(), SnapshotError> {
-    let mut off = CHUNK;
+    let (mut from, mut to) = (from, to);
+    let mut off: u64 = 0;
     while off < bytes {
-        let n = CHUNK.min(bytes - off);
-        let chunk = Arc::new(read_chunk(file, off, n, src)?);
-        let _ = hash_tx.send(chunk.clone());
-        let _ = write_tx.send(chunk);
+        let want = CHUNK.min(bytes - off);
+        let n =
+            io::copy(&mut io::Read::take(&mut from, want), &mut to).map_err(io_err("copy", src))?;
+        if n == 0 {
+            return Err(SnapshotError::Io {
+                action: "copy",
+                path: src.to_path_buf(),
+                source: io::Error::other(format!(
+                    "the file ended at byte {off} of a {bytes}-byte database"
+                )),
+            });
+        }
         off += n;
+        // A closed channel means the hasher failed: its own error is reported.
+        let _ = done.send(off);
     }
     Ok(())
+}
+
+/// The hasher: reads the copy back up to each offset the copier reports, hashing as it
+/// goes; returns the hash, how many bytes it hashed, and its time.
+fn hash_behind(
+    copy: &File,
+    done: mpsc::Receiver<u64>,
+    dest: &Path,
+) -> Result<(String, u64, Duration), SnapshotError> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; HASH_BUF];
+    let mut hashed: u64 = 0;
+    let mut busy = Duration::ZERO;
+    for upto in done {
+        let t = Instant::now();
+        while hashed < upto {
+            let n = (upto - hashed).min(HASH_BUF as u64) as usize;
+            copy.read_exact_at(&mut buf[..n], hashed)
+                .map_err(io_err("read", dest))?;
+            h.update(&buf[..n]);
+            hashed += n as u64;
+        }
+        busy += t.elapsed();
+    }
+    Ok((
+        format!("sha256:{}", hex::encode(h.finalize())),
+        hashed,
+        busy,
+    ))
 }

@@ -22,13 +22,21 @@
 //!   than `max_restarts` restarts is an error.
 //!
 //! A database of at most [`SnapshotOptions::image_max_bytes`] (128 MiB by default) is not
-//! copied step by step but as one image: one read transaction (WAL: the same fixed
-//! snapshot as above; rollback journal: the shared lock, held only while the image is
-//! read, 25-40 ms for 100 MiB), in which SQLite reads every page as that transaction sees
-//! it into memory (`sqlite3_serialize`, through the pager, so a WAL's frames are included).
-//! The image is then written to the copy and checked there while another thread hashes
-//! it. In rollback mode this never restarts, where the step-by-step copy restarted from
-//! page 1 at every commit between two steps.
+//! copied step by step but as one image, in one read transaction, so it never restarts:
+//!
+//! * WAL: in the same fixed snapshot as above SQLite reads every page as that transaction
+//!   sees it into memory (`sqlite3_serialize`, through the pager, so the WAL's frames are
+//!   included); the image is then written to the copy and checked there while another
+//!   thread hashes it.
+//! * Rollback journal ([`SnapshotOptions::raw_copy`], the default): under the shared lock
+//!   the read transaction holds (no commit can pass it) the file's own bytes are the
+//!   committed state; the kernel copies them file to file (`copy_file_range`) and the lock
+//!   is released at once, so a committing writer waits at most that copy (about `cp`'s
+//!   time). A second thread hashes the copy while it is written, and the check runs on the
+//!   finished copy while the hash finishes.
+//!
+//! The check reads the copy through a memory map (`mmap_size`), which reads each page in
+//! place rather than through a read() into SQLite's cache.
 //!
 //! The source is opened read-only, and nothing is ever created or removed next to it, in
 //! any journal mode: a WAL-mode source is read as [`super::parent`] describes. After the copy, `PRAGMA integrity_check` (or
@@ -554,10 +562,12 @@ mod tests {
         snapshot_under_writer(false, 400, true, false);
     }
 
-    /// The raw image (the file's bytes under the shared lock) is one committed state too.
+    /// The raw image (the file's bytes copied under the shared lock) is one committed state
+    /// too, over several of the copy's chunks (about 9 MiB: the lock must hold the writer off
+    /// from the first chunk to the last).
     #[test]
     fn raw_image_snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, true, true);
+        snapshot_under_writer(false, 1500, true, true);
     }
 
     /// A database above the image bound goes page by page; at or below it, as one image.
@@ -614,14 +624,16 @@ mod tests {
         assert!(st.integrity_ok);
     }
 
-    /// A rollback-journal database's image read as the file's bytes under the shared lock
+    /// A rollback-journal database's image copied as the file's bytes under the shared lock
     /// (`raw_copy`) is byte for byte what SQLite's pager serializes, and its hash (taken
-    /// while the bytes are read) is the copy's.
+    /// while the bytes are copied, chunk by chunk: this database spans two chunks and a
+    /// part) is the copy's.
     #[test]
     fn raw_image_equals_the_serialized_image() {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("s.db");
-        make_db(&src, false, 300);
+        make_db(&src, false, 1500);
+        assert!(fs::metadata(&src).unwrap().len() > 8 << 20);
         let raw = dir.path().join("raw.db");
         let ser = dir.path().join("ser.db");
         let raw_opts = SnapshotOptions {
