@@ -63,6 +63,8 @@ impl Arch {
 
 use super::sys::Insn;
 
+mod tree;
+
 /// The compiled BPF programs, in install order (a newtype so `Debug` stays short).
 #[derive(Clone, Serialize, Deserialize)]
 struct Programs(Vec<Vec<Insn>>);
@@ -234,6 +236,29 @@ fn without_foreign_syscalls(json: &[u8], arch: Arch) -> Option<(Vec<u8>, Vec<Str
     Some((serde_json::to_vec(&value).ok()?, dropped))
 }
 
+/// How the allowlist finds a syscall's rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatch {
+    /// A balanced binary search over the syscall numbers ([`tree`]); what fork installs.
+    BinarySearch,
+    /// seccompiler's program as it is: one `jeq` per syscall, in ascending order. For
+    /// comparison (the tests, `benches/seccomp.rs`).
+    Linear,
+}
+
+/// Compiles a profile given as JSON text with the given dispatch; for measurements and
+/// comparisons ([`compile_json`] is what fork uses). Not cached.
+pub fn compile_json_with(
+    name: &str,
+    json: &[u8],
+    dispatch: Dispatch,
+) -> Result<CompiledProfile, SeccompError> {
+    let arch = Arch::current().ok_or(SeccompError::UnsupportedArch {
+        arch: std::env::consts::ARCH,
+    })?;
+    compile_with(name, &format!("`{name}`"), json, arch, dispatch)
+}
+
 /// Compiles a profile for `arch` (which need not be the running one: the aarch64 profile is
 /// compiled in a test on x86_64).
 fn compile_for(
@@ -241,6 +266,16 @@ fn compile_for(
     label: &str,
     json: &[u8],
     arch: Arch,
+) -> Result<CompiledProfile, SeccompError> {
+    compile_with(name, label, json, arch, Dispatch::BinarySearch)
+}
+
+fn compile_with(
+    name: &str,
+    label: &str,
+    json: &[u8],
+    arch: Arch,
+    dispatch: Dispatch,
 ) -> Result<CompiledProfile, SeccompError> {
     check_structure(label, json)?;
     let compile_error = |source| SeccompError::Compile {
@@ -250,8 +285,8 @@ fn compile_for(
     };
     // The common case compiles as it is; only a profile naming another architecture's
     // syscalls pays for looking each name up.
-    let mut compiled = match seccompiler::compile_from_json(json, arch.target()) {
-        Ok(c) => c,
+    let (mut compiled, source) = match seccompiler::compile_from_json(json, arch.target()) {
+        Ok(c) => (c, std::borrow::Cow::Borrowed(json)),
         Err(first) => match without_foreign_syscalls(json, arch) {
             Some((portable, dropped)) if !dropped.is_empty() => {
                 tracing::debug!(
@@ -259,13 +294,26 @@ fn compile_for(
                     arch.as_str(),
                     dropped.join(", ")
                 );
-                seccompiler::compile_from_json(portable.as_slice(), arch.target())
-                    .map_err(compile_error)?
+                let c = seccompiler::compile_from_json(portable.as_slice(), arch.target())
+                    .map_err(compile_error)?;
+                (c, std::borrow::Cow::Owned(portable))
             }
             _ => return Err(compile_error(first)),
         },
     };
-    let mut programs = Vec::with_capacity(FILTER_NAMES.len());
+    // The allowlist with a binary search (seccompiler's rules, found in log2 steps); its
+    // linear program where that cannot be built.
+    let searched = match dispatch {
+        Dispatch::BinarySearch => serde_json::from_slice(&source)
+            .ok()
+            .and_then(|v| tree::successor_program(&v, arch.target()))
+            .filter(|p| p.len() <= BPF_MAX_INSNS),
+        Dispatch::Linear => None,
+    };
+    if dispatch == Dispatch::BinarySearch && searched.is_none() {
+        tracing::debug!("seccomp profile {label}: the allowlist keeps seccompiler's linear dispatch");
+    }
+    let mut programs: Vec<Vec<Insn>> = Vec::with_capacity(FILTER_NAMES.len());
     for filter in FILTER_NAMES {
         let program = compiled
             .remove(filter)
@@ -273,6 +321,12 @@ fn compile_for(
                 profile: label.to_string(),
                 filter,
             })?;
+        if filter == FILTER_NAMES[0] {
+            if let Some(p) = &searched {
+                programs.push(p.clone());
+                continue;
+            }
+        }
         if program.len() > BPF_MAX_INSNS {
             return Err(SeccompError::TooLarge {
                 profile: label.to_string(),
@@ -578,8 +632,9 @@ mod tests {
         assert_eq!(p.name, "default");
         assert_eq!(p.filter_count(), 2);
         let counts = p.instruction_counts();
-        // The allowlist has hundreds of rules; the ENOSYS filter a handful of instructions.
-        assert!(counts["successor"] > 300, "{counts:?}");
+        // The allowlist has hundreds of rules (in a binary search: a few instructions per
+        // run of syscall numbers); the ENOSYS filter a handful of instructions.
+        assert!(counts["successor"] > 100, "{counts:?}");
         assert!(counts["successor_enosys"] < 16, "{counts:?}");
         // It survives the trip to the child (serialized, e.g. over a pipe to init).
         let json = serde_json::to_string(&p).expect("serialize");
@@ -630,6 +685,133 @@ mod tests {
             compile_for("typo", "typo", typo.as_bytes(), Arch::Aarch64),
             Err(SeccompError::Compile { .. })
         ));
+    }
+
+    /// Runs both programs of `json`'s allowlist (binary search and seccompiler's linear one)
+    /// through a BPF interpreter: every syscall number below 1100, the x32 and out-of-range
+    /// numbers, other architectures, and for the syscalls with argument rules each argument
+    /// set to every constant of the program and its neighbours plus pseudo-random mixes.
+    /// Returns the two programs' lengths.
+    fn assert_same_decisions(json: &str, arch: Arch) -> (usize, usize) {
+        let tree = compile_with("t", "t", json.as_bytes(), arch, Dispatch::BinarySearch)
+            .expect("compiles");
+        let linear =
+            compile_with("t", "t", json.as_bytes(), arch, Dispatch::Linear).expect("compiles");
+        let (t, l) = (&tree.programs.0[0], &linear.programs.0[0]);
+        assert_eq!(tree.programs.0[1], linear.programs.0[1], "successor_enosys as it was");
+        let audit = match arch {
+            Arch::X86_64 => 0xc000_003e,
+            Arch::Aarch64 => 0xc000_00b7,
+            Arch::Riscv64 => 0xc000_00f3,
+        };
+        let mut consts: Vec<u64> = vec![0, 1, u64::MAX, 0xffff_ffff, 0x1_0000_0000];
+        for Insn(code, _, _, k) in l.iter().copied() {
+            if code & 0x07 == 0x05 && code != 0x05 {
+                let k = u64::from(k);
+                consts.extend([k, k.wrapping_sub(1), k + 1, k | 0xffff_ffff_0000_0000, k << 32]);
+            }
+        }
+        let mut nrs: Vec<u32> = (0..1100).collect();
+        nrs.extend((0..1100).map(|n| n | 0x4000_0000));
+        nrs.extend([u32::MAX, u32::MAX - 1, 0x7fff_ffff, 0x8000_0000, 0xffff]);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for nr in nrs {
+            for arch_value in [audit, 0x4000_0003, 0, 0xc000_003e, 0xc000_00b7] {
+                let zero = [0u64; 6];
+                let want = tree::tests::run(l, nr, arch_value, &zero);
+                assert_eq!(tree::tests::run(t, nr, arch_value, &zero), want, "nr {nr}");
+            }
+            // Argument cases only where the linear program reads an argument.
+            if !tree::tests::run_traced(l, nr, audit, &[0; 6]).1 {
+                continue;
+            }
+            let probe = [0x5a5a_5a5a_5a5a_5a5au64; 6];
+            let mut cases: Vec<[u64; 6]> = Vec::new();
+            for i in 0..6 {
+                for c in &consts {
+                    let mut a = probe;
+                    a[i] = *c;
+                    cases.push(a);
+                    let mut z = [0u64; 6];
+                    z[i] = *c;
+                    cases.push(z);
+                }
+            }
+            for _ in 0..3000 {
+                let mut a = [0u64; 6];
+                for v in &mut a {
+                    *v = consts[(next() % consts.len() as u64) as usize];
+                }
+                cases.push(a);
+            }
+            for a in cases {
+                assert_eq!(
+                    tree::tests::run(t, nr, audit, &a),
+                    tree::tests::run(l, nr, audit, &a),
+                    "nr {nr} args {a:x?}"
+                );
+            }
+        }
+        (t.len(), l.len())
+    }
+
+    /// The shipped profile: the same decision for every syscall number and argument case
+    /// as seccompiler's program, in a fraction of the instructions; on aarch64 too.
+    #[test]
+    fn binary_search_decides_as_seccompilers_program() {
+        let json = std::fs::read_to_string(profile_path()).unwrap();
+        let (t, l) = assert_same_decisions(&json, Arch::X86_64);
+        assert!(t * 3 < l, "binary search {t} instructions, linear {l}");
+        let (t, l) = assert_same_decisions(&json, Arch::Aarch64);
+        assert!(t * 3 < l, "aarch64: binary search {t} instructions, linear {l}");
+    }
+
+    /// Other shapes of profile: only argument rules, no argument rules, another mismatch
+    /// action, syscalls allowed one in two (hundreds of runs: long jumps in the search),
+    /// and a rule with conditions on two arguments.
+    #[test]
+    fn binary_search_decides_as_seccompiler_on_other_profiles() {
+        let shipped: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(profile_path()).unwrap()).unwrap();
+        let rules = shipped["successor"]["filter"].as_array().unwrap().clone();
+        let plain: Vec<serde_json::Value> =
+            rules.iter().filter(|r| r.get("args").is_none()).cloned().collect();
+        let with_args: Vec<serde_json::Value> =
+            rules.iter().filter(|r| r.get("args").is_some()).cloned().collect();
+        let every_other: Vec<serde_json::Value> = plain.iter().step_by(2).cloned().collect();
+        let two_args = vec![serde_json::json!({"syscall": "syslog", "args": [
+            {"index": 1, "type": "dword", "op": "eq", "val": 2},
+            {"index": 2, "type": "qword", "op": "gt", "val": 4294967296u64}]})];
+        let enosys = shipped["successor_enosys"].clone();
+        let profile = |filter: Vec<serde_json::Value>, mismatch: serde_json::Value| {
+            serde_json::json!({
+                "successor": {"mismatch_action": mismatch, "match_action": "allow", "filter": filter},
+                "successor_enosys": enosys,
+            })
+            .to_string()
+        };
+        let eperm = serde_json::json!({"errno": 1});
+        for (what, filter, mismatch) in [
+            ("argument rules only", with_args.clone(), eperm.clone()),
+            ("no argument rules", plain.clone(), eperm.clone()),
+            ("kill_process", rules.clone(), serde_json::json!("kill_process")),
+            ("one in two", every_other.clone(), eperm.clone()),
+            (
+                "one in two with arguments",
+                [every_other, with_args, two_args].concat(),
+                serde_json::json!({"errno": 13}),
+            ),
+            ("empty", vec![], eperm.clone()),
+        ] {
+            let (t, l) = assert_same_decisions(&profile(filter, mismatch), Arch::X86_64);
+            assert!(t <= l + 8, "{what}: binary search {t}, linear {l}");
+        }
     }
 
     #[test]
