@@ -10,6 +10,8 @@
 //! time; the kernel answers ENOTTY). Shapes (and a run with no filter, for the syscalls' own cost) alternate sample by
 //! sample, so drift in the machine's load hits all alike; medians are printed.
 //!
+//! Before that, the compilation of the profile into each shape is timed in-process.
+//!
 //! Run: `cargo bench --bench seccomp`. Environment: FORK_BENCH_RUNS (samples per shape,
 //! 40), FORK_BENCH_CALLS (syscalls per loop, 200000).
 
@@ -73,6 +75,21 @@ fn main() {
         return;
     }
     let runs: usize = env_or("FORK_BENCH_RUNS", 40);
+    // Compilation (in the supervisor, once per process): both shapes, interleaved.
+    let mut compile = [Vec::new(), Vec::new()];
+    for _ in 0..runs {
+        for (i, d) in [Dispatch::Linear, Dispatch::BinarySearch].into_iter().enumerate() {
+            let t = Instant::now();
+            let p = compile_json_with("default", PROFILE.as_bytes(), d).expect("compiles");
+            compile[i].push(t.elapsed().as_secs_f64() * 1e6);
+            std::hint::black_box(p);
+        }
+    }
+    println!(
+        "compile (µs, median): linear {:.1}, search {:.1}",
+        median(&mut compile[0]),
+        median(&mut compile[1])
+    );
     let exe = std::env::current_exe().expect("current_exe");
     let shapes = ["none", "linear", "search"];
     let mut samples: Vec<Vec<[f64; 4]>> = vec![Vec::new(); shapes.len()];

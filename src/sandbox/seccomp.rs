@@ -277,7 +277,13 @@ fn compile_with(
     arch: Arch,
     dispatch: Dispatch,
 ) -> Result<CompiledProfile, SeccompError> {
-    check_structure(label, json)?;
+    let value = check_structure(label, json)?;
+    if dispatch == Dispatch::BinarySearch {
+        // The common case: one seccompiler compilation, the allowlist as a binary search.
+        if let Some(programs) = tree::compile(&value, arch.target()) {
+            return finish(name, label, arch, programs);
+        }
+    }
     let compile_error = |source| SeccompError::Compile {
         profile: label.to_string(),
         arch: arch.as_str(),
@@ -301,16 +307,17 @@ fn compile_with(
             _ => return Err(compile_error(first)),
         },
     };
-    // The allowlist with a binary search (seccompiler's rules, found in log2 steps); its
-    // linear program where that cannot be built.
-    let searched = match dispatch {
-        Dispatch::BinarySearch => serde_json::from_slice(&source)
+    // A profile naming another architecture's syscalls: the allowlist of what is left, as
+    // a binary search where it can be built.
+    if dispatch == Dispatch::BinarySearch && matches!(source, std::borrow::Cow::Owned(_)) {
+        if let Some(programs) = serde_json::from_slice(&source)
             .ok()
-            .and_then(|v| tree::successor_program(&v, arch.target()))
-            .filter(|p| p.len() <= BPF_MAX_INSNS),
-        Dispatch::Linear => None,
-    };
-    if dispatch == Dispatch::BinarySearch && searched.is_none() {
+            .and_then(|v| tree::compile(&v, arch.target()))
+        {
+            return finish(name, label, arch, programs);
+        }
+    }
+    if dispatch == Dispatch::BinarySearch {
         tracing::debug!("seccomp profile {label}: the allowlist keeps seccompiler's linear dispatch");
     }
     let mut programs: Vec<Vec<Insn>> = Vec::with_capacity(FILTER_NAMES.len());
@@ -321,12 +328,25 @@ fn compile_with(
                 profile: label.to_string(),
                 filter,
             })?;
-        if filter == FILTER_NAMES[0] {
-            if let Some(p) = &searched {
-                programs.push(p.clone());
-                continue;
-            }
-        }
+        programs.push(
+            program
+                .into_iter()
+                .map(|i| Insn(i.code, i.jt, i.jf, i.k))
+                .collect(),
+        );
+    }
+    finish(name, label, arch, programs)
+}
+
+/// The compiled profile of `programs` (in [`FILTER_NAMES`] order), each within the kernel's
+/// limit.
+fn finish(
+    name: &str,
+    label: &str,
+    arch: Arch,
+    programs: Vec<Vec<Insn>>,
+) -> Result<CompiledProfile, SeccompError> {
+    for (program, filter) in programs.iter().zip(FILTER_NAMES) {
         if program.len() > BPF_MAX_INSNS {
             return Err(SeccompError::TooLarge {
                 profile: label.to_string(),
@@ -334,12 +354,6 @@ fn compile_with(
                 len: program.len(),
             });
         }
-        programs.push(
-            program
-                .into_iter()
-                .map(|i| Insn(i.code, i.jt, i.jf, i.k))
-                .collect(),
-        );
     }
     Ok(CompiledProfile {
         name: name.to_string(),
@@ -350,7 +364,7 @@ fn compile_with(
 
 /// What seccompiler itself does not check: the set of filters, that `successor` is an
 /// allowlist, and rules that seccompiler would merge in a surprising way.
-fn check_structure(label: &str, json: &[u8]) -> Result<(), SeccompError> {
+fn check_structure(label: &str, json: &[u8]) -> Result<serde_json::Value, SeccompError> {
     let malformed = |detail: String| SeccompError::Malformed {
         profile: label.to_string(),
         detail,
@@ -411,7 +425,7 @@ fn check_structure(label: &str, json: &[u8]) -> Result<(), SeccompError> {
             });
         }
     }
-    Ok(())
+    Ok(value)
 }
 
 impl CompiledProfile {

@@ -182,47 +182,117 @@ fn emit(runs: &[(u32, Leaf)], tail_start: usize, out: &mut Vec<Insn>) {
     emit(right, tail_start, out);
 }
 
-/// The binary-search program of the profile's `successor` filter (`profile` is the JSON
-/// seccompiler compiles, for `arch`), or None where it cannot be built with certainty
-/// (seccompiler rejects a part, or emits another shape): the caller then keeps
-/// seccompiler's program of the whole filter.
-pub(super) fn successor_program(
+const FLAT: &str = "fork:flat";
+const NAMES: &str = "fork:names";
+const TAIL: &str = "fork:tail";
+
+/// A filter of the JSON given to seccompiler: one of the profile's as it is, or the
+/// allowlist's fields with only some of its rules (or only their syscall names).
+enum Part<'a> {
+    Whole(&'a serde_json::Value),
+    Rules(&'a serde_json::Map<String, serde_json::Value>, Vec<&'a serde_json::Value>),
+    Names(&'a serde_json::Map<String, serde_json::Value>, Vec<&'a serde_json::Value>),
+}
+
+/// The named filters, as a JSON object.
+struct Parts<'a>(Vec<(&'a str, Part<'a>)>);
+
+impl serde::Serialize for Parts<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// `{"syscall": name}`.
+struct Name<'a>(&'a serde_json::Value);
+
+impl serde::Serialize for Name<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("syscall", self.0.get("syscall").unwrap_or(&serde_json::Value::Null))?;
+        m.end()
+    }
+}
+
+impl serde::Serialize for Part<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (fields, rules) = match self {
+            Part::Whole(v) => return v.serialize(s),
+            Part::Rules(f, r) | Part::Names(f, r) => (f, r),
+        };
+        // Every field as the profile has it (seccompiler refuses unknown ones), `filter`
+        // with these rules.
+        let mut m = s.serialize_map(Some(fields.len()))?;
+        for (k, v) in fields.iter() {
+            if k != "filter" {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        match self {
+            Part::Names(..) => {
+                let names: Vec<Name<'_>> = rules.iter().map(|r| Name(r)).collect();
+                m.serialize_entry("filter", &names)?;
+            }
+            _ => m.serialize_entry("filter", rules)?,
+        }
+        m.end()
+    }
+}
+
+/// The profile's programs in install order ([`super::FILTER_NAMES`]): the `successor`
+/// filter as a binary search, the others as seccompiler compiles them; all from one
+/// seccompiler compilation (of the profile's filters and the allowlist's two halves, so the
+/// syscall names are looked up once). `profile` is the JSON seccompiler compiles, for
+/// `arch`. None where the search cannot be built with certainty (seccompiler rejects a
+/// part, or emits another shape, or the allowlist has no number-only rule to search): the
+/// caller then compiles the profile as it is.
+pub(super) fn compile(
     profile: &serde_json::Value,
     arch: seccompiler::TargetArch,
-) -> Option<Vec<Insn>> {
-    let filter = profile.get(super::FILTER_NAMES[0])?;
-    let rules = filter.get("filter")?.as_array()?;
-    let (conditional, unconditional): (Vec<_>, Vec<_>) =
-        rules.iter().cloned().partition(|r| r.get("args").is_some());
+) -> Option<Vec<Vec<Insn>>> {
+    let filters = profile.as_object()?;
+    let successor = filters.get(super::FILTER_NAMES[0])?.as_object()?;
+    let rules = successor.get("filter")?.as_array()?;
+    let (conditional, unconditional): (Vec<&serde_json::Value>, Vec<_>) =
+        rules.iter().partition(|r| r.get("args").is_some());
     if unconditional.is_empty() {
         // Nothing to search: seccompiler's program is the tail alone.
         return None;
     }
-    let compile = |rules: Vec<serde_json::Value>| -> Option<Vec<Insn>> {
-        let mut part = filter.clone();
-        part["filter"] = serde_json::Value::Array(rules);
-        let json = serde_json::json!({ "part": part }).to_string();
-        let mut map = seccompiler::compile_from_json(json.as_bytes(), arch).ok()?;
-        let program = map.remove("part")?;
+    // Written from borrowed parts (no copy of the profile's values).
+    let mut parts: Vec<(&str, Part<'_>)> = filters
+        .iter()
+        .filter(|(name, _)| *name != super::FILTER_NAMES[0])
+        .map(|(name, filter)| (name.as_str(), Part::Whole(filter)))
+        .collect();
+    parts.push((FLAT, Part::Rules(successor, unconditional)));
+    if !conditional.is_empty() {
+        // The numbers of the syscalls with conditions: the same names without `args`.
+        parts.push((NAMES, Part::Names(successor, conditional.clone())));
+        parts.push((TAIL, Part::Rules(successor, conditional)));
+    }
+    let json = serde_json::to_string(&Parts(parts)).ok()?;
+    let mut map = seccompiler::compile_from_json(json.as_bytes(), arch).ok()?;
+    let mut take = |name: &str| -> Option<Vec<Insn>> {
         Some(
-            program
+            map.remove(name)?
                 .into_iter()
                 .map(|i| Insn(i.code, i.jt, i.jf, i.k))
                 .collect(),
         )
     };
-    let allowed = decode_flat(&compile(unconditional)?)?;
-    if conditional.is_empty() {
-        return build(&allowed, &[], None);
+    let allowed = decode_flat(&take(FLAT)?)?;
+    let search = match take(TAIL) {
+        None => build(&allowed, &[], None)?,
+        Some(tail) => build(&allowed, &decode_flat(&take(NAMES)?)?.nrs, Some(&tail))?,
+    };
+    let mut programs = vec![search];
+    for name in &super::FILTER_NAMES[1..] {
+        programs.push(take(name)?);
     }
-    // The numbers of the syscalls with conditions: the same names without their `args`.
-    let names: Vec<serde_json::Value> = conditional
-        .iter()
-        .map(|r| Some(serde_json::json!({ "syscall": r.get("syscall")? })))
-        .collect::<Option<_>>()?;
-    let cond_nrs = decode_flat(&compile(names)?)?.nrs;
-    let tail = compile(conditional)?;
-    build(&allowed, &cond_nrs, Some(&tail))
+    Some(programs)
 }
 
 #[cfg(test)]
