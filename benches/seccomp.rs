@@ -78,7 +78,10 @@ fn main() {
     // Compilation (in the supervisor, once per process): both shapes, interleaved.
     let mut compile = [Vec::new(), Vec::new()];
     for _ in 0..runs {
-        for (i, d) in [Dispatch::Linear, Dispatch::BinarySearch].into_iter().enumerate() {
+        for (i, d) in [Dispatch::Linear, Dispatch::BinarySearch]
+            .into_iter()
+            .enumerate()
+        {
             let t = Instant::now();
             let p = compile_json_with("default", PROFILE.as_bytes(), d).expect("compiles");
             compile[i].push(t.elapsed().as_secs_f64() * 1e6);

@@ -485,12 +485,11 @@ impl Prepared {
             ruleset,
             mut status,
         } = self;
-        let restriction = ruleset
-            .no_new_privs(false)
-            .restrict_self()
-            .map_err(|e| LandlockError::RestrictSelf {
+        let restriction = ruleset.no_new_privs(false).restrict_self().map_err(|e| {
+            LandlockError::RestrictSelf {
                 errno: errno_in(&e),
-            })?;
+            }
+        })?;
         match restriction.ruleset {
             RulesetStatus::FullyEnforced => {}
             RulesetStatus::PartiallyEnforced => status.enforced = Enforcement::PartiallyEnforced,

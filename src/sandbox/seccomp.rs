@@ -318,7 +318,9 @@ fn compile_with(
         }
     }
     if dispatch == Dispatch::BinarySearch {
-        tracing::debug!("seccomp profile {label}: the allowlist keeps seccompiler's linear dispatch");
+        tracing::debug!(
+            "seccomp profile {label}: the allowlist keeps seccompiler's linear dispatch"
+        );
     }
     let mut programs: Vec<Vec<Insn>> = Vec::with_capacity(FILTER_NAMES.len());
     for filter in FILTER_NAMES {
@@ -712,7 +714,10 @@ mod tests {
         let linear =
             compile_with("t", "t", json.as_bytes(), arch, Dispatch::Linear).expect("compiles");
         let (t, l) = (&tree.programs.0[0], &linear.programs.0[0]);
-        assert_eq!(tree.programs.0[1], linear.programs.0[1], "successor_enosys as it was");
+        assert_eq!(
+            tree.programs.0[1], linear.programs.0[1],
+            "successor_enosys as it was"
+        );
         let audit = match arch {
             Arch::X86_64 => 0xc000_003e,
             Arch::Aarch64 => 0xc000_00b7,
@@ -722,7 +727,13 @@ mod tests {
         for Insn(code, _, _, k) in l.iter().copied() {
             if code & 0x07 == 0x05 && code != 0x05 {
                 let k = u64::from(k);
-                consts.extend([k, k.wrapping_sub(1), k + 1, k | 0xffff_ffff_0000_0000, k << 32]);
+                consts.extend([
+                    k,
+                    k.wrapping_sub(1),
+                    k + 1,
+                    k | 0xffff_ffff_0000_0000,
+                    k << 32,
+                ]);
             }
         }
         let mut nrs: Vec<u32> = (0..1100).collect();
@@ -783,7 +794,10 @@ mod tests {
         let (t, l) = assert_same_decisions(&json, Arch::X86_64);
         assert!(t * 3 < l, "binary search {t} instructions, linear {l}");
         let (t, l) = assert_same_decisions(&json, Arch::Aarch64);
-        assert!(t * 3 < l, "aarch64: binary search {t} instructions, linear {l}");
+        assert!(
+            t * 3 < l,
+            "aarch64: binary search {t} instructions, linear {l}"
+        );
     }
 
     /// Other shapes of profile: only argument rules, no argument rules, another mismatch
@@ -794,10 +808,16 @@ mod tests {
         let shipped: serde_json::Value =
             serde_json::from_slice(&std::fs::read(profile_path()).unwrap()).unwrap();
         let rules = shipped["successor"]["filter"].as_array().unwrap().clone();
-        let plain: Vec<serde_json::Value> =
-            rules.iter().filter(|r| r.get("args").is_none()).cloned().collect();
-        let with_args: Vec<serde_json::Value> =
-            rules.iter().filter(|r| r.get("args").is_some()).cloned().collect();
+        let plain: Vec<serde_json::Value> = rules
+            .iter()
+            .filter(|r| r.get("args").is_none())
+            .cloned()
+            .collect();
+        let with_args: Vec<serde_json::Value> = rules
+            .iter()
+            .filter(|r| r.get("args").is_some())
+            .cloned()
+            .collect();
         let every_other: Vec<serde_json::Value> = plain.iter().step_by(2).cloned().collect();
         let two_args = vec![serde_json::json!({"syscall": "syslog", "args": [
             {"index": 1, "type": "dword", "op": "eq", "val": 2},
@@ -814,7 +834,11 @@ mod tests {
         for (what, filter, mismatch) in [
             ("argument rules only", with_args.clone(), eperm.clone()),
             ("no argument rules", plain.clone(), eperm.clone()),
-            ("kill_process", rules.clone(), serde_json::json!("kill_process")),
+            (
+                "kill_process",
+                rules.clone(),
+                serde_json::json!("kill_process"),
+            ),
             ("one in two", every_other.clone(), eperm.clone()),
             (
                 "one in two with arguments",

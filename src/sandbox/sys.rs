@@ -755,12 +755,6 @@ pub fn capset_clear_all() -> nix::Result<()> {
     // SAFETY: `header` and `data` are the kernel's version-3 structures (repr(C), two data
     // entries as version 3 requires), live for the duration of the call; the kernel only
     // reads them.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_capset,
-            &header as *const CapHeader,
-            data.as_ptr(),
-        )
-    };
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
     Errno::result(rc).map(drop)
 }

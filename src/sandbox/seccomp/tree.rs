@@ -48,7 +48,11 @@ pub(super) struct Flat {
 
 impl std::fmt::Debug for Insn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "({:#06x}, {}, {}, {:#x})", self.0, self.1, self.2, self.3)
+        write!(
+            f,
+            "({:#06x}, {}, {}, {:#x})",
+            self.0, self.1, self.2, self.3
+        )
     }
 }
 
@@ -108,7 +112,11 @@ enum Leaf {
 /// numbers (ascending, none of `allowed`'s) go to `tail` (seccompiler's program of the
 /// rules with argument conditions), every other number returns `allowed`'s mismatch action.
 /// None if the two sets overlap or `tail` is missing while needed.
-pub(super) fn build(allowed: &Flat, conditional: &[u32], tail: Option<&[Insn]>) -> Option<Vec<Insn>> {
+pub(super) fn build(
+    allowed: &Flat,
+    conditional: &[u32],
+    tail: Option<&[Insn]>,
+) -> Option<Vec<Insn>> {
     let mut points: Vec<(u32, Leaf)> = Vec::new();
     for nr in &allowed.nrs {
         points.push((*nr, Leaf::Ret(allowed.match_ret?)));
@@ -190,8 +198,14 @@ const TAIL: &str = "fork:tail";
 /// allowlist's fields with only some of its rules (or only their syscall names).
 enum Part<'a> {
     Whole(&'a serde_json::Value),
-    Rules(&'a serde_json::Map<String, serde_json::Value>, Vec<&'a serde_json::Value>),
-    Names(&'a serde_json::Map<String, serde_json::Value>, Vec<&'a serde_json::Value>),
+    Rules(
+        &'a serde_json::Map<String, serde_json::Value>,
+        Vec<&'a serde_json::Value>,
+    ),
+    Names(
+        &'a serde_json::Map<String, serde_json::Value>,
+        Vec<&'a serde_json::Value>,
+    ),
 }
 
 /// The named filters, as a JSON object.
@@ -210,7 +224,10 @@ impl serde::Serialize for Name<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("syscall", self.0.get("syscall").unwrap_or(&serde_json::Value::Null))?;
+        m.serialize_entry(
+            "syscall",
+            self.0.get("syscall").unwrap_or(&serde_json::Value::Null),
+        )?;
         m.end()
     }
 }
@@ -375,7 +392,10 @@ pub(super) mod tests {
             (vec![], vec![0]),
             (vec![u32::MAX], vec![u32::MAX - 1]),
             (vec![1, 2, 3, 7], vec![5]),
-            ((0..3000).step_by(2).collect(), (1..3000).step_by(6).collect()),
+            (
+                (0..3000).step_by(2).collect(),
+                (1..3000).step_by(6).collect(),
+            ),
             ((0..700).filter(|n| n % 3 != 0).collect(), vec![]),
         ];
         for (allow, cond) in sets {
@@ -392,7 +412,11 @@ pub(super) mod tests {
                 assert_eq!(run(&p, nr, 0x4000_0003, &[0; 6]), 0x8000_0000, "arch check");
             }
             // log2 depth: a few instructions per number, not hundreds.
-            assert!(p.len() <= 4 + 3 * (allow.len() + cond.len()) * 2 + 2, "{}", p.len());
+            assert!(
+                p.len() <= 4 + 3 * (allow.len() + cond.len()) * 2 + 2,
+                "{}",
+                p.len()
+            );
         }
     }
 
