@@ -24,18 +24,24 @@ const LOCKED_SECUREBITS: libc::c_ulong = SECBIT_NOROOT
 
 /// Drops every capability (bounding, ambient, inheritable, effective, permitted), locks
 /// the securebits so that uid 0 regains nothing on exec, and sets no_new_privs. Runs in
-/// the command's process (a fork of the single-threaded init).
+/// the command's process (a fork of the single-threaded init). One system call per
+/// bounding capability, one for the ambient set and one capset(2) for the other three.
 pub fn drop_privileges() -> Result<(), String> {
     super::sys::set_securebits(LOCKED_SECUREBITS)
         .map_err(|e| format!("prctl(PR_SET_SECUREBITS): {e}"))?;
-    for set in [
-        CapSet::Bounding,
-        CapSet::Ambient,
-        CapSet::Inheritable,
-        CapSet::Effective,
-        CapSet::Permitted,
-    ] {
-        caps::clear(None, set).map_err(|e| format!("dropping {set:?} capabilities: {e}"))?;
+    for cap in caps::all() {
+        // PR_CAPBSET_DROP needs CAP_SETPCAP even for a capability already gone: only
+        // then is it looked up, and only one still present is an error.
+        if let Err(e) = caps::drop(None, CapSet::Bounding, cap) {
+            if caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(true) {
+                return Err(format!("dropping {cap} from the bounding set: {e}"));
+            }
+        }
     }
+    caps::clear(None, CapSet::Ambient)
+        .map_err(|e| format!("dropping the ambient capabilities: {e}"))?;
+    super::sys::capset_clear_all().map_err(|e| {
+        format!("capset(effective, permitted and inheritable capabilities all empty): {e}")
+    })?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| format!("prctl(PR_SET_NO_NEW_PRIVS): {e}"))
 }

@@ -3,7 +3,7 @@
 //! The supervisor calls [`prepare`] **before** forking: it probes the kernel's Landlock ABI,
 //! creates the ruleset, opens every path of the [`LandlockSpec`] (`O_PATH`) and adds one rule per
 //! path and per TCP port. The forked child then calls [`Prepared::restrict_self`] right before
-//! `execve`; that call only issues `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self()`,
+//! `execve`; that call only issues `landlock_restrict_self()` (no_new_privs is already set),
 //! allocates nothing and moves out a status computed before the fork.
 //!
 //! # Which rights each list grants
@@ -474,31 +474,28 @@ impl Prepared {
         &self.status
     }
 
-    /// Runs in the forked child right before `execve`: `prctl(PR_SET_NO_NEW_PRIVS)` and
-    /// `landlock_restrict_self()` only, with no allocation (the returned status was built
-    /// before the fork and is moved out). A ruleset the kernel reports as not enforced is
-    /// [`LandlockError::NotEnforced`].
+    /// Runs in the forked child right before `execve`: `landlock_restrict_self()` only,
+    /// with no allocation (the returned status was built before the fork and is moved out).
+    /// The caller has set no_new_privs first ([`super::caps::drop_privileges`] does, and
+    /// the kernel refuses the call to a process without it and without CAP_SYS_ADMIN), so
+    /// the crate does not set it a second time. A ruleset the kernel reports as not
+    /// enforced is [`LandlockError::NotEnforced`].
     pub fn restrict_self(self) -> Result<LandlockStatus, LandlockError> {
         let Prepared {
             ruleset,
             mut status,
         } = self;
-        let restriction = ruleset
-            .restrict_self()
-            .map_err(|e| LandlockError::RestrictSelf {
+        let restriction = ruleset.no_new_privs(false).restrict_self().map_err(|e| {
+            LandlockError::RestrictSelf {
                 errno: errno_in(&e),
-            })?;
+            }
+        })?;
         match restriction.ruleset {
             RulesetStatus::FullyEnforced => {}
             RulesetStatus::PartiallyEnforced => status.enforced = Enforcement::PartiallyEnforced,
             RulesetStatus::NotEnforced => {
                 return Err(LandlockError::NotEnforced { abi: status.abi })
             }
-        }
-        if !restriction.no_new_privs {
-            // The crate enforces no_new_privs by default; a kernel that could not set it would
-            // have failed landlock_restrict_self() for an unprivileged caller. Report it.
-            return Err(LandlockError::RestrictSelf { errno: libc::EPERM });
         }
         Ok(status)
     }
@@ -592,13 +589,15 @@ mod tests {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // The hook runs in the forked child before execve: it only calls restrict_self
-        // (prctl + landlock syscalls) and write(2), and forgets the status so nothing is
-        // freed after the fork. It owns the pipe's write end, closed here with `cmd`.
+        // The hook runs in the forked child before execve: it only sets no_new_privs (as
+        // the sandbox's command does before), calls restrict_self (landlock syscalls) and
+        // write(2), and forgets the status so nothing is freed after the fork. It owns the
+        // pipe's write end, closed here with `cmd`.
         super::super::sys::pre_exec(&mut cmd, move || {
             let Some(p) = slot.take() else {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
             };
+            nix::sys::prctl::set_no_new_privs()?;
             let st = p
                 .restrict_self()
                 .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;

@@ -63,6 +63,8 @@ impl Arch {
 
 use super::sys::Insn;
 
+mod tree;
+
 /// The compiled BPF programs, in install order (a newtype so `Debug` stays short).
 #[derive(Clone, Serialize, Deserialize)]
 struct Programs(Vec<Vec<Insn>>);
@@ -234,6 +236,29 @@ fn without_foreign_syscalls(json: &[u8], arch: Arch) -> Option<(Vec<u8>, Vec<Str
     Some((serde_json::to_vec(&value).ok()?, dropped))
 }
 
+/// How the allowlist finds a syscall's rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatch {
+    /// A balanced binary search over the syscall numbers ([`tree`]); what fork installs.
+    BinarySearch,
+    /// seccompiler's program as it is: one `jeq` per syscall, in ascending order. For
+    /// comparison (the tests, `benches/seccomp.rs`).
+    Linear,
+}
+
+/// Compiles a profile given as JSON text with the given dispatch; for measurements and
+/// comparisons ([`compile_json`] is what fork uses). Not cached.
+pub fn compile_json_with(
+    name: &str,
+    json: &[u8],
+    dispatch: Dispatch,
+) -> Result<CompiledProfile, SeccompError> {
+    let arch = Arch::current().ok_or(SeccompError::UnsupportedArch {
+        arch: std::env::consts::ARCH,
+    })?;
+    compile_with(name, &format!("`{name}`"), json, arch, dispatch)
+}
+
 /// Compiles a profile for `arch` (which need not be the running one: the aarch64 profile is
 /// compiled in a test on x86_64).
 fn compile_for(
@@ -242,7 +267,23 @@ fn compile_for(
     json: &[u8],
     arch: Arch,
 ) -> Result<CompiledProfile, SeccompError> {
-    check_structure(label, json)?;
+    compile_with(name, label, json, arch, Dispatch::BinarySearch)
+}
+
+fn compile_with(
+    name: &str,
+    label: &str,
+    json: &[u8],
+    arch: Arch,
+    dispatch: Dispatch,
+) -> Result<CompiledProfile, SeccompError> {
+    let value = check_structure(label, json)?;
+    if dispatch == Dispatch::BinarySearch {
+        // The common case: one seccompiler compilation, the allowlist as a binary search.
+        if let Some(programs) = tree::compile(&value, arch.target()) {
+            return finish(name, label, arch, programs);
+        }
+    }
     let compile_error = |source| SeccompError::Compile {
         profile: label.to_string(),
         arch: arch.as_str(),
@@ -250,8 +291,8 @@ fn compile_for(
     };
     // The common case compiles as it is; only a profile naming another architecture's
     // syscalls pays for looking each name up.
-    let mut compiled = match seccompiler::compile_from_json(json, arch.target()) {
-        Ok(c) => c,
+    let (mut compiled, source) = match seccompiler::compile_from_json(json, arch.target()) {
+        Ok(c) => (c, std::borrow::Cow::Borrowed(json)),
         Err(first) => match without_foreign_syscalls(json, arch) {
             Some((portable, dropped)) if !dropped.is_empty() => {
                 tracing::debug!(
@@ -259,13 +300,29 @@ fn compile_for(
                     arch.as_str(),
                     dropped.join(", ")
                 );
-                seccompiler::compile_from_json(portable.as_slice(), arch.target())
-                    .map_err(compile_error)?
+                let c = seccompiler::compile_from_json(portable.as_slice(), arch.target())
+                    .map_err(compile_error)?;
+                (c, std::borrow::Cow::Owned(portable))
             }
             _ => return Err(compile_error(first)),
         },
     };
-    let mut programs = Vec::with_capacity(FILTER_NAMES.len());
+    // A profile naming another architecture's syscalls: the allowlist of what is left, as
+    // a binary search where it can be built.
+    if dispatch == Dispatch::BinarySearch && matches!(source, std::borrow::Cow::Owned(_)) {
+        if let Some(programs) = serde_json::from_slice(&source)
+            .ok()
+            .and_then(|v| tree::compile(&v, arch.target()))
+        {
+            return finish(name, label, arch, programs);
+        }
+    }
+    if dispatch == Dispatch::BinarySearch {
+        tracing::debug!(
+            "seccomp profile {label}: the allowlist keeps seccompiler's linear dispatch"
+        );
+    }
+    let mut programs: Vec<Vec<Insn>> = Vec::with_capacity(FILTER_NAMES.len());
     for filter in FILTER_NAMES {
         let program = compiled
             .remove(filter)
@@ -273,6 +330,25 @@ fn compile_for(
                 profile: label.to_string(),
                 filter,
             })?;
+        programs.push(
+            program
+                .into_iter()
+                .map(|i| Insn(i.code, i.jt, i.jf, i.k))
+                .collect(),
+        );
+    }
+    finish(name, label, arch, programs)
+}
+
+/// The compiled profile of `programs` (in [`FILTER_NAMES`] order), each within the kernel's
+/// limit.
+fn finish(
+    name: &str,
+    label: &str,
+    arch: Arch,
+    programs: Vec<Vec<Insn>>,
+) -> Result<CompiledProfile, SeccompError> {
+    for (program, filter) in programs.iter().zip(FILTER_NAMES) {
         if program.len() > BPF_MAX_INSNS {
             return Err(SeccompError::TooLarge {
                 profile: label.to_string(),
@@ -280,12 +356,6 @@ fn compile_for(
                 len: program.len(),
             });
         }
-        programs.push(
-            program
-                .into_iter()
-                .map(|i| Insn(i.code, i.jt, i.jf, i.k))
-                .collect(),
-        );
     }
     Ok(CompiledProfile {
         name: name.to_string(),
@@ -296,7 +366,7 @@ fn compile_for(
 
 /// What seccompiler itself does not check: the set of filters, that `successor` is an
 /// allowlist, and rules that seccompiler would merge in a surprising way.
-fn check_structure(label: &str, json: &[u8]) -> Result<(), SeccompError> {
+fn check_structure(label: &str, json: &[u8]) -> Result<serde_json::Value, SeccompError> {
     let malformed = |detail: String| SeccompError::Malformed {
         profile: label.to_string(),
         detail,
@@ -357,7 +427,7 @@ fn check_structure(label: &str, json: &[u8]) -> Result<(), SeccompError> {
             });
         }
     }
-    Ok(())
+    Ok(value)
 }
 
 impl CompiledProfile {
@@ -578,8 +648,9 @@ mod tests {
         assert_eq!(p.name, "default");
         assert_eq!(p.filter_count(), 2);
         let counts = p.instruction_counts();
-        // The allowlist has hundreds of rules; the ENOSYS filter a handful of instructions.
-        assert!(counts["successor"] > 300, "{counts:?}");
+        // The allowlist has hundreds of rules (in a binary search: a few instructions per
+        // run of syscall numbers); the ENOSYS filter a handful of instructions.
+        assert!(counts["successor"] > 100, "{counts:?}");
         assert!(counts["successor_enosys"] < 16, "{counts:?}");
         // It survives the trip to the child (serialized, e.g. over a pipe to init).
         let json = serde_json::to_string(&p).expect("serialize");

@@ -716,3 +716,45 @@ where
         cmd.pre_exec(hook);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Capabilities (the command's side, right before Landlock and seccomp)
+// ---------------------------------------------------------------------------------------
+
+/// `struct __user_cap_header_struct` of capset(2).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct` of capset(2) (two of them in version 3).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: 64-bit sets, as two `CapData`.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Empties the calling thread's effective, permitted and inheritable capability sets in
+/// one capset(2) (the `caps` crate reads and writes each set in turn: three round trips).
+pub fn capset_clear_all() -> nix::Result<()> {
+    let header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: `header` and `data` are the kernel's version-3 structures (repr(C), two data
+    // entries as version 3 requires), live for the duration of the call; the kernel only
+    // reads them.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    Errno::result(rc).map(drop)
+}
