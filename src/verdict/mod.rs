@@ -17,6 +17,7 @@ pub mod decide;
 pub mod deployed;
 pub mod kind;
 pub mod plan;
+pub mod ranks;
 pub mod report;
 pub mod sequential;
 pub mod sign;
