@@ -66,10 +66,11 @@ pub struct Assessment {
 }
 
 /// The pair counts at which the data are looked at: `min_pairs`, then doubling while the
-/// count stays within half the cap, then half the cap (rounded up), then `max_pairs`. With 3
-/// and 20: 3, 6, 10, 20. Half the cap is always a look: 10 pairs against 10 is where the
-/// exact rank test can first call a metric decided although one run of one side lies beyond
-/// the band (a burst on the machine), at the level the spending gives that look.
+/// count stays within half the cap, then half the cap and 70% of it (each rounded up), then
+/// `max_pairs`. With 3 and 20: 3, 6, 10, 14, 20. Half the cap is always a look: 10 pairs
+/// against 10 is where the exact rank test can first call a metric decided although one run
+/// of one side lies beyond the band (a burst on the machine), at the level the spending
+/// gives that look; the look at 70% lets a noisy metric stop before the cap.
 /// `min_pairs` above `max_pairs` gives the one look `max_pairs`.
 pub fn looks(min_pairs: usize, max_pairs: usize) -> Vec<usize> {
     let max = max_pairs.max(1);
@@ -80,9 +81,9 @@ pub fn looks(min_pairs: usize, max_pairs: usize) -> Vec<usize> {
         n *= 2;
         v.push(n);
     }
-    for last in [half, max] {
-        if last > n {
-            n = last;
+    for next in [half, (max * 7).div_ceil(10), max] {
+        if next > n {
+            n = next;
             v.push(n);
         }
     }
@@ -261,26 +262,27 @@ mod tests {
 
     #[test]
     fn the_look_schedule() {
-        assert_eq!(looks(3, 20), vec![3, 6, 10, 20]);
-        assert_eq!(looks(3, 40), vec![3, 6, 12, 20, 40]);
-        assert_eq!(looks(2, 4), vec![2, 4]);
-        assert_eq!(looks(3, 1000).len(), 10);
-        assert_eq!(looks(3, 5), vec![3, 5]);
+        assert_eq!(looks(3, 20), vec![3, 6, 10, 14, 20]);
+        assert_eq!(looks(3, 40), vec![3, 6, 12, 20, 28, 40]);
+        assert_eq!(looks(2, 4), vec![2, 3, 4]);
+        assert_eq!(looks(3, 1000).len(), 11);
+        assert_eq!(looks(3, 5), vec![3, 4, 5]);
         assert_eq!(looks(5, 5), vec![5]);
         assert_eq!(looks(8, 3), vec![3]);
         assert_eq!(looks(1, 3), vec![1, 2, 3]);
-        // Pocock-type spending over 3, 6, 10, 20 pairs: alpha · ln(1 + (e − 1)·t) by then.
+        // Pocock-type spending over 3, 6, 10, 14, 20 pairs: alpha · ln(1 + (e − 1)·t) by then.
         let s = looks(3, 20);
         let spent = |n: f64| 0.05 * (1.0 + (std::f64::consts::E - 1.0) * n / 20.0).ln();
         let mut one = Spending::new(0.05, &s);
-        let levels: Vec<f64> = (0..4).map(|j| one.level(j, 1)).collect();
+        let levels: Vec<f64> = (0..5).map(|j| one.level(j, 1)).collect();
         // 3 pairs: no rank test can reach 0.0115 / 2 (its floor is 1/20), so nothing is
         // spent and the share passes on to 6 pairs.
         let want = [
             spent(3.0),
             spent(6.0),
             spent(10.0) - spent(6.0),
-            0.05 - spent(10.0),
+            spent(14.0) - spent(10.0),
+            0.05 - spent(14.0),
         ];
         for (got, want) in levels.iter().zip(want) {
             assert!((got - want).abs() < 1e-12, "{levels:?}");
@@ -289,7 +291,7 @@ mod tests {
         assert!((one.spent() - 0.05).abs() < 1e-12);
         // Two metrics share each look's part.
         let mut two = Spending::new(0.05, &s);
-        let levels: Vec<f64> = (0..4).map(|j| two.level(j, 2)).collect();
+        let levels: Vec<f64> = (0..5).map(|j| two.level(j, 2)).collect();
         assert!((levels[1] - spent(6.0) / 2.0).abs() < 1e-12, "{levels:?}");
         assert!((two.spent() - 0.05).abs() < 1e-12);
         // A look with nothing to test spends nothing either.
