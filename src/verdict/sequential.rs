@@ -3,23 +3,25 @@
 //! [`assess`] classifies one metric's baseline and patched samples against its noise band
 //! `band` at an error level `a`:
 //! * **equivalent**: the change lies inside `[−band, +band]`, by two one-sided tests (TOST):
-//!   the `1 − a` percentile-bootstrap interval of the relative change of medians lies inside
-//!   the band, *and* both one-sided exact rank-sum (Mann-Whitney) tests against the baseline
-//!   shifted by `±band·|median(baseline)|` reject at `a/2` ([`super::ranks::p_greater`]:
-//!   exact with ties too);
+//!   both one-sided exact rank-sum (Mann-Whitney) tests against the baseline shifted by
+//!   `±band·|median(baseline)|` reject at `a/2` ([`super::ranks::p_greater`]: exact with
+//!   ties too), *and* the `1 − a` interval of the change lies inside the band;
 //! * **higher** / **lower**: the whole interval lies beyond `+band` (`−band`), *and* the
-//!   one-sided Mann-Whitney test against the baseline shifted by `+band` (`−band`) rejects
-//!   at `a/2`, on either side alike: a change whose interval reaches back inside the band
+//!   one-sided rank test against the baseline shifted by `+band` (`−band`) rejects at
+//!   `a/2`, on either side alike: a change whose interval reaches back inside the band
 //!   stays inconclusive, a gain too (an identical patch measured on a shared machine must
 //!   never be called a gain: a systematic difference between the sides of a few percent is
 //!   "significant" but not beyond the band);
 //! * **inconclusive**: anything else (the interval reaches across a band edge, or the rank
 //!   test cannot yet reach `a/2` with so few samples).
 //!
-//! The interval is what the verdict reports; the rank test (exact, distribution-free) is
-//! what keeps the stated error rate with few, heavy-tailed samples, where the percentile
-//! bootstrap alone is liberal. A false decision needs a false rank-test rejection, so each
-//! look errs with probability at most `a` per metric.
+//! The interval is the one the rank test inverts ([`super::ranks::shift_interval`], Moses'
+//! interval of the shift, relative to `|median(baseline)|`), so the interval the verdict
+//! reports and the tests that decide agree; a run a burst on the machine slowed drags it
+//! far less than it drags a percentile-bootstrap interval of medians at a look's small `a`.
+//! The rank test (exact, distribution-free) is what keeps the stated error rate with few,
+//! heavy-tailed samples. A false decision needs a false rank-test rejection, so each look
+//! errs with probability at most `a` per metric.
 //!
 //! **Zero variance.** When both sides are constant (at least 2 samples each, every value
 //! equal), the change is exact: equivalent when `|change| ≤ band`, else higher or lower. No
