@@ -102,7 +102,17 @@ pub fn shift_interval(x: &[f64], y: &[f64], a: f64) -> Option<(f64, f64)> {
         let sd = (nf * mf * (nf + mf + 1.0) / 12.0).sqrt();
         let below =
             |u: usize| erfc((nf * mf / 2.0 - u as f64 - 0.5) / sd / std::f64::consts::SQRT_2) / 2.0;
-        (0..nm / 2).take_while(|&u| below(u) <= tail).count()
+        // `below` grows with u: the first u above the tail, by bisection.
+        let (mut lo, mut hi) = (0usize, nm / 2);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if below(mid) <= tail {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     };
     let k = k.clamp(1, nm.div_ceil(2));
     let mut d: Vec<f64> = x
