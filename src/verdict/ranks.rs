@@ -7,7 +7,7 @@
 //! is exact whatever the ties: metrics rounded to a few decimals (`0.5772` twice) or counted
 //! in whole units (kilobytes) tie often, and the normal approximation that
 //! [`crate::verdict::stats::mann_whitney_u`] falls back to with ties is far from exact at a
-//! handful of samples (at 6 against 6, completely separated, it gives 0.0026 one-sided where
+//! handful of samples (at 6 against 6, completely separated, it gives about 0.0025 one-sided where
 //! the exact value is 1/924 = 0.0011).
 //!
 //! The distribution is counted by dynamic programming over the doubled midranks (integers):
