@@ -86,6 +86,7 @@ pub fn run_task(
     let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
     let mut baseline: Vec<RunResult> = Vec::new();
     let mut assessed: Vec<BTreeMap<String, Assessed>> = vec![BTreeMap::new(); replicas];
+    let mut spending = vec![sequential::Spending::new(rules.alpha, &schedule); replicas];
     let mut stopped = format!("ran all {cap} pairs");
     let decided = |patched: &[Vec<RunResult>]| {
         patched
@@ -124,11 +125,13 @@ pub fn run_task(
             if let Some(look) = schedule.iter().position(|&n| n == round + 1) {
                 let ctx = Look {
                     index: look,
-                    schedule: &schedule,
                     order_seed,
                 };
                 let all = (0..replicas)
-                    .map(|r| look_at(&rules, &patched[r], &baseline, r, &ctx, &mut assessed[r]))
+                    .map(|r| {
+                        let (runs, spent) = (&patched[r], &mut spending[r]);
+                        look_at(&rules, runs, &baseline, &ctx, spent, &mut assessed[r])
+                    })
                     .fold(Settled::Decided, Settled::min);
                 match all {
                     Settled::Decided => {
@@ -273,9 +276,8 @@ fn run_baseline(
 }
 
 /// Where a look stands in the sequential design.
-struct Look<'a> {
+struct Look {
     index: usize,
-    schedule: &'a [usize],
     order_seed: u64,
 }
 
@@ -298,14 +300,14 @@ impl Settled {
 }
 
 /// Looks at one replica's pairs: each metric not yet decided is assessed at this look's
-/// error level (the look's share of the policy's alpha, split over the tested metrics); a
-/// decided metric keeps its decision.
+/// error level (the look's share of the policy's alpha, split over the tested metrics, from
+/// the replica's `spending`); a decided metric keeps its decision.
 fn look_at(
     rules: &DecisionRules,
     runs: &[RunResult],
     baseline: &[RunResult],
-    replica: usize,
-    look: &Look<'_>,
+    look: &Look,
+    spending: &mut sequential::Spending,
     assessed: &mut BTreeMap<String, Assessed>,
 ) -> Settled {
     let ps = evidence::samples(runs);
@@ -318,7 +320,7 @@ fn look_at(
         .iter()
         .filter(|(_, b, p)| !(sequential::is_constant(b) && sequential::is_constant(p)))
         .count();
-    let a = sequential::look_alpha(rules.alpha, look.schedule, look.index, tested);
+    let a = spending.level(look.index, tested);
     for (name, b, p) in &pairs {
         if assessed
             .get(*name)
@@ -327,7 +329,7 @@ fn look_at(
             continue;
         }
         let band = rules.band_for(name);
-        let r = sequential::assess(b, p, band, a, 10_000, 0x666f_726b ^ replica as u64);
+        let r = sequential::assess(b, p, band, a);
         assessed.insert(
             (*name).clone(),
             Assessed {

@@ -17,6 +17,7 @@ pub mod decide;
 pub mod deployed;
 pub mod kind;
 pub mod plan;
+pub mod ranks;
 pub mod report;
 pub mod sequential;
 pub mod sign;
@@ -113,7 +114,8 @@ pub struct Metric {
     pub change: Option<f64>,
     /// Whether the change is statistically significant, when it could be tested.
     pub significant: Option<bool>,
-    /// The confidence interval of the relative change (bootstrap), with repeats.
+    /// The confidence interval of the relative change, with repeats (with pairs, the rank
+    /// interval of [`sequential`]; otherwise a bootstrap interval).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ci_low: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +136,7 @@ pub struct Metric {
     /// The error level of the look that decided it, or of the last look (schema 1.4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alpha: Option<f64>,
-    /// Why its task stopped running pairs (schema 1.4), e.g. `every metric decided at look 2 of 4 (6 pairs)`.
+    /// Why its task stopped running pairs (schema 1.4), e.g. `every metric decided at look 2 of 5 (6 pairs)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
     /// The seed of its task's randomised side order within each pair (schema 1.4).

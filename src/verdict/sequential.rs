@@ -3,40 +3,45 @@
 //! [`assess`] classifies one metric's baseline and patched samples against its noise band
 //! `band` at an error level `a`:
 //! * **equivalent**: the change lies inside `[−band, +band]`, by two one-sided tests (TOST):
-//!   the `1 − a` percentile-bootstrap interval of the relative change of medians lies inside
-//!   the band, *and* both one-sided exact Mann-Whitney tests against the baseline shifted by
-//!   `±band·|median(baseline)|` reject at `a/2`;
+//!   both one-sided exact rank-sum (Mann-Whitney) tests against the baseline shifted by
+//!   `±band·|median(baseline)|` reject at `a/2` ([`super::ranks::p_greater`]: exact with
+//!   ties too), *and* the `1 − a` interval of the change lies inside the band;
 //! * **higher** / **lower**: the whole interval lies beyond `+band` (`−band`), *and* the
-//!   one-sided Mann-Whitney test against the baseline shifted by `+band` (`−band`) rejects
-//!   at `a/2`, on either side alike: a change whose interval reaches back inside the band
+//!   one-sided rank test against the baseline shifted by `+band` (`−band`) rejects at
+//!   `a/2`, on either side alike: a change whose interval reaches back inside the band
 //!   stays inconclusive, a gain too (an identical patch measured on a shared machine must
 //!   never be called a gain: a systematic difference between the sides of a few percent is
 //!   "significant" but not beyond the band);
 //! * **inconclusive**: anything else (the interval reaches across a band edge, or the rank
 //!   test cannot yet reach `a/2` with so few samples).
 //!
-//! The interval is what the verdict reports; the rank test (exact, distribution-free) is
-//! what keeps the stated error rate with few, heavy-tailed samples, where the percentile
-//! bootstrap alone is liberal. A false decision needs a false rank-test rejection, so each
-//! look errs with probability at most `a` per metric.
+//! The interval is the one the rank test inverts ([`super::ranks::shift_interval`], Moses'
+//! interval of the shift, relative to `|median(baseline)|`), so the interval the verdict
+//! reports and the tests that decide agree; a run a burst on the machine slowed drags it
+//! far less than it drags a percentile-bootstrap interval of medians at a look's small `a`.
+//! The rank test (exact, distribution-free) is what keeps the stated error rate with few,
+//! heavy-tailed samples. A false decision needs a false rank-test rejection, so each look
+//! errs with probability at most `a` per metric.
 //!
 //! **Zero variance.** When both sides are constant (at least 2 samples each, every value
 //! equal), the change is exact: equivalent when `|change| ≤ band`, else higher or lower. No
 //! error can be made, so such metrics spend no error budget.
 //!
 //! **Multiplicity and looks.** The verdict's stated error rate `alpha` is spent over the
-//! looks of the group-sequential design ([`looks`]) by the linear spending function
-//! `alpha · t` (Lan-DeMets; `t` = pairs / cap), and each look's share is split evenly
-//! (Bonferroni) over the statistically tested metrics ([`look_alpha`]). By the union bound,
+//! looks of the group-sequential design ([`looks`]) by the Pocock-type spending function
+//! `alpha · ln(1 + (e − 1)·t)` (Lan-DeMets; `t` = pairs / cap), a look at which no rank test
+//! can reach its level passing its share on, and each look's share is split evenly
+//! (Bonferroni) over the statistically tested metrics ([`Spending`]). By the union bound,
 //! the chance that *any* metric is falsely decided at *any* look is at most `alpha`,
 //! whatever the correlation between metrics and looks.
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::{bootstrap_ci, mann_whitney_u, median, relative_change, MIN_BOOTSTRAP_SAMPLES};
+use super::ranks::{p_greater, shift_interval};
+use super::stats::{median, relative_change};
 
-/// Each look's pair count is at least this factor times the previous one's.
-pub const LOOK_GROWTH: f64 = 2.0;
+/// Fewest finite samples per side for a statistical decision.
+pub const MIN_SAMPLES: usize = 3;
 
 /// How a metric's change compares with its noise band, before its direction is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,33 +67,90 @@ pub struct Assessment {
     pub exact: bool,
 }
 
-/// The pair counts at which the data are looked at: `min_pairs`, then each at least
-/// [`LOOK_GROWTH`] times the previous (rounded up), ending at `max_pairs`. With 3 and 20:
-/// 3, 6, 12, 20 (from the second look on, the exact rank test can reach the level of a
-/// look for up to 4 noisy metrics at alpha 0.05). `min_pairs` above `max_pairs` gives the one look `max_pairs`.
+/// The pair counts at which the data are looked at: `min_pairs`, then doubling while the
+/// count stays within half the cap, then half the cap and 70% of it (each rounded up), then
+/// `max_pairs`. With 3 and 20: 3, 6, 10, 14, 20. Half the cap is always a look: 10 pairs
+/// against 10 is where the exact rank test can first call a metric decided although one run
+/// of one side lies beyond the band (a burst on the machine), at the level the spending
+/// gives that look; the look at 70% lets a noisy metric stop before the cap.
+/// `min_pairs` above `max_pairs` gives the one look `max_pairs`.
 pub fn looks(min_pairs: usize, max_pairs: usize) -> Vec<usize> {
     let max = max_pairs.max(1);
+    let half = max.div_ceil(2);
     let mut n = min_pairs.clamp(1, max);
     let mut v = vec![n];
-    while n < max {
-        n = ((n as f64 * LOOK_GROWTH).ceil() as usize)
-            .max(n + 1)
-            .min(max);
+    while n * 2 <= half {
+        n *= 2;
         v.push(n);
+    }
+    for next in [half, (max * 7).div_ceil(10), max] {
+        if next > n {
+            n = next;
+            v.push(n);
+        }
     }
     v
 }
 
-/// The error level of one metric at look `look` (0-based) of `schedule` ([`looks`]): the
-/// look's share of `alpha` under linear alpha spending, `alpha · (n_j − n_{j−1}) / n_K`
-/// (`n_0 = 0`), split evenly over the `tested` metrics. The shares sum to `alpha`.
-pub fn look_alpha(alpha: f64, schedule: &[usize], look: usize, tested: usize) -> f64 {
-    let Some(&last) = schedule.last() else {
-        return alpha / tested.max(1) as f64;
-    };
-    let n = schedule.get(look).copied().unwrap_or(last);
-    let prev = if look == 0 { 0 } else { schedule[look - 1] };
-    alpha * (n.saturating_sub(prev)) as f64 / last.max(1) as f64 / tested.max(1) as f64
+/// The fraction of the error rate spent by information time `t` (pairs / cap) under the
+/// Pocock-type spending function of Lan and DeMets (1983), `ln(1 + (e − 1)·t)`: 0 at
+/// `t = 0`, 1 at `t = 1`, and concave, so it spends more at the early and middle looks than
+/// the linear `t` (at 6 of 20 pairs 0.416 of alpha against 0.3) and less at the last.
+pub fn spent_by(t: f64) -> f64 {
+    let t = if t.is_nan() { 0.0 } else { t.clamp(0.0, 1.0) };
+    (1.0 + (std::f64::consts::E - 1.0) * t).ln().clamp(0.0, 1.0)
+}
+
+/// The error rate spent over the looks of one schedule ([`looks`]), for one replica.
+///
+/// Look `j` (of `K`, at `n_j` pairs) may spend what the spending function allows by then,
+/// `alpha · spent_by(n_j / n_K)` (all of `alpha` at the last look), minus what earlier looks
+/// spent; that share is split evenly (Bonferroni) over the `tested` metrics of the look. A
+/// look at which no rank test can reach its level (the smallest one-sided p value with
+/// `n_j` against `n_j` values, `1 / C(2·n_j, n_j)`, is above half a metric's share), or at
+/// which nothing is tested, cannot err: it spends nothing and its share passes on to the
+/// next look. So the shares actually spent sum to at most `alpha` on every path.
+#[derive(Debug, Clone)]
+pub struct Spending {
+    alpha: f64,
+    schedule: Vec<usize>,
+    spent: f64,
+}
+
+impl Spending {
+    pub fn new(alpha: f64, schedule: &[usize]) -> Spending {
+        Spending {
+            alpha,
+            schedule: schedule.to_vec(),
+            spent: 0.0,
+        }
+    }
+
+    /// The error level of each of the `tested` metrics at look `look` (0-based), recording
+    /// the look's share as spent when a rank test can reach it. Call it once per look, in
+    /// order.
+    pub fn level(&mut self, look: usize, tested: usize) -> f64 {
+        let Some(&last) = self.schedule.last() else {
+            return self.alpha / tested.max(1) as f64;
+        };
+        let n = self.schedule.get(look).copied().unwrap_or(last);
+        let allowed = if n >= last {
+            self.alpha
+        } else {
+            self.alpha * spent_by(n as f64 / last.max(1) as f64)
+        };
+        let share = (allowed - self.spent).max(0.0);
+        let level = share / tested.max(1) as f64;
+        if tested > 0 && super::ranks::min_p(n, n) <= level / 2.0 {
+            self.spent += share;
+        }
+        level
+    }
+
+    /// The error rate spent so far.
+    pub fn spent(&self) -> f64 {
+        self.spent
+    }
 }
 
 /// Whether `xs` holds at least 2 values, all finite and equal.
@@ -96,32 +158,13 @@ pub fn is_constant(xs: &[f64]) -> bool {
     xs.len() >= 2 && xs.iter().all(|x| x.is_finite() && *x == xs[0])
 }
 
-/// One-sided exact (or, with ties, normal-approximation) Mann-Whitney p value of "`x`
-/// tends to be larger than `y`".
-fn p_greater(x: &[f64], y: &[f64]) -> f64 {
-    let (u, p2) = mann_whitney_u(x, y);
-    let half = (x.len() * y.len()) as f64 / 2.0;
-    if u > half {
-        p2 / 2.0
-    } else {
-        1.0 - p2 / 2.0
-    }
-}
-
 fn shifted(xs: &[f64], by: f64) -> Vec<f64> {
     xs.iter().map(|x| x + by).collect()
 }
 
 /// Classify one metric (see the module documentation). `a` is this metric's error level at
-/// this look ([`look_alpha`]); the bootstrap draws `resamples` times from `seed`.
-pub fn assess(
-    baseline: &[f64],
-    patched: &[f64],
-    band: f64,
-    a: f64,
-    resamples: usize,
-    seed: u64,
-) -> Assessment {
+/// this look ([`Spending::level`]).
+pub fn assess(baseline: &[f64], patched: &[f64], band: f64, a: f64) -> Assessment {
     let inconclusive = |ci| Assessment {
         outcome: Outcome::Inconclusive,
         ci,
@@ -152,15 +195,16 @@ pub fn assess(
             exact: true,
         };
     }
-    if b.len() < MIN_BOOTSTRAP_SAMPLES || p.len() < MIN_BOOTSTRAP_SAMPLES {
+    if b.len() < MIN_SAMPLES || p.len() < MIN_SAMPLES {
         return inconclusive(None);
     }
-    let Some(mb) = median(&b) else {
+    let Some(mb) = median(&b).filter(|m| *m != 0.0) else {
         return inconclusive(None);
     };
-    let Some((lo, hi)) = bootstrap_ci(&b, &p, a, resamples, seed) else {
+    let Some((lo, hi)) = shift_interval(&b, &p, a) else {
         return inconclusive(None);
     };
+    let (lo, hi) = (lo / mb.abs(), hi / mb.abs());
     let shift = band * mb.abs();
     let level = a / 2.0;
     let outcome = if lo >= -band && hi <= band {
@@ -220,46 +264,76 @@ mod tests {
 
     #[test]
     fn the_look_schedule() {
-        assert_eq!(looks(3, 20), vec![3, 6, 12, 20]);
-        assert_eq!(looks(3, 5), vec![3, 5]);
+        assert_eq!(looks(3, 20), vec![3, 6, 10, 14, 20]);
+        assert_eq!(looks(3, 40), vec![3, 6, 12, 20, 28, 40]);
+        assert_eq!(looks(2, 4), vec![2, 3, 4]);
+        assert_eq!(looks(3, 1000).len(), 11);
+        assert_eq!(looks(3, 5), vec![3, 4, 5]);
         assert_eq!(looks(5, 5), vec![5]);
         assert_eq!(looks(8, 3), vec![3]);
         assert_eq!(looks(1, 3), vec![1, 2, 3]);
+        // Pocock-type spending over 3, 6, 10, 14, 20 pairs: alpha · ln(1 + (e − 1)·t) by then.
         let s = looks(3, 20);
-        let shares: Vec<f64> = (0..4).map(|j| look_alpha(0.05, &s, j, 1)).collect();
-        let want = [0.0075, 0.0075, 0.015, 0.02];
-        for (got, want) in shares.iter().zip(want) {
-            assert!((got - want).abs() < 1e-12, "{shares:?}");
+        let spent = |n: f64| 0.05 * (1.0 + (std::f64::consts::E - 1.0) * n / 20.0).ln();
+        let mut one = Spending::new(0.05, &s);
+        let levels: Vec<f64> = (0..5).map(|j| one.level(j, 1)).collect();
+        // 3 pairs: no rank test can reach 0.0115 / 2 (its floor is 1/20), so nothing is
+        // spent and the share passes on to 6 pairs.
+        let want = [
+            spent(3.0),
+            spent(6.0),
+            spent(10.0) - spent(6.0),
+            spent(14.0) - spent(10.0),
+            0.05 - spent(14.0),
+        ];
+        for (got, want) in levels.iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{levels:?}");
         }
-        assert!((shares.iter().sum::<f64>() - 0.05).abs() < 1e-12);
-        assert!((look_alpha(0.05, &s, 3, 2) - 0.01).abs() < 1e-12);
-        assert_eq!(look_alpha(0.05, &[], 0, 0), 0.05);
-        assert_eq!(look_alpha(0.05, &[5], 0, 1), 0.05);
+        assert!((levels[1] - 0.020786).abs() < 1e-6, "{levels:?}");
+        assert!((one.spent() - 0.05).abs() < 1e-12);
+        // Two metrics share each look's part.
+        let mut two = Spending::new(0.05, &s);
+        let levels: Vec<f64> = (0..5).map(|j| two.level(j, 2)).collect();
+        assert!((levels[1] - spent(6.0) / 2.0).abs() < 1e-12, "{levels:?}");
+        assert!((two.spent() - 0.05).abs() < 1e-12);
+        // A look with nothing to test spends nothing either.
+        let mut none = Spending::new(0.05, &s);
+        none.level(0, 0);
+        none.level(1, 0);
+        assert_eq!(none.spent(), 0.0);
+        assert!((none.level(2, 1) - spent(10.0)).abs() < 1e-12);
+        // One look: all of alpha, split over the metrics.
+        assert_eq!(Spending::new(0.05, &[5]).level(0, 1), 0.05);
+        assert_eq!(Spending::new(0.05, &[20]).level(0, 2), 0.025);
+        assert_eq!(Spending::new(0.05, &[]).level(0, 0), 0.05);
+        assert_eq!(spent_by(0.0), 0.0);
+        assert!((spent_by(1.0) - 1.0).abs() < 1e-12);
+        assert!(spent_by(0.3) > 0.3 && spent_by(0.6) > 0.6);
     }
 
     #[test]
     fn zero_variance_is_decided_exactly() {
         let a = 0.001;
-        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a, 1000, 1);
+        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a);
         assert_eq!(
             (same.outcome, same.ci, same.exact),
             (Outcome::Equivalent, Some((0.0, 0.0)), true)
         );
-        let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a, 1000, 1);
+        let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a);
         assert_eq!(
             (down.outcome, down.ci),
             (Outcome::Lower, Some((-0.4, -0.4)))
         );
-        let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a, 1000, 1);
+        let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a);
         assert_eq!(up.outcome, Outcome::Higher);
         // Within a 1% band, exactly.
-        let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a, 1000, 1);
+        let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a);
         assert_eq!(small.outcome, Outcome::Equivalent);
         // From zero: a change without a relative size.
-        let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a, 1000, 1);
+        let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a);
         assert_eq!((from0.outcome, from0.ci), (Outcome::Higher, None));
         // One sample per side is no evidence of zero variance.
-        let one = assess(&[500.0], &[500.0], 0.01, a, 1000, 1);
+        let one = assess(&[500.0], &[500.0], 0.01, a);
         assert_eq!(one.outcome, Outcome::Inconclusive);
     }
 
@@ -269,7 +343,7 @@ mod tests {
         // from about 0 to +100%: neither a regression proven beyond 10% nor equivalence.
         let b = [1.40, 1.81, 1.44, 1.40, 1.38];
         let p = [1.90, 2.50, 1.45, 1.43, 2.28];
-        let r = assess(&b, &p, 0.10, 0.005, 10_000, 7);
+        let r = assess(&b, &p, 0.10, 0.005);
         assert_eq!(r.outcome, Outcome::Inconclusive, "{r:?}");
         let (lo, hi) = r.ci.unwrap();
         assert!(lo < 0.10 && hi > 0.10, "{r:?}");
@@ -277,28 +351,34 @@ mod tests {
         // reach the level, and not before.
         let b = [100.0, 100.4, 99.7, 100.2, 99.9, 100.1, 99.8, 100.3];
         let p = [100.1, 99.8, 100.2, 99.9, 100.3, 100.0, 99.6, 100.2];
+        assert_eq!(assess(&b, &p, 0.05, 0.005).outcome, Outcome::Equivalent);
         assert_eq!(
-            assess(&b, &p, 0.05, 0.005, 5000, 3).outcome,
-            Outcome::Equivalent
-        );
-        assert_eq!(
-            assess(&b[..3], &p[..3], 0.05, 0.005, 5000, 3).outcome,
+            assess(&b[..3], &p[..3], 0.05, 0.005).outcome,
             Outcome::Inconclusive
         );
         // A clear 40% drop: lower.
         let p2: Vec<f64> = b.iter().map(|x| x * 0.6).collect();
-        let r = assess(&b, &p2, 0.05, 0.005, 5000, 3);
+        let r = assess(&b, &p2, 0.05, 0.005);
         assert_eq!(r.outcome, Outcome::Lower, "{r:?}");
         // A gain of uncertain size (the interval reaches back inside the band, though not
         // past 0) is inconclusive, like a regression of uncertain size: more pairs decide.
         let b = [1.0, 1.3, 0.9, 1.6, 1.1, 2.4, 1.2, 1.0];
         let p = [0.5, 0.55, 0.4, 0.9, 0.45, 0.6, 0.42, 0.48];
-        let r = assess(&b, &p, 0.50, 0.005, 5000, 3);
+        let r = assess(&b, &p, 0.50, 0.005);
         let (_, hi) = r.ci.unwrap();
         assert!(hi < 0.0 && hi > -0.50, "{r:?}");
         assert_eq!(r.outcome, Outcome::Inconclusive, "{r:?}");
-        let worse = assess(&p, &b, 0.50, 0.005, 5000, 3);
+        // A regression of uncertain size alike (here about +60%, the interval from inside
+        // the band to far beyond it).
+        let q = [1.5, 2.4, 1.3, 2.9, 1.8, 1.4, 2.0, 1.6];
+        let worse = assess(&b, &q, 0.50, 0.005);
+        let (lo, hi) = worse.ci.unwrap();
+        assert!(lo < 0.50 && hi > 0.50, "{worse:?}");
         assert_eq!(worse.outcome, Outcome::Inconclusive, "{worse:?}");
+        // Every patched run beyond +50% of every baseline run: higher, although one baseline
+        // run (2.4) is twice the others (the rank interval is not dragged by it).
+        let up = assess(&p, &b, 0.50, 0.005);
+        assert_eq!(up.outcome, Outcome::Higher, "{up:?}");
     }
 
     /// Run the sequential design on one synthetic metric pair generator: returns the
@@ -308,9 +388,9 @@ mod tests {
         metrics: &[(f64, f64, bool, f64)], // (sd, true change, outliers, band)
         alpha: f64,
         cap: usize,
-        seed: u64,
     ) -> (Vec<Outcome>, usize) {
         let schedule = looks(3, cap);
+        let mut spending = Spending::new(alpha, &schedule);
         let mut b: Vec<Vec<f64>> = vec![Vec::new(); metrics.len()];
         let mut p: Vec<Vec<f64>> = vec![Vec::new(); metrics.len()];
         let mut out = vec![Outcome::Inconclusive; metrics.len()];
@@ -321,12 +401,12 @@ mod tests {
                     p[i].extend(timing(rng, 1, 100.0 * (1.0 + change), sd, outl));
                 }
             }
-            let a = look_alpha(alpha, &schedule, j, metrics.len());
+            let a = spending.level(j, metrics.len());
             for (i, m) in metrics.iter().enumerate() {
                 if out[i] != Outcome::Inconclusive {
                     continue; // a decided metric keeps its decision
                 }
-                out[i] = assess(&b[i], &p[i], m.3, a, 400, seed ^ i as u64).outcome;
+                out[i] = assess(&b[i], &p[i], m.3, a).outcome;
             }
             if out.iter().all(|o| *o != Outcome::Inconclusive) {
                 return (out, n);
@@ -343,13 +423,12 @@ mod tests {
         let mut rng = SplitMix64(2026);
         let (mut false_decisions, mut equivalent, mut pairs) = (0, 0, 0);
         let trials = 300usize;
-        for t in 0..trials as u64 {
+        for _ in 0..trials {
             let (out, n) = run_design(
                 &mut rng,
                 &[(0.03, 0.0, false, 0.05), (0.30, 0.0, true, 0.10)],
                 0.05,
                 20,
-                t,
             );
             pairs += n;
             if out
@@ -376,8 +455,8 @@ mod tests {
         let mut rng = SplitMix64(99);
         let trials = 200usize;
         let mut false_eq = 0;
-        for t in 0..trials as u64 {
-            let (out, _) = run_design(&mut rng, &[(0.05, 0.075, false, 0.05)], 0.05, 20, t);
+        for _ in 0..trials {
+            let (out, _) = run_design(&mut rng, &[(0.05, 0.075, false, 0.05)], 0.05, 20);
             if out[0] == Outcome::Equivalent {
                 false_eq += 1;
             }
@@ -392,14 +471,256 @@ mod tests {
     fn clear_cut_changes_stop_early() {
         // A 40% drop with 3% noise: decided at the second look (6 pairs), not at the cap.
         let mut rng = SplitMix64(5);
-        for t in 0..20 {
-            let (out, n) = run_design(&mut rng, &[(0.03, -0.4, false, 0.05)], 0.05, 20, t);
+        for _ in 0..20 {
+            let (out, n) = run_design(&mut rng, &[(0.03, -0.4, false, 0.05)], 0.05, 20);
             assert_eq!(out, vec![Outcome::Lower]);
             assert!(n <= 6, "{n} pairs");
         }
         // A deterministic metric is decided at the first look.
-        let r = assess(&[296_095.0; 3], &[169_394.0; 3], 0.0, 0.01, 1000, 1);
+        let r = assess(&[296_095.0; 3], &[169_394.0; 3], 0.0, 0.01);
         assert_eq!((r.outcome, r.exact), (Outcome::Lower, true));
+    }
+
+    /// One metric of a simulated run: its centre, its own noise (log scale), whether the
+    /// run's shared slowdown moves it (timings do, memory does not), its rounding quantum
+    /// (0: none) and its band.
+    struct SimMetric {
+        centre: f64,
+        sd: f64,
+        shared: bool,
+        quantum: f64,
+        band: f64,
+    }
+
+    /// The compress demo's metrics: `p99_ms` (rounded to 4 decimals, so it ties),
+    /// `peak_memory_kb` (whole 4 KiB pages), `compressed_bytes` (deterministic), and a
+    /// noisier median timing like the judged bench's `p50_ms`.
+    fn demo_metrics() -> Vec<SimMetric> {
+        vec![
+            SimMetric {
+                centre: 0.58,
+                sd: 0.01,
+                shared: true,
+                quantum: 1e-4,
+                band: 0.10,
+            },
+            SimMetric {
+                centre: 16_100.0,
+                sd: 0.004,
+                shared: false,
+                quantum: 4.0,
+                band: 0.05,
+            },
+            SimMetric {
+                centre: 296_095.0,
+                sd: 0.0,
+                shared: false,
+                quantum: 0.0,
+                band: 0.0,
+            },
+            SimMetric {
+                centre: 12.0,
+                sd: 0.03,
+                shared: true,
+                quantum: 0.01,
+                band: 0.05,
+            },
+        ]
+    }
+
+    /// How the machine disturbs a run: the step of the load's drift across pairs (log
+    /// scale), and a burst slowing one run in `every` by up to `burst`.
+    #[derive(Clone, Copy)]
+    struct Machine {
+        drift: f64,
+        every: usize,
+        burst: f64,
+    }
+
+    /// A shared machine under bursty load (harsher than the demo's measurements).
+    const BUSY: Machine = Machine {
+        drift: 0.05,
+        every: 8,
+        burst: 0.4,
+    };
+    /// As the compress demo's `p99_ms` (each session's best of 5 tries) measured it on a
+    /// quiet machine: about 1% spread, and of 80 runs 2 more than 5% slower, 1 more than 10%
+    /// (+22%).
+    const QUIET: Machine = Machine {
+        drift: 0.003,
+        every: 20,
+        burst: 0.25,
+    };
+
+    /// One run's metrics with run-level noise: a slowdown shared by the run's timings (the
+    /// machine's drifting `load` and its bursts), times each metric's own noise, with the
+    /// patch's `change` on the patched side (only for the metrics listed in `changed`).
+    fn sim_run(
+        rng: &mut SplitMix64,
+        ms: &[SimMetric],
+        (load, machine): (f64, Machine),
+        change: f64,
+        changed: &[usize],
+    ) -> Vec<f64> {
+        let burst = if rng.below(machine.every) == 0 {
+            1.0 + machine.burst * (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        } else {
+            1.0
+        };
+        let run = load * burst * (machine.drift / 5.0 * normal(rng)).exp();
+        ms.iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let c = if changed.contains(&i) {
+                    1.0 + change
+                } else {
+                    1.0
+                };
+                let mut x = m.centre * c * (m.sd * normal(rng)).exp();
+                if m.shared {
+                    x *= run;
+                }
+                if m.quantum > 0.0 {
+                    x = (x / m.quantum).round() * m.quantum;
+                }
+                x
+            })
+            .collect()
+    }
+
+    /// The sequential design on whole simulated runs (pairs in a random side order under a
+    /// drifting load), as `task_run` runs it: the outcomes per metric and the pairs used.
+    fn run_pairs(
+        rng: &mut SplitMix64,
+        machine: Machine,
+        ms: &[SimMetric],
+        change: f64,
+        changed: &[usize],
+        alpha: f64,
+        seed: u64,
+    ) -> (Vec<Outcome>, usize) {
+        let schedule = looks(3, 20);
+        let mut spending = Spending::new(alpha, &schedule);
+        let (mut b, mut p) = (vec![Vec::new(); ms.len()], vec![Vec::new(); ms.len()]);
+        let mut out = vec![Outcome::Inconclusive; ms.len()];
+        let mut load = 1.0f64;
+        for (j, &n) in schedule.iter().enumerate() {
+            while b[0].len() < n {
+                load = (load.ln() * 0.8 + machine.drift * normal(rng)).exp();
+                let first = sim_run(rng, ms, (load, machine), 0.0, &[]);
+                let second = sim_run(rng, ms, (load, machine), change, changed);
+                let (base, pat) = if baseline_first(seed, b[0].len()) {
+                    (first, second)
+                } else {
+                    // The patched side ran first: the same draws, the other labels.
+                    let pat = first
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| {
+                            if changed.contains(&i) {
+                                x * (1.0 + change)
+                            } else {
+                                *x
+                            }
+                        })
+                        .collect::<Vec<_>>();
+                    let base = second
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| {
+                            if changed.contains(&i) {
+                                x / (1.0 + change)
+                            } else {
+                                *x
+                            }
+                        })
+                        .collect::<Vec<_>>();
+                    (base, pat)
+                };
+                for i in 0..ms.len() {
+                    b[i].push(base[i]);
+                    p[i].push(pat[i]);
+                }
+            }
+            let tested = (0..ms.len())
+                .filter(|&i| !(is_constant(&b[i]) && is_constant(&p[i])))
+                .count();
+            let a = spending.level(j, tested);
+            for (i, m) in ms.iter().enumerate() {
+                if out[i] == Outcome::Inconclusive {
+                    out[i] = assess(&b[i], &p[i], m.band, a).outcome;
+                }
+            }
+            if out.iter().all(|o| *o != Outcome::Inconclusive) {
+                return (out, n);
+            }
+        }
+        (out, 20)
+    }
+
+    #[test]
+    fn identical_patches_under_run_level_noise_keep_the_error_rate() {
+        // Identical patches, the demo's four metrics, run-level noise (a drifting load and
+        // bursts shared by a run's timings, rounding that ties): a gain or a regression
+        // reported for any metric, at any look, is a false decision. At alpha 0.05 and at a
+        // loose 0.30 (where the rank tests' tails are reached often), the rate stays under
+        // alpha.
+        let ms = demo_metrics();
+        for (alpha, trials, seed) in [(0.05, 200u64, 14), (0.30, 200, 15)] {
+            let mut rng = SplitMix64(seed);
+            let mut false_decisions = 0;
+            for t in 0..trials {
+                let (out, _) = run_pairs(&mut rng, BUSY, &ms, 0.0, &[], alpha, t);
+                if out
+                    .iter()
+                    .any(|o| matches!(o, Outcome::Higher | Outcome::Lower))
+                {
+                    false_decisions += 1;
+                }
+            }
+            let rate = false_decisions as f64 / trials as f64;
+            assert!(
+                rate <= alpha,
+                "alpha {alpha}: false decisions in {rate} of verdicts"
+            );
+        }
+        // The compress demo's three metrics measured as on a quiet machine: the no-op is
+        // settled (every metric equivalent) by 6 pairs mostly (a run 10% or more off, one in
+        // about 30, in the first 12 runs waits for 10 pairs), by 10 nearly always.
+        let mut rng = SplitMix64(16);
+        let trials = 100;
+        let (mut by6, mut by10) = (0, 0);
+        for t in 0..trials {
+            let (out, n) = run_pairs(&mut rng, QUIET, &ms[..3], 0.0, &[], 0.05, t);
+            let wrong = |o: &Outcome| matches!(o, Outcome::Higher | Outcome::Lower);
+            assert!(!out.iter().any(wrong), "{out:?}");
+            if out.iter().all(|o| *o == Outcome::Equivalent) {
+                by6 += u64::from(n <= 6);
+                by10 += u64::from(n <= 10);
+            }
+        }
+        assert!(by6 * 10 >= trials * 6, "{by6}/{trials} settled by 6 pairs");
+        assert!(
+            by10 * 10 >= trials * 9,
+            "{by10}/{trials} settled by 10 pairs"
+        );
+    }
+
+    #[test]
+    fn the_demos_clear_cut_gain_is_decided_at_6_pairs() {
+        // swap-compressor on the compress demo: p99_ms down 78% (tied by rounding), memory
+        // unchanged, the bytes deterministic. Every metric decided at the second
+        // look, in every trial: the tied rank test is exact, and the Pocock-type spending
+        // gives the second look 0.021 of alpha (the linear function's 0.0075 with the
+        // normal approximation under ties waited for 12 pairs).
+        let ms = &demo_metrics()[..3];
+        let mut rng = SplitMix64(78);
+        for t in 0..40 {
+            let (out, n) = run_pairs(&mut rng, QUIET, ms, -0.78, &[0], 0.05, t);
+            assert_eq!(out[0], Outcome::Lower, "{out:?}");
+            assert_eq!(out[1], Outcome::Equivalent, "{out:?}");
+            assert_eq!(n, 6, "{out:?}");
+        }
     }
 
     #[test]

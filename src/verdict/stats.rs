@@ -246,7 +246,7 @@ pub fn mann_whitney_u(a: &[f64], b: &[f64]) -> (f64, f64) {
 /// Counts of U = 0..=n·m over all C(n+m, n) arrangements without ties: the coefficients of
 /// the Gaussian binomial coefficient [n+m choose n]_q, built as
 /// Π_{i=1..n} (1 − q^{m+i}) / (1 − q^i) with exact integer arithmetic.
-fn mwu_counts(n: usize, m: usize) -> Vec<i128> {
+pub(crate) fn mwu_counts(n: usize, m: usize) -> Vec<i128> {
     let deg = n * m;
     let mut c = vec![0i128; deg + 1];
     c[0] = 1;
@@ -292,7 +292,7 @@ pub(crate) fn min_exact_p(n: usize, m: usize) -> f64 {
 /// The complementary error function, for the normal tail: a positive-term series for
 /// `x < 1` (where `erfc ≥ 0.157`, so `1 − erf` loses nothing), a continued fraction beyond
 /// (relative error around 1e-15).
-fn erfc(x: f64) -> f64 {
+pub(crate) fn erfc(x: f64) -> f64 {
     if x.is_nan() {
         return f64::NAN;
     }
