@@ -43,6 +43,7 @@ pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};
 use crate::rundir::RunDir;
+use crate::trace;
 use reclaim::chown_tree;
 pub use reclaim::reclaim_dir;
 use serde::{Deserialize, Serialize};
@@ -52,7 +53,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use supervisor::{observation, read_msgs, spawn_init, supervise, InitExit};
+use supervisor::{observation, spawn_init, supervise, InitExit, StatusReader};
 use thiserror::Error;
 pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 
@@ -301,8 +302,10 @@ impl Sandbox {
     /// seccomp profile, creates the run directory and the size-capped disk holding
     /// `/tmp` and the workspace.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        trace::mark("sandbox: prepare");
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
+        trace::mark("sandbox: init checked");
         let layers = &spec.layers;
         // Seccomp: compile at start, so a broken profile fails before anything runs.
         let seccomp = if layers.get(Layer::Seccomp).wanted() {
@@ -337,6 +340,7 @@ impl Sandbox {
         } else {
             None
         };
+        trace::mark("sandbox: seccomp and landlock ready");
         let (host_uid, host_gid) = if is_root() {
             // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
             // runs at once share one with a chance of about 2e-8.
@@ -372,6 +376,7 @@ impl Sandbox {
             }
         }
         let rundir = RunDir::create(&crate::rundir::new_run_id())?;
+        trace::mark("sandbox: run dir created");
         let mut sb = Sandbox {
             spec: spec.clone(),
             rundir: Some(rundir),
@@ -393,6 +398,7 @@ impl Sandbox {
                 .ctx("chown", &rd.root_mount())?;
         }
         sb.mount_disk()?;
+        trace::mark("sandbox: disk mounted");
         Ok(sb)
     }
 
@@ -474,6 +480,7 @@ impl Sandbox {
                 .ctx("chmod /dev/shm", &shm)?;
         }
         self.chown_workspace()?;
+        trace::mark("sandbox: workspace ready");
         let spec = self.spec.clone();
         let layers = &spec.layers;
         let mut isolation = Isolation {
@@ -526,6 +533,7 @@ impl Sandbox {
                 }
             }
         }
+        trace::mark("sandbox: cgroup ready");
         if self.cgroup.is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
             require_missing(
@@ -610,6 +618,7 @@ impl Sandbox {
             mounts: mount_fds.iter().map(|f| f.as_fd()).collect(),
         };
 
+        trace::mark("sandbox: mounts planned");
         let start = Instant::now();
         let mut child = match spawn_init(
             &cfg,
@@ -655,9 +664,11 @@ impl Sandbox {
         });
         isolation.disk = self.disk_mounted.then(|| "tmpfs".to_string());
 
+        trace::mark("sandbox: init released");
         let mut watchdog = Watchdog::new(spec.limits.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
         let listeners = std::mem::take(&mut child.listeners);
+        let mut status = StatusReader::default();
         let (exit, ended) = supervise(
             &child,
             doors,
@@ -667,10 +678,12 @@ impl Sandbox {
             &mut watchdog,
             start,
             cancel.as_deref(),
+            &mut status,
         )?;
+        trace::mark("sandbox: init reaped");
         let (budget, interrupted, cancelled) = (ended.budget, ended.interrupted, ended.cancelled);
         // The status pipe: the command's landlock status, setup errors, the real exit status.
-        let msgs = read_msgs(child.status);
+        let msgs = status.finish(child.status);
         let mut exited: Option<(Option<i32>, Option<i32>)> = None;
         for m in &msgs {
             match m {

@@ -20,10 +20,12 @@ impl Sandbox {
             }
         }
         if let Some(rd) = self.rundir.take() {
+            trace::mark("teardown: cgroup removed");
             if let Err(e) = reclaim_dir(&rd.path, rd.id.as_str()) {
                 first_err.get_or_insert(e);
             }
             drop(rd);
+            trace::mark("teardown: run dir removed");
         }
         self.disk_mounted = false;
         match first_err {
