@@ -53,7 +53,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use supervisor::{observation, spawn_init, supervise, InitExit, StatusReader};
+use supervisor::{spawn_init, supervise, InitExit, StatusReader};
 use thiserror::Error;
 pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 
@@ -700,10 +700,7 @@ impl Sandbox {
                 InitMsg::Error { .. } => {}
             }
         }
-        if let Some(cg) = &self.cgroup {
-            let s = cg.sample();
-            watchdog.observe(&observation(start, &s, disk_path.as_deref()));
-        }
+        // (`supervise` took the final sample once the init was reaped.)
         let usage = watchdog.usage().clone();
         // A setup error inside the sandbox is an error, not a result of the command.
         if budget.is_none() && !interrupted && !cancelled {

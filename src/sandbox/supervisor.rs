@@ -426,13 +426,13 @@ pub(super) fn supervise(
     if let Some(c) = &cost {
         wd.set_api_cost(c.spent_usd());
     }
+    // The final usage, sampled once, after every member is gone.
+    let s = cg.map(|c| c.sample()).unwrap_or_default();
+    let last = wd.observe(&observation(start, &s, disk));
     let mut wd_budget = budget;
     if wd_budget.is_none() && !interrupted && !stopped {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
-        let s = cg.map(|c| c.sample()).unwrap_or_default();
-        wd_budget = wd
-            .observe(&observation(start, &s, disk))
-            .filter(|b| *b != BudgetKind::Wall);
+        wd_budget = last.filter(|b| *b != BudgetKind::Wall);
         if wd_budget.is_none() && cost.as_ref().is_some_and(|c| c.exceeded()) {
             wd_budget = Some(BudgetKind::ApiCost);
         }
