@@ -354,6 +354,10 @@ pub(super) fn supervise(
             tokio::select! {
                 r = afd.readable() => {
                     if let Ok(mut g) = r { g.retain_ready(); }
+                    // What the init wrote before it ended is read (and timed) first.
+                    if status_open {
+                        status.read_available(child.status.as_fd());
+                    }
                     trace::mark("init exit seen (pidfd)");
                     return (None, false, false);
                 }
