@@ -285,6 +285,17 @@ pub struct Sandbox {
     seccomp: Option<seccomp::CompiledProfile>,
     landlock_abi: Option<u32>,
     cgroup: Option<cgroup::SandboxCgroup>,
+    /// The cgroups were attempted once: an optional layer that failed is not tried (and
+    /// warned about) again at the first run.
+    cgroup_tried: bool,
+}
+
+/// Compiles the spec's seccomp profile (cached per process by `seccomp`).
+fn compile_profile(s: &spec::SeccompProfile) -> Result<seccomp::CompiledProfile, SandboxError> {
+    Ok(match &s.source {
+        SeccompSource::Builtin => seccomp::compile_json(&s.name, spec::DEFAULT_SECCOMP.as_bytes())?,
+        SeccompSource::File(p) => seccomp::compile_file(p)?,
+    })
 }
 
 fn is_root() -> bool {
@@ -299,23 +310,19 @@ fn own_uid() -> bool {
 
 impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
-    /// seccomp profile, creates the run directory and the size-capped disk holding
-    /// `/tmp` and the workspace.
+    /// seccomp profile, creates the run directory, the size-capped disk holding `/tmp` and
+    /// the workspace, and the cgroups. The profile is compiled on a second thread while the
+    /// rest is made; a broken one fails `prepare` (everything made is removed), before
+    /// anything runs.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
         trace::mark("sandbox: prepare");
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
         trace::mark("sandbox: init checked");
         let layers = &spec.layers;
-        // Seccomp: compile at start, so a broken profile fails before anything runs.
-        let seccomp = if layers.get(Layer::Seccomp).wanted() {
+        let compile_seccomp = if layers.get(Layer::Seccomp).wanted() {
             match seccomp::probe() {
-                Ok(()) => Some(match &spec.seccomp.source {
-                    SeccompSource::Builtin => {
-                        seccomp::compile_json(&spec.seccomp.name, spec::DEFAULT_SECCOMP.as_bytes())?
-                    }
-                    SeccompSource::File(p) => seccomp::compile_file(p)?,
-                }),
+                Ok(()) => true,
                 Err(fix) => {
                     require_missing(
                         layers,
@@ -323,12 +330,42 @@ impl Sandbox {
                         "the kernel has no seccomp filter mode",
                         &fix,
                     )?;
-                    None
+                    false
                 }
             }
         } else {
-            None
+            false
         };
+        std::thread::scope(|scope| {
+            let compiled = compile_seccomp.then(|| {
+                let source = &spec.seccomp;
+                std::thread::Builder::new()
+                    .name("fork-seccomp".into())
+                    .spawn_scoped(scope, move || compile_profile(source))
+            });
+            let sb = Self::make(spec);
+            let seccomp = match compiled {
+                None => None,
+                // No second thread to be had: compiled here.
+                Some(Err(_)) => Some(compile_profile(&spec.seccomp)?),
+                Some(Ok(h)) => Some(h.join().unwrap_or_else(|_| {
+                    Err(SandboxError::Setup {
+                        stage: "seccomp".into(),
+                        message: "the thread compiling the profile panicked".into(),
+                    })
+                })?),
+            };
+            let mut sb = sb?;
+            sb.seccomp = seccomp;
+            trace::mark("sandbox: seccomp ready");
+            Ok(sb)
+        })
+    }
+
+    /// `prepare` but the seccomp profile: the Landlock probe, the run directory, the disk
+    /// and the cgroups.
+    fn make(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        let layers = &spec.layers;
         let landlock_abi = if layers.get(Layer::Landlock).wanted() {
             match landlock::best_abi() {
                 Ok(abi) => Some(abi),
@@ -340,7 +377,6 @@ impl Sandbox {
         } else {
             None
         };
-        trace::mark("sandbox: seccomp and landlock ready");
         let (host_uid, host_gid) = if is_root() {
             // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
             // runs at once share one with a chance of about 2e-8.
@@ -383,9 +419,10 @@ impl Sandbox {
             disk_mounted: false,
             host_uid,
             host_gid,
-            seccomp,
+            seccomp: None,
             landlock_abi,
             cgroup: None,
+            cgroup_tried: false,
         };
         if own_uid() {
             // The init runs as the unprivileged host uid: it may traverse the run directory
@@ -399,7 +436,44 @@ impl Sandbox {
         }
         sb.mount_disk()?;
         trace::mark("sandbox: disk mounted");
+        // Made ahead of the first run (while the profile compiles, and before the caller
+        // fills the workspace).
+        sb.ensure_cgroup()?;
+        trace::mark("sandbox: cgroup ready");
         Ok(sb)
+    }
+
+    /// The cgroup budgets, beneath our own cgroup, unless they exist or are not wanted.
+    fn ensure_cgroup(&mut self) -> Result<(), SandboxError> {
+        self.cgroup_tried = true;
+        let layers = &self.spec.layers;
+        if !layers.get(Layer::Cgroup).wanted() || self.cgroup.is_some() {
+            return Ok(());
+        }
+        let limits = cgroup::CgroupLimits {
+            memory_bytes: Some(self.spec.limits.memory_bytes),
+            cpu_percent: Some(self.spec.limits.cpu_percent),
+            pids: Some(self.spec.limits.pids),
+        };
+        let rundir = self.rundir();
+        let created = cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
+            rundir
+                .record_cgroups(paths)
+                .ctx("recording the cgroups in", &rundir.path)
+        });
+        match created {
+            Ok(cg) => self.cgroup = Some(cg),
+            Err(e) => {
+                let p = cgroup::probe();
+                let fix = if p.fix.is_empty() {
+                    cgroup::DELEGATE_FIX.to_string()
+                } else {
+                    p.fix.join("; ")
+                };
+                require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
+            }
+        }
+        Ok(())
     }
 
     fn rundir(&self) -> &RunDir {
@@ -506,34 +580,13 @@ impl Sandbox {
         }
         let mut cgroupns = layers.get(Layer::Cgroupns).wanted();
 
-        // cgroup budgets, beneath our own cgroup.
-        if layers.get(Layer::Cgroup).wanted() && self.cgroup.is_none() {
-            let limits = cgroup::CgroupLimits {
-                memory_bytes: Some(spec.limits.memory_bytes),
-                cpu_percent: Some(spec.limits.cpu_percent),
-                pids: Some(spec.limits.pids),
-            };
-            let rundir = self.rundir();
-            let created =
-                cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
-                    rundir
-                        .record_cgroups(paths)
-                        .ctx("recording the cgroups in", &rundir.path)
-                });
-            match created {
-                Ok(cg) => self.cgroup = Some(cg),
-                Err(e) => {
-                    let p = cgroup::probe();
-                    let fix = if p.fix.is_empty() {
-                        cgroup::DELEGATE_FIX.to_string()
-                    } else {
-                        p.fix.join("; ")
-                    };
-                    require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
-                }
-            }
+        // cgroup budgets, beneath our own cgroup (made by `prepare`; again after a failure
+        // of an optional layer at an earlier run).
+        if self.cgroup_tried {
+            self.cgroup_tried = false;
+        } else {
+            self.ensure_cgroup()?;
         }
-        trace::mark("sandbox: cgroup ready");
         if self.cgroup.is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
             require_missing(
