@@ -28,5 +28,6 @@ pub mod run;
 pub mod rundir;
 pub mod sandbox;
 pub mod task;
+pub mod trace;
 pub mod units;
 pub mod verdict;

@@ -5,6 +5,8 @@
 use clap::Parser;
 
 fn main() {
+    // FORK_TRACE: the phases' clock starts here (see `fork::trace`).
+    fork::trace::start();
     fork::cli::default_sigpipe();
     // Until the command knows how to answer them (see `cli::dispatch`).
     fork::cli::hold_interrupts();
@@ -22,5 +24,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    std::process::exit(fork::cli::dispatch(cli));
+    let code = fork::cli::dispatch(cli);
+    fork::cli::print_trace();
+    std::process::exit(code);
 }

@@ -90,17 +90,20 @@ pub struct RunDir {
 
 impl RunDir {
     /// Creates and locks `<base>/fork-<id>` (a sandbox's run directory).
+    ///
+    /// Its `meta.json` is written once the sandbox's init exists ([`RunDir::write_meta`]):
+    /// before that there is no process for `fork gc` to kill.
     pub fn create(id: &str) -> Result<RunDir, RunDirError> {
-        Self::create_at(id, format!("fork-{id}"))
+        Self::create_at(id, format!("fork-{id}"), false)
     }
 
     /// Creates and locks `<base>/fork-eval-<id>`: an evaluation's own run directory (its
     /// staging area), distinct from the run directories of the sandboxes it starts.
     pub fn create_evaluation(id: &str) -> Result<RunDir, RunDirError> {
-        Self::create_at(&format!("eval-{id}"), format!("fork-eval-{id}"))
+        Self::create_at(&format!("eval-{id}"), format!("fork-eval-{id}"), true)
     }
 
-    fn create_at(id: &str, name: String) -> Result<RunDir, RunDirError> {
+    fn create_at(id: &str, name: String, meta: bool) -> Result<RunDir, RunDirError> {
         let mut live = live();
         let base = base_dir();
         let path = base.join(name);
@@ -137,7 +140,9 @@ impl RunDir {
             path,
             _lock: lock,
         };
-        rd.write_meta(None);
+        if meta {
+            rd.write_meta(None);
+        }
         live.insert(rd.id.clone(), rd.path.clone());
         Ok(rd)
     }
@@ -162,12 +167,21 @@ impl RunDir {
             text.push_str(line);
             text.push('\n');
         }
-        let tmp = self.path.join("cgroups.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, self.path.join(CGROUPS_FILE))
+        // Written in place (one write of a few hundred bytes): a record torn
+        // by a crash names a path `fork gc` refuses as not this run's, and gc's walk of its
+        // own cgroups still finds the run's.
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(self.path.join(CGROUPS_FILE))?;
+        f.write_all(text.as_bytes())
     }
 
-    /// Records the sandbox init's host pid so that gc can kill it after a crash.
+    /// Records the sandbox init's host pid so that gc can kill it after a crash. Written in
+    /// place, not renamed over: a file torn by a crash is no record (gc then finds the init
+    /// through the run's cgroups, and it dies with its supervisor anyway, PDEATHSIG).
     pub fn write_meta(&self, init_pid: Option<i32>) {
         let meta = RunMeta {
             run_id: self.id.clone(),
@@ -175,15 +189,38 @@ impl RunDir {
             init_pid,
             created: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         };
-        let tmp = self.path.join("meta.json.tmp");
-        let ok = File::create(&tmp)
+        let ok = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(self.path.join(META_FILE))
             .and_then(|mut f| {
                 f.write_all(serde_json::to_string(&meta).unwrap_or_default().as_bytes())
-            })
-            .and_then(|_| std::fs::rename(&tmp, self.path.join("meta.json")));
+            });
         if let Err(e) = ok {
             tracing::warn!("cannot write run metadata in {}: {e}", self.path.display());
         }
+    }
+}
+
+impl RunDir {
+    /// Deletes a sandbox's run directory, entry by known entry (its disk already
+    /// unmounted): what it holds when fork made all of it. Anything else in it (a
+    /// workspace left on `disk/` without a mounted disk, a mount) makes this fail, and the
+    /// caller falls back to the general reclaim. The lock goes last, so a run directory
+    /// half removed by a crash is still found (and finished) by `fork gc`.
+    pub fn remove_known(&self) -> std::io::Result<()> {
+        let gone_ok = |r: std::io::Result<()>| match r {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        };
+        gone_ok(std::fs::remove_file(self.path.join(META_FILE)))?;
+        gone_ok(std::fs::remove_file(self.path.join(CGROUPS_FILE)))?;
+        gone_ok(std::fs::remove_dir(self.root_mount()))?;
+        gone_ok(std::fs::remove_dir(self.disk()))?;
+        std::fs::remove_file(self.path.join("lock"))?;
+        std::fs::remove_dir(&self.path)
     }
 }
 
@@ -195,6 +232,8 @@ impl Drop for RunDir {
 
 /// The file of a run directory that lists its cgroups.
 const CGROUPS_FILE: &str = "cgroups";
+/// The file of a run directory that records its supervisor and init.
+const META_FILE: &str = "meta.json";
 
 /// The cgroups a run directory recorded (see [`RunDir::record_cgroups`]); none when it
 /// recorded none (a run without cgroup budgets, or one made by an older fork).
@@ -244,7 +283,7 @@ pub fn list_runs() -> Vec<FoundRun> {
             Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
             Err(_) => false,
         };
-        let meta = std::fs::read(path.join("meta.json"))
+        let meta = std::fs::read(path.join(META_FILE))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         out.push(FoundRun {
@@ -280,10 +319,19 @@ mod tests {
         let runs = list_runs();
         let r = runs.iter().find(|r| r.id == id).unwrap();
         assert!(!r.stale, "a locked run is live");
-        assert_eq!(
-            r.meta.as_ref().unwrap().supervisor_pid,
-            std::process::id() as i32
-        );
+        // No init yet, no record of one.
+        assert!(r.meta.is_none());
+        rd.write_meta(Some(42));
+        let runs = list_runs();
+        let meta = runs
+            .iter()
+            .find(|r| r.id == id)
+            .unwrap()
+            .meta
+            .clone()
+            .unwrap();
+        assert_eq!(meta.supervisor_pid, std::process::id() as i32);
+        assert_eq!(meta.init_pid, Some(42));
         let cgroups = vec![
             PathBuf::from("/sys/fs/cgroup/a/fork-x"),
             PathBuf::from("/sys/fs/cgroup/memory/fork-x"),

@@ -1106,3 +1106,68 @@ fn a_missing_or_stale_init_is_refused_with_69() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn fork_trace_prints_the_launch_phases_in_order_and_nothing_without_it() {
+    need_default_policy!();
+    let run_root = scratch("trace");
+    let launch = |trace: Option<&str>| {
+        let mut c = fork_cmd(&run_root);
+        c.env_remove("FORK_TRACE");
+        if let Some(v) = trace {
+            c.env("FORK_TRACE", v);
+        }
+        let out = c.args(["run", "--", "/bin/true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        err
+    };
+    let err = launch(Some("1"));
+    // `fork: trace <phase> +<ms>`, one a line, times never going back.
+    let marks: Vec<(String, f64)> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("fork: trace "))
+        .map(|l| {
+            let (phase, at) = l.rsplit_once(" +").unwrap_or_else(|| panic!("{l}"));
+            (
+                phase.to_string(),
+                at.parse().unwrap_or_else(|_| panic!("{l}")),
+            )
+        })
+        .collect();
+    let want = [
+        "start",
+        "run: policy loaded",
+        "sandbox: prepare",
+        "sandbox: init checked",
+        "sandbox: run dir created",
+        "sandbox: disk mounted",
+        "sandbox: cgroup ready",
+        "sandbox: clone returned",
+        "sandbox: init released",
+        "init: landlock status received",
+        "init: exit status received",
+        "sandbox: init reaped",
+        "teardown: cgroup removed",
+        "teardown: run dir removed",
+        "exit",
+    ];
+    let mut at = 0;
+    for w in want {
+        let i = marks[at..]
+            .iter()
+            .position(|(p, _)| p == w)
+            .unwrap_or_else(|| panic!("phase {w:?} missing or out of order in:\n{err}"));
+        at += i + 1;
+    }
+    for pair in marks.windows(2) {
+        assert!(pair[0].1 <= pair[1].1, "time went back: {pair:?}\n{err}");
+    }
+    assert_eq!(marks.last().map(|m| m.0.as_str()), Some("exit"), "{err}");
+    // Off (unset, or "0"): not one trace line.
+    for off in [None, Some("0")] {
+        let err = launch(off);
+        assert!(!err.contains("fork: trace"), "{off:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&run_root);
+}

@@ -58,6 +58,20 @@ pub enum Command {
 
 pub use crate::sandbox::signals::{default_sigpipe, hold_interrupts, release_interrupts};
 
+/// With `FORK_TRACE` set, prints the phases the command went through to stderr, one line
+/// each: `fork: trace <phase> +<ms since start>` (see [`crate::trace`]).
+pub fn print_trace() {
+    if !crate::trace::enabled() {
+        return;
+    }
+    crate::trace::mark("exit");
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for (phase, at) in crate::trace::take() {
+        let _ = writeln!(err, "fork: trace {phase} +{:.3}", at.as_secs_f64() * 1e3);
+    }
+}
+
 /// Runs a parsed command line; returns the process exit code.
 ///
 /// SIGINT/SIGTERM/SIGHUP are held back from `main`'s start (see [`hold_interrupts`]): the

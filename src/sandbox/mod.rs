@@ -27,6 +27,7 @@ pub mod landlock;
 pub mod mounts;
 pub mod namespaces;
 pub mod net;
+mod prepare;
 pub mod probe;
 mod reclaim;
 pub mod rlimits;
@@ -43,6 +44,7 @@ pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};
 use crate::rundir::RunDir;
+use crate::trace;
 use reclaim::chown_tree;
 pub use reclaim::reclaim_dir;
 use serde::{Deserialize, Serialize};
@@ -52,7 +54,7 @@ use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use supervisor::{observation, read_msgs, spawn_init, supervise, InitExit};
+use supervisor::{spawn_init, supervise, InitExit, StatusReader};
 use thiserror::Error;
 pub use watchdog::{BudgetKind, Limits, Observation, Usage, Watchdog};
 
@@ -284,6 +286,9 @@ pub struct Sandbox {
     seccomp: Option<seccomp::CompiledProfile>,
     landlock_abi: Option<u32>,
     cgroup: Option<cgroup::SandboxCgroup>,
+    /// The cgroups were attempted once: an optional layer that failed is not tried (and
+    /// warned about) again at the first run.
+    cgroup_tried: bool,
 }
 
 fn is_root() -> bool {
@@ -297,105 +302,6 @@ fn own_uid() -> bool {
 }
 
 impl Sandbox {
-    /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
-    /// seccomp profile, creates the run directory and the size-capped disk holding
-    /// `/tmp` and the workspace.
-    pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
-        // No init of this build beside fork: refuse before anything is created (exit 69).
-        init_exe::open()?;
-        let layers = &spec.layers;
-        // Seccomp: compile at start, so a broken profile fails before anything runs.
-        let seccomp = if layers.get(Layer::Seccomp).wanted() {
-            match seccomp::probe() {
-                Ok(()) => Some(match &spec.seccomp.source {
-                    SeccompSource::Builtin => {
-                        seccomp::compile_json(&spec.seccomp.name, spec::DEFAULT_SECCOMP.as_bytes())?
-                    }
-                    SeccompSource::File(p) => seccomp::compile_file(p)?,
-                }),
-                Err(fix) => {
-                    require_missing(
-                        layers,
-                        Layer::Seccomp,
-                        "the kernel has no seccomp filter mode",
-                        &fix,
-                    )?;
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let landlock_abi = if layers.get(Layer::Landlock).wanted() {
-            match landlock::best_abi() {
-                Ok(abi) => Some(abi),
-                Err(e) => {
-                    require_missing(layers, Layer::Landlock, &e.reason, &e.fix)?;
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let (host_uid, host_gid) = if is_root() {
-            // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
-            // runs at once share one with a chance of about 2e-8.
-            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..7], 16).unwrap_or(0);
-            let id = 1_000_000_000 + n;
-            (id, id)
-        } else if let Some(ids) = rootless::distinct_ids() {
-            // A user's: drawn from the subordinate ranges fork's namespace maps.
-            ids
-        } else {
-            (
-                nix::unistd::geteuid().as_raw(),
-                nix::unistd::getegid().as_raw(),
-            )
-        };
-        if own_uid() {
-            // The init runs as an unprivileged uid and must reach its mount points beneath
-            // the run root: every directory above them has to be searchable by others.
-            let base = crate::rundir::base_dir();
-            let mut dir = Some(base.as_path());
-            while let Some(d) = dir {
-                use std::os::unix::fs::PermissionsExt;
-                if let Ok(md) = std::fs::metadata(d) {
-                    if md.permissions().mode() & 0o001 == 0 {
-                        return Err(SandboxError::RunRootUnreachable {
-                            base: base.clone(),
-                            dir: d.to_path_buf(),
-                            mode: md.permissions().mode() & 0o7777,
-                        });
-                    }
-                }
-                dir = d.parent();
-            }
-        }
-        let rundir = RunDir::create(&crate::rundir::new_run_id())?;
-        let mut sb = Sandbox {
-            spec: spec.clone(),
-            rundir: Some(rundir),
-            disk_mounted: false,
-            host_uid,
-            host_gid,
-            seccomp,
-            landlock_abi,
-            cgroup: None,
-        };
-        if own_uid() {
-            // The init runs as the unprivileged host uid: it may traverse the run directory
-            // (0711, nothing listable) to its own mount point; the disk is its alone (0700).
-            use std::os::unix::fs::PermissionsExt;
-            let rd = sb.rundir();
-            std::fs::set_permissions(&rd.path, std::fs::Permissions::from_mode(0o711))
-                .ctx("chmod", &rd.path)?;
-            std::os::unix::fs::chown(rd.root_mount(), Some(host_uid), Some(host_gid))
-                .ctx("chown", &rd.root_mount())?;
-        }
-        sb.mount_disk()?;
-        Ok(sb)
-    }
-
     fn rundir(&self) -> &RunDir {
         // Invariant: `rundir` is only taken by `destroy`, which consumes the sandbox.
         self.rundir
@@ -474,6 +380,7 @@ impl Sandbox {
                 .ctx("chmod /dev/shm", &shm)?;
         }
         self.chown_workspace()?;
+        trace::mark("sandbox: workspace ready");
         let spec = self.spec.clone();
         let layers = &spec.layers;
         let mut isolation = Isolation {
@@ -499,32 +406,12 @@ impl Sandbox {
         }
         let mut cgroupns = layers.get(Layer::Cgroupns).wanted();
 
-        // cgroup budgets, beneath our own cgroup.
-        if layers.get(Layer::Cgroup).wanted() && self.cgroup.is_none() {
-            let limits = cgroup::CgroupLimits {
-                memory_bytes: Some(spec.limits.memory_bytes),
-                cpu_percent: Some(spec.limits.cpu_percent),
-                pids: Some(spec.limits.pids),
-            };
-            let rundir = self.rundir();
-            let created =
-                cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
-                    rundir
-                        .record_cgroups(paths)
-                        .ctx("recording the cgroups in", &rundir.path)
-                });
-            match created {
-                Ok(cg) => self.cgroup = Some(cg),
-                Err(e) => {
-                    let p = cgroup::probe();
-                    let fix = if p.fix.is_empty() {
-                        cgroup::DELEGATE_FIX.to_string()
-                    } else {
-                        p.fix.join("; ")
-                    };
-                    require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
-                }
-            }
+        // cgroup budgets, beneath our own cgroup (made by `prepare`; again after a failure
+        // of an optional layer at an earlier run).
+        if self.cgroup_tried {
+            self.cgroup_tried = false;
+        } else {
+            self.ensure_cgroup()?;
         }
         if self.cgroup.is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
@@ -610,6 +497,7 @@ impl Sandbox {
             mounts: mount_fds.iter().map(|f| f.as_fd()).collect(),
         };
 
+        trace::mark("sandbox: mounts planned");
         let start = Instant::now();
         let mut child = match spawn_init(
             &cfg,
@@ -655,9 +543,11 @@ impl Sandbox {
         });
         isolation.disk = self.disk_mounted.then(|| "tmpfs".to_string());
 
+        trace::mark("sandbox: init released");
         let mut watchdog = Watchdog::new(spec.limits.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
         let listeners = std::mem::take(&mut child.listeners);
+        let mut status = StatusReader::default();
         let (exit, ended) = supervise(
             &child,
             doors,
@@ -667,10 +557,12 @@ impl Sandbox {
             &mut watchdog,
             start,
             cancel.as_deref(),
+            &mut status,
         )?;
+        trace::mark("sandbox: init reaped");
         let (budget, interrupted, cancelled) = (ended.budget, ended.interrupted, ended.cancelled);
         // The status pipe: the command's landlock status, setup errors, the real exit status.
-        let msgs = read_msgs(child.status);
+        let msgs = status.finish(child.status);
         let mut exited: Option<(Option<i32>, Option<i32>)> = None;
         for m in &msgs {
             match m {
@@ -687,10 +579,7 @@ impl Sandbox {
                 InitMsg::Error { .. } => {}
             }
         }
-        if let Some(cg) = &self.cgroup {
-            let s = cg.sample();
-            watchdog.observe(&observation(start, &s, disk_path.as_deref()));
-        }
+        // (`supervise` took the final sample once the init was reaped.)
         let usage = watchdog.usage().clone();
         // A setup error inside the sandbox is an error, not a result of the command.
         if budget.is_none() && !interrupted && !cancelled {

@@ -154,6 +154,7 @@ pub(super) fn spawn_init(
     let (pid, pidfd) = cloned.map_err(sys_err(
         "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
     ))?;
+    trace::mark("sandbox: clone returned");
     let pid = pid.as_raw();
     drop(sync_rd);
     drop(status_wr);
@@ -298,6 +299,7 @@ pub(super) fn supervise(
     wd: &mut Watchdog,
     start: Instant,
     cancel: Option<&std::sync::atomic::AtomicBool>,
+    status: &mut StatusReader,
 ) -> Result<(InitExit, Ended), SandboxError> {
     let cancelled = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -321,6 +323,13 @@ pub(super) fn supervise(
             Ok(a) => a,
             Err(_) => return (None, false, false),
         };
+        // The status pipe, read as the init writes (its messages are timed for FORK_TRACE);
+        // whatever is left is read once the init has exited.
+        let status_fd = status
+            .nonblocking(child.status.as_fd())
+            .then(|| sys::async_fd(child.status.as_fd(), tokio::io::Interest::READABLE).ok())
+            .flatten();
+        let mut status_open = status_fd.is_some();
         let mut sigint =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
         let mut sigterm =
@@ -345,7 +354,23 @@ pub(super) fn supervise(
             tokio::select! {
                 r = afd.readable() => {
                     if let Ok(mut g) = r { g.retain_ready(); }
+                    // What the init wrote before it ended is read (and timed) first.
+                    if status_open {
+                        status.read_available(child.status.as_fd());
+                    }
+                    trace::mark("init exit seen (pidfd)");
                     return (None, false, false);
+                }
+                r = async { status_fd.as_ref()?.readable().await.ok() }, if status_open => {
+                    match r {
+                        Some(mut g) => {
+                            if !status.read_available(child.status.as_fd()) {
+                                status_open = false;
+                            }
+                            g.clear_ready();
+                        }
+                        None => status_open = false,
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     return (Some(BudgetKind::Wall), false, false);
@@ -405,13 +430,13 @@ pub(super) fn supervise(
     if let Some(c) = &cost {
         wd.set_api_cost(c.spent_usd());
     }
+    // The final usage, sampled once, after every member is gone.
+    let s = cg.map(|c| c.sample()).unwrap_or_default();
+    let last = wd.observe(&observation(start, &s, disk));
     let mut wd_budget = budget;
     if wd_budget.is_none() && !interrupted && !stopped {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
-        let s = cg.map(|c| c.sample()).unwrap_or_default();
-        wd_budget = wd
-            .observe(&observation(start, &s, disk))
-            .filter(|b| *b != BudgetKind::Wall);
+        wd_budget = last.filter(|b| *b != BudgetKind::Wall);
         if wd_budget.is_none() && cost.as_ref().is_some_and(|c| c.exceeded()) {
             wd_budget = Some(BudgetKind::ApiCost);
         }
@@ -426,13 +451,88 @@ pub(super) fn supervise(
     ))
 }
 
-pub(super) fn read_msgs(status: OwnedFd) -> Vec<InitMsg> {
-    let mut f = std::fs::File::from(status);
-    let mut buf = Vec::new();
-    // Every writer is gone once the init has exited (the pid namespace is dead).
-    let _ = Read::by_ref(&mut f).take(1 << 20).read_to_end(&mut buf);
-    buf.split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| serde_json::from_slice(l).ok())
-        .collect()
+/// At most this much is read from the status pipe.
+const STATUS_MAX: usize = 1 << 20;
+
+/// What the init has written on its status pipe so far.
+#[derive(Default)]
+pub(super) struct StatusReader {
+    buf: Vec<u8>,
+    /// Complete lines already marked for FORK_TRACE.
+    marked: usize,
+}
+
+impl StatusReader {
+    /// Makes our end of the pipe non-blocking (for reading while the init runs).
+    fn nonblocking(&self, fd: BorrowedFd<'_>) -> bool {
+        set_nonblocking(fd, true)
+    }
+
+    /// Reads what is there now; false at end of file (or an error, or the cap).
+    fn read_available(&mut self, fd: BorrowedFd<'_>) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if self.buf.len() >= STATUS_MAX {
+                return false;
+            }
+            match nix::unistd::read(fd, &mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    let take = n.min(STATUS_MAX - self.buf.len());
+                    self.buf.extend_from_slice(&chunk[..take]);
+                    self.mark_lines();
+                }
+                Err(nix::Error::EINTR) => continue,
+                Err(nix::Error::EAGAIN) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// FORK_TRACE: one mark per message, when it arrived.
+    fn mark_lines(&mut self) {
+        if !trace::enabled() {
+            return;
+        }
+        let lines = self.buf.iter().filter(|b| **b == b'\n').count();
+        for line in self
+            .buf
+            .split(|b| *b == b'\n')
+            .skip(self.marked)
+            .take(lines - self.marked)
+        {
+            trace::mark(match serde_json::from_slice::<InitMsg>(line) {
+                Ok(InitMsg::Landlock { .. }) => "init: landlock status received",
+                Ok(InitMsg::Exited { .. }) => "init: exit status received",
+                Ok(InitMsg::Error { .. }) => "init: error received",
+                Err(_) => "init: unreadable message received",
+            });
+        }
+        self.marked = lines;
+    }
+
+    /// Reads the rest (every writer is gone once the init has exited: the pid namespace is
+    /// dead) and returns every message.
+    pub(super) fn finish(mut self, status: OwnedFd) -> Vec<InitMsg> {
+        set_nonblocking(status.as_fd(), false);
+        let mut f = std::fs::File::from(status);
+        let room = STATUS_MAX.saturating_sub(self.buf.len()) as u64;
+        let _ = Read::by_ref(&mut f).take(room).read_to_end(&mut self.buf);
+        self.mark_lines();
+        self.buf
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect()
+    }
+}
+
+fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> bool {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let Ok(bits) = fcntl(fd, FcntlArg::F_GETFL) else {
+        return false;
+    };
+    let mut flags = OFlag::from_bits_truncate(bits);
+    flags.set(OFlag::O_NONBLOCK, on);
+    fcntl(fd, FcntlArg::F_SETFL(flags)).is_ok()
 }

@@ -20,10 +20,12 @@ impl Sandbox {
             }
         }
         if let Some(rd) = self.rundir.take() {
-            if let Err(e) = reclaim_dir(&rd.path, rd.id.as_str()) {
+            trace::mark("teardown: cgroup removed");
+            if let Err(e) = remove_run_dir(&rd, self.disk_mounted) {
                 first_err.get_or_insert(e);
             }
             drop(rd);
+            trace::mark("teardown: run dir removed");
         }
         self.disk_mounted = false;
         match first_err {
@@ -39,4 +41,20 @@ impl Drop for Sandbox {
             tracing::error!("destroying the sandbox: {e}");
         }
     }
+}
+
+/// Unmounts the disk fork mounted and deletes the run directory entry by entry (no scan
+/// of the mount table, no listing); anything unexpected in it falls back to the general
+/// reclaim `fork gc` uses, which finds every mount beneath it.
+fn remove_run_dir(rd: &RunDir, disk_mounted: bool) -> Result<(), SandboxError> {
+    use nix::mount::{umount2, MntFlags};
+    let unmounted = !disk_mounted
+        || match umount2(&rd.disk(), MntFlags::MNT_DETACH) {
+            Ok(()) => true,
+            Err(e) => e == nix::Error::EINVAL || e == nix::Error::ENOENT,
+        };
+    if unmounted && rd.remove_known().is_ok() {
+        return Ok(());
+    }
+    reclaim_dir(&rd.path, rd.id.as_str())
 }

@@ -39,6 +39,7 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         ));
     }
     let policy = load_policy(a.policy.as_deref(), &a.budget)?;
+    crate::trace::mark("run: policy loaded");
     let limits = policy.budgets.clone();
     let r = run(RunRequest {
         policy,

@@ -131,13 +131,31 @@ impl SandboxCgroup {
     }
 
     /// Kill, close the stat files, remove; marks the handle done whatever happened.
+    ///
+    /// An empty cgroup (the usual case: the supervisor emptied it when the init ended) is
+    /// removed at once, one rmdir per hierarchy: the kernel refuses (EBUSY) to remove one
+    /// that still holds a task or a child cgroup, and only then are the tasks listed and
+    /// killed and the children looked for.
     pub(super) fn destroy_inner(&mut self) -> Result<(), CgroupError> {
         let start = Instant::now();
-        let killed = self.kill_all();
         self.stats = Default::default();
+        if self.remove_empty_dirs() {
+            self.done = true;
+            return Ok(());
+        }
+        let killed = self.kill_all();
         let removed = self.remove_dirs(start);
         self.done = true;
         killed.and(removed)
+    }
+
+    /// One rmdir per hierarchy (a directory already gone counts as removed); false as soon
+    /// as one is refused, the rest then left to [`Self::remove_dirs`].
+    fn remove_empty_dirs(&self) -> bool {
+        self.dirs.iter().all(|d| match fs::remove_dir(&d.path) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        })
     }
 }
 
@@ -275,6 +293,28 @@ mod tests {
         assert!(st.signal() == Some(libc::SIGKILL) || st.code().is_some());
         assert_eq!(cg.live_pids(), Vec::<i32>::new());
         cg.destroy().unwrap();
+    }
+
+    #[test]
+    fn destroy_of_a_cgroup_still_holding_tasks_kills_them_and_removes_it() {
+        // destroy tries a bare rmdir first; the kernel refuses it while a task is inside,
+        // and the kill then runs as before.
+        let cg = SandboxCgroup::create(&unique("busy"), &CgroupLimits::default()).unwrap();
+        let paths = cg.paths();
+        let mut child = spawn_gated("sleep 30 & sleep 30; wait");
+        cg.add_pid(child.id() as i32).unwrap();
+        release(&mut child);
+        let start = Instant::now();
+        while cg.live_pids().len() < 2 && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(cg.live_pids().len() >= 2, "{:?}", cg.live_pids());
+        cg.destroy().unwrap();
+        let st = wait_bounded(&mut child, Duration::from_secs(2));
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+        for p in &paths {
+            assert!(!p.exists(), "{p:?} left behind");
+        }
     }
 
     #[test]

@@ -1,0 +1,181 @@
+//! Preparing a sandbox: the layer checks, the run directory, the capped disk, the cgroups,
+//! and the seccomp profile compiled beside them.
+
+use super::*;
+
+impl Sandbox {
+    /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
+    /// seccomp profile, creates the run directory, the size-capped disk holding `/tmp` and
+    /// the workspace, and the cgroups. The profile is compiled on a second thread while the
+    /// rest is made; a broken one fails `prepare` (everything made is removed), before
+    /// anything runs.
+    pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        trace::mark("sandbox: prepare");
+        // No init of this build beside fork: refuse before anything is created (exit 69).
+        init_exe::open()?;
+        trace::mark("sandbox: init checked");
+        let layers = &spec.layers;
+        let compile_seccomp = if layers.get(Layer::Seccomp).wanted() {
+            match seccomp::probe() {
+                Ok(()) => true,
+                Err(fix) => {
+                    require_missing(
+                        layers,
+                        Layer::Seccomp,
+                        "the kernel has no seccomp filter mode",
+                        &fix,
+                    )?;
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        std::thread::scope(|scope| {
+            let compiled = compile_seccomp.then(|| {
+                let source = &spec.seccomp;
+                std::thread::Builder::new()
+                    .name("fork-seccomp".into())
+                    .spawn_scoped(scope, move || compile_profile(source))
+            });
+            let sb = Self::make(spec);
+            let seccomp = match compiled {
+                None => None,
+                // No second thread to be had: compiled here.
+                Some(Err(_)) => Some(compile_profile(&spec.seccomp)?),
+                Some(Ok(h)) => Some(h.join().unwrap_or_else(|_| {
+                    Err(SandboxError::Setup {
+                        stage: "seccomp".into(),
+                        message: "the thread compiling the profile panicked".into(),
+                    })
+                })?),
+            };
+            let mut sb = sb?;
+            sb.seccomp = seccomp;
+            trace::mark("sandbox: seccomp ready");
+            Ok(sb)
+        })
+    }
+
+    /// `prepare` but the seccomp profile: the Landlock probe, the run directory, the disk
+    /// and the cgroups.
+    fn make(spec: &Spec) -> Result<Sandbox, SandboxError> {
+        let layers = &spec.layers;
+        let landlock_abi = if layers.get(Layer::Landlock).wanted() {
+            match landlock::best_abi() {
+                Ok(abi) => Some(abi),
+                Err(e) => {
+                    require_missing(layers, Layer::Landlock, &e.reason, &e.fix)?;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (host_uid, host_gid) = if is_root() {
+            // A per-run unprivileged uid, never host root, drawn at random: 28 bits, so four
+            // runs at once share one with a chance of about 2e-8.
+            let n = u32::from_str_radix(&crate::rundir::new_run_id()[..7], 16).unwrap_or(0);
+            let id = 1_000_000_000 + n;
+            (id, id)
+        } else if let Some(ids) = rootless::distinct_ids() {
+            // A user's: drawn from the subordinate ranges fork's namespace maps.
+            ids
+        } else {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        };
+        if own_uid() {
+            // The init runs as an unprivileged uid and must reach its mount points beneath
+            // the run root: every directory above them has to be searchable by others.
+            let base = crate::rundir::base_dir();
+            let mut dir = Some(base.as_path());
+            while let Some(d) = dir {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(md) = std::fs::metadata(d) {
+                    if md.permissions().mode() & 0o001 == 0 {
+                        return Err(SandboxError::RunRootUnreachable {
+                            base: base.clone(),
+                            dir: d.to_path_buf(),
+                            mode: md.permissions().mode() & 0o7777,
+                        });
+                    }
+                }
+                dir = d.parent();
+            }
+        }
+        let rundir = RunDir::create(&crate::rundir::new_run_id())?;
+        trace::mark("sandbox: run dir created");
+        let mut sb = Sandbox {
+            spec: spec.clone(),
+            rundir: Some(rundir),
+            disk_mounted: false,
+            host_uid,
+            host_gid,
+            seccomp: None,
+            landlock_abi,
+            cgroup: None,
+            cgroup_tried: false,
+        };
+        if own_uid() {
+            // The init runs as the unprivileged host uid: it may traverse the run directory
+            // (0711, nothing listable) to its own mount point; the disk is its alone (0700).
+            use std::os::unix::fs::PermissionsExt;
+            let rd = sb.rundir();
+            std::fs::set_permissions(&rd.path, std::fs::Permissions::from_mode(0o711))
+                .ctx("chmod", &rd.path)?;
+            std::os::unix::fs::chown(rd.root_mount(), Some(host_uid), Some(host_gid))
+                .ctx("chown", &rd.root_mount())?;
+        }
+        sb.mount_disk()?;
+        trace::mark("sandbox: disk mounted");
+        // Made ahead of the first run (while the profile compiles, and before the caller
+        // fills the workspace).
+        sb.ensure_cgroup()?;
+        trace::mark("sandbox: cgroup ready");
+        Ok(sb)
+    }
+
+    /// The cgroup budgets, beneath our own cgroup, unless they exist or are not wanted.
+    pub(super) fn ensure_cgroup(&mut self) -> Result<(), SandboxError> {
+        self.cgroup_tried = true;
+        let layers = &self.spec.layers;
+        if !layers.get(Layer::Cgroup).wanted() || self.cgroup.is_some() {
+            return Ok(());
+        }
+        let limits = cgroup::CgroupLimits {
+            memory_bytes: Some(self.spec.limits.memory_bytes),
+            cpu_percent: Some(self.spec.limits.cpu_percent),
+            pids: Some(self.spec.limits.pids),
+        };
+        let rundir = self.rundir();
+        let created = cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
+            rundir
+                .record_cgroups(paths)
+                .ctx("recording the cgroups in", &rundir.path)
+        });
+        match created {
+            Ok(cg) => self.cgroup = Some(cg),
+            Err(e) => {
+                let p = cgroup::probe();
+                let fix = if p.fix.is_empty() {
+                    cgroup::DELEGATE_FIX.to_string()
+                } else {
+                    p.fix.join("; ")
+                };
+                require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Compiles the spec's seccomp profile (cached per process by `seccomp`).
+fn compile_profile(s: &spec::SeccompProfile) -> Result<seccomp::CompiledProfile, SandboxError> {
+    Ok(match &s.source {
+        SeccompSource::Builtin => seccomp::compile_json(&s.name, spec::DEFAULT_SECCOMP.as_bytes())?,
+        SeccompSource::File(p) => seccomp::compile_file(p)?,
+    })
+}
