@@ -288,6 +288,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
 
     // 5 VERDICT: the plan's decisions combined into one.
     crate::trace::mark("evaluate: tasks run");
+    // Every sandbox is made: the state snapshot and the protected copy they were served
+    // go now, beside the conclusion and the bundle (joined before the bundle is published).
+    p.teardowns.remove_dir(snap_dir.clone());
+    p.teardowns.remove_dir(protect::copy_root(staging.path()));
     progress::phase("verdict", "deciding and signing");
     let decisions: Vec<TaskDecision<'_>> = p
         .tasks

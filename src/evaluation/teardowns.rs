@@ -39,6 +39,27 @@ impl Teardowns {
         }
     }
 
+    /// Removes `dir` (a part of the staging area no longer needed) on a thread of its
+    /// own. What it cannot remove is only logged: the staging area's own removal, when
+    /// the evaluation ends, takes whatever remains (as it always did).
+    pub fn remove_dir(&self, dir: std::path::PathBuf) {
+        let remove = move || {
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("removing {}: {e}", dir.display())
+                }
+                _ => {}
+            }
+            Ok(())
+        };
+        if let Ok(h) = std::thread::Builder::new()
+            .name("fork-teardown".into())
+            .spawn(remove)
+        {
+            self.lock().push(h);
+        }
+    }
+
     /// Joins every teardown under way; the first error, if any.
     pub fn wait(&self) -> Result<(), SandboxError> {
         let handles = std::mem::take(&mut *self.lock());
