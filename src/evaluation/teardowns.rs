@@ -90,3 +90,34 @@ impl Drop for Teardowns {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removal_is_done_once_joined_and_a_missing_directory_is_no_error() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("state");
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("a/b/store.db"), vec![0u8; 64 * 1024]).unwrap();
+        let t = Teardowns::default();
+        t.remove_dir(dir.clone());
+        t.remove_dir(d.path().join("never-made"));
+        t.wait().unwrap();
+        assert!(!dir.exists());
+        assert!(t.lock().is_empty());
+    }
+
+    #[test]
+    fn dropping_joins_what_is_under_way() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("protected");
+        std::fs::create_dir_all(dir.join("x")).unwrap();
+        {
+            let t = Teardowns::default();
+            t.remove_dir(dir.clone());
+        }
+        assert!(!dir.exists());
+    }
+}
