@@ -1585,3 +1585,92 @@ fn patch_files_are_checked_before_they_are_read() {
         assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
     }
 }
+
+/// `FORK_TRACE=1 fork evaluate` marks the evaluation's own phases, and the marks show the
+/// overlapped teardowns' guarantees: each side's sandbox is gone (its run directory
+/// removed) before the next sandbox is prepared, and every teardown is joined before the
+/// bundle takes its name (and nothing remains afterwards: `evaluate_with` checks the run
+/// root). The task runs on both sides (`baseline = true`), so there are two sandboxes.
+#[test]
+fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() {
+    need_default_policy!();
+    let env = Env::new("ev-trace");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.noop2]\ncommand = [\"true\"]\nbaseline = true\n",
+    );
+    let trace = OsStr::new("1");
+    let e = evaluate_with(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "trace",
+        &["--task", "noop2", "--no-ledger"],
+        With {
+            vars: &[("FORK_TRACE", trace)],
+            require_verdict: true,
+            ..With::default()
+        },
+    );
+    let marks: Vec<&str> = e
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("fork: trace "))
+        .map(|l| l.rsplit_once(" +").unwrap_or_else(|| panic!("{l}")).0)
+        .collect();
+    let want = [
+        "evaluate: planned, node key loaded",
+        "evaluate: gates checked, staging made",
+        "evaluate: state and protected tree snapshotted",
+        "evaluate: parent source hashed",
+        "evaluate: patched side ready, trees hashed",
+        "evaluate: tasks run",
+        "evaluate: concluded",
+        "evaluate: bundle synced",
+        "evaluate: teardowns joined",
+        "evaluate: bundle written",
+        "evaluate: staging removed",
+        "exit",
+    ];
+    let mut at = 0;
+    for w in want {
+        let i = marks[at..]
+            .iter()
+            .position(|p| *p == w)
+            .unwrap_or_else(|| panic!("phase {w:?} missing or out of order in:\n{}", e.ctx()));
+        at += i + 1;
+    }
+    // Sandboxes one at a time: each prepared only once the one before is removed.
+    let (mut prepared, mut removed) = (0, 0);
+    let joined = marks
+        .iter()
+        .position(|p| *p == "evaluate: teardowns joined");
+    for (i, m) in marks.iter().enumerate() {
+        match *m {
+            "sandbox: prepare" => {
+                assert_eq!(
+                    prepared,
+                    removed,
+                    "a sandbox prepared before the last one was removed:\n{}",
+                    e.ctx()
+                );
+                prepared += 1;
+            }
+            "teardown: run dir removed" => {
+                assert!(
+                    Some(i) < joined,
+                    "a teardown ended after the join:\n{}",
+                    e.ctx()
+                );
+                removed += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        prepared >= 2,
+        "both sides ran in a sandbox of their own:\n{}",
+        e.ctx()
+    );
+    assert_eq!(prepared, removed, "every sandbox removed:\n{}", e.ctx());
+}

@@ -432,6 +432,7 @@ fn sign(
         ),
         None => budget_report(p, &p.policy.budgets, None, None),
     };
+    crate::trace::mark("evaluate: concluded");
     let d = c.decision;
     let verdict = Verdict {
         header: Header::new(),
@@ -465,8 +466,23 @@ fn sign(
                 .map_err(|e| EvaluateError::Usage(format!("--out {}: {e}", p.out_dir.display())))?;
         }
     }
-    let written = crate::verdict::write_bundle(&p.out_dir, &verdict, &c.artifacts, ephemeral, node)
-        .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))?;
+    // The sides' sandbox teardowns overlap the bundle's writing; the bundle takes its name
+    // only once every one is done (a failed one is the evaluation's error, as in line).
+    let written = crate::verdict::write_bundle_then(
+        &p.out_dir,
+        &verdict,
+        &c.artifacts,
+        ephemeral,
+        node,
+        || {
+            crate::trace::mark("evaluate: bundle synced");
+            let r = p.teardowns.wait();
+            crate::trace::mark("evaluate: teardowns joined");
+            r
+        },
+    )
+    .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))??;
+    crate::trace::mark("evaluate: bundle written");
     Ok(Evaluation {
         out_dir: written.dir,
         verdict: written.verdict,

@@ -27,6 +27,7 @@ pub mod reverify;
 pub mod side;
 pub mod staging;
 pub mod task_run;
+pub mod teardowns;
 
 pub use request::{CiOutputs, LedgerChoice, Request};
 
@@ -104,6 +105,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     progress::phase("plan", &format!("patch {}", a.patch.display()));
     let p = plan::plan(a)?;
     let node = plan::load_node_key(a.key.as_deref())?;
+    crate::trace::mark("evaluate: planned, node key loaded");
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
     let exclude = &p.manifest.runtime.exclude;
     progress::phase("gates", &format!("run {}, checking the patch", p.run_id));
@@ -127,6 +129,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     std::fs::write(staging.path().join("patch.diff"), &p.raw_patch)
         .map_err(|e| internal("staging")(e.to_string()))?;
     let patch_artifact = (ArtifactType::Patch, staging.path().join("patch.diff"));
+    crate::trace::mark("evaluate: gates checked, staging made");
 
     let parsed = match checked {
         Err(GateStop {
@@ -188,6 +191,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // 2 FORK: one snapshot of each state store, shared by both sides.
     progress::phase("snapshot", "the state stores, once for every side");
     let (snap_dir, state_hash) = staging::snapshot_state(&p, &staging)?;
+    crate::trace::mark("evaluate: state and protected tree snapshotted");
 
     // The cache: the same patch on the same source tree, state, task and policy was
     // evaluated before, and its bundle still verifies. (The key's source is the tree the
@@ -201,6 +205,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         task_hash: p.task_hash.clone(),
         policy_hash: p.policy_hash.clone(),
     };
+    crate::trace::mark("evaluate: parent source hashed");
     if p.use_cache && p.replicas <= 1 {
         let probe = conclude::CacheProbe {
             source_dir: &source_dir,
@@ -250,6 +255,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         ));
     };
     let (source_hash, patched_tree_hash) = (tree.source_hash, Some(tree.deploy_hash));
+    crate::trace::mark("evaluate: patched side ready, trees hashed");
     // 4 EVALUATE every task of the plan, in order. A task that does not approve the patch
     // ends the plan: it is approved whole or not at all, and a metric gain never approves
     // a patch that fails a correctness check.
@@ -281,6 +287,11 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
 
     // 5 VERDICT: the plan's decisions combined into one.
+    crate::trace::mark("evaluate: tasks run");
+    // Every sandbox is made: the state snapshot and the protected copy they were served
+    // go now, beside the conclusion and the bundle (joined before the bundle is published).
+    p.teardowns.remove_dir(snap_dir.clone());
+    p.teardowns.remove_dir(protect::copy_root(staging.path()));
     progress::phase("verdict", "deciding and signing");
     let decisions: Vec<TaskDecision<'_>> = p
         .tasks

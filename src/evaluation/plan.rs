@@ -49,6 +49,9 @@ pub struct Plan {
     /// configuration and credentials, and the meter every run of this evaluation shares
     /// (the API-cost budget is the evaluation's).
     pub gateway: Option<GatewayPlan>,
+    /// The sandbox teardowns under way (each joined before the next sandbox, before the
+    /// bundle is published, and when the plan drops).
+    pub teardowns: super::teardowns::Teardowns,
 }
 
 /// One task of the plan, resolved: its budgets through the one pipeline (the policy's,
@@ -236,6 +239,7 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         judge_seed: zeroize::Zeroizing::new(new_seed()),
         proposal_id: a.proposal.clone(),
         gateway,
+        teardowns: Default::default(),
         policy_hash,
         ledger,
         run_id,

@@ -68,6 +68,8 @@ pub fn prepare_side(
     })?;
     let mut spec = t.sandbox.clone();
     spec.ro_binds = super::protect::binds(staging)?;
+    // The sandbox destroyed last is gone before the next one is made.
+    p.teardowns.wait()?;
     let sb = Sandbox::prepare(&spec)?;
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;

@@ -368,7 +368,7 @@ fn compare(
     out
 }
 
-fn copy_root(staging: &Path) -> PathBuf {
+pub(super) fn copy_root(staging: &Path) -> PathBuf {
     staging.join(COPY_DIR)
 }
 

@@ -1,7 +1,7 @@
 //! Phases 2-4 for one side: FORK (a sandbox whose workspace holds the source, tools and
 //! state snapshot), PATCH (the patched side only), EVALUATE (the task, with reruns of
 //! failing tests), and what the successor left read back with care. Each side's sandbox
-//! is destroyed before the next starts.
+//! is destroyed (on a thread, overlapping what follows) before the next starts.
 
 use super::collect::{collect, Reading, RunResult, Stager};
 use super::plan::{Plan, TaskPlan};
@@ -114,8 +114,9 @@ pub fn run_side(
         check_interrupt()?;
     }
     drop(log);
-    // 6 DESTROY this side's sandbox now.
-    sb.destroy()?;
+    // 6 DESTROY this side's sandbox now, on a thread of its own: joined before the next
+    // sandbox is made and before the verdict is published (see `teardowns`).
+    p.teardowns.destroy(sb)?;
     let mut merged = merge_attempts(attempts);
     merged.notes.extend(notes);
     Ok(merged)

@@ -39,6 +39,7 @@ impl Drop for Staging {
             if let Err(e) = crate::sandbox::reclaim_dir(&rd.path, &rd.id) {
                 tracing::error!("removing the staging directory: {e}");
             }
+            crate::trace::mark("evaluate: staging removed");
         }
     }
 }

@@ -255,6 +255,25 @@ pub fn write_bundle(
     ephemeral: &EphemeralKey,
     node: &NodeKey,
 ) -> Result<WrittenBundle, BundleError> {
+    let go = || Ok::<(), std::convert::Infallible>(());
+    match write_bundle_then(out_dir, verdict, artifacts, ephemeral, node, go)? {
+        Ok(w) => Ok(w),
+        Err(never) => match never {},
+    }
+}
+
+/// [`write_bundle`], with `before_publish` run once the whole bundle is written and
+/// synced under its temporary name, just before it takes its name: when it fails, the
+/// partial bundle is removed, nothing is published, and its error is returned (inner).
+/// (An evaluation joins its sandbox teardowns there: they overlap the bundle's writing.)
+pub fn write_bundle_then<E>(
+    out_dir: &Path,
+    verdict: &Verdict,
+    artifacts: &[(ArtifactType, PathBuf)],
+    ephemeral: &EphemeralKey,
+    node: &NodeKey,
+    before_publish: impl FnOnce() -> Result<(), E>,
+) -> Result<Result<WrittenBundle, E>, BundleError> {
     if fs::symlink_metadata(out_dir).is_ok() {
         return Err(BundleError::Exists {
             path: out_dir.to_path_buf(),
@@ -333,17 +352,21 @@ pub fn write_bundle(
     // Every file and directory durable before the rename makes the bundle visible: a
     // crash leaves no bundle or a whole one.
     sync_together(&unsynced)?;
+    if let Err(e) = before_publish() {
+        // `tmp` drops: the partial bundle is removed.
+        return Ok(Err(e));
+    }
 
     rename_no_replace(&parent, &staging, out_dir)?;
     // The directory now has its final name; nothing is left to clean up.
     let _ = tmp.keep();
     sync_dir(&parent)?;
-    Ok(WrittenBundle {
+    Ok(Ok(WrittenBundle {
         dir: out_dir.to_path_buf(),
         verdict,
         endorsement,
         node_key: node.public_key(),
-    })
+    }))
 }
 
 /// Renames `from` to `to` (both in `parent`), failing if `to` exists.

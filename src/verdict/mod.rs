@@ -24,7 +24,7 @@ pub mod sign;
 pub mod stats;
 pub mod verify;
 
-pub use bundle::{write_bundle, BundleError, WrittenBundle};
+pub use bundle::{write_bundle, write_bundle_then, BundleError, WrittenBundle};
 pub use kind::VerdictKind;
 pub use verify::{verify_bundle, VerifiedVerdict, VerifyError};
 
