@@ -1171,3 +1171,44 @@ fn fork_trace_prints_the_launch_phases_in_order_and_nothing_without_it() {
     }
     let _ = std::fs::remove_dir_all(&run_root);
 }
+
+#[test]
+fn a_broken_seccomp_profile_is_exit_65_naming_it_and_leaves_nothing() {
+    need_root!();
+    // The profile is compiled on a second thread while the run directory, the disk and
+    // the cgroups are made: its failure must remove all of them, and nothing may run.
+    let d = scratch("badseccomp");
+    std::fs::write(
+        d.join("broken-profile.json"),
+        r#"{"successor": {"mismatch_action": "allow", "match_action": {"errno": 1}, "filter": [{"syscall": "no_such_syscall_anywhere"}]}}"#,
+    )
+    .unwrap();
+    let policy = d.join("p.toml");
+    std::fs::write(&policy, "[seccomp]\nprofile = \"broken-profile.json\"\n").unwrap();
+    let marker = d.join("ran");
+    let out = fork_cmd(&d)
+        .args([
+            "run",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(format!("touch {}", marker.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(err.contains("broken-profile.json"), "{err}");
+    assert!(!marker.exists(), "the command ran");
+    let left: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fork-"))
+        .collect();
+    assert!(left.is_empty(), "left in the run root: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(d.to_str().unwrap()), "a mount is left");
+}
