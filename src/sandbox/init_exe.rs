@@ -101,7 +101,16 @@ fn rodata(f: &File) -> Option<(u64, u64)> {
     }
     let (shoff, shentsize) = (u64_at(&eh, 0x28)?, u16_at(&eh, 0x3a)? as usize);
     let (shnum, shstrndx) = (u16_at(&eh, 0x3c)? as usize, u16_at(&eh, 0x3e)? as usize);
-    if shentsize < 64 || shnum == 0 || shnum > 4096 || shstrndx >= shnum {
+    // ELF64 section headers are 64 bytes; a table that does not fit in the file (its
+    // size was checked by the caller) is not read, so nothing large is ever allocated.
+    let file_len = f.metadata().ok()?.len();
+    let table = (shentsize * shnum) as u64;
+    if shentsize != 64
+        || shnum == 0
+        || shnum > 4096
+        || shstrndx >= shnum
+        || shoff.checked_add(table).is_none_or(|end| end > file_len)
+    {
         return None;
     }
     let mut sh = vec![0u8; shentsize * shnum];
@@ -116,7 +125,11 @@ fn rodata(f: &File) -> Option<(u64, u64)> {
         ))
     };
     let (_, str_off, str_len) = field(shstrndx)?;
-    if str_len > 1 << 20 {
+    if str_len > 1 << 20
+        || str_off
+            .checked_add(str_len)
+            .is_none_or(|end| end > file_len)
+    {
         return None;
     }
     let mut names = vec![0u8; str_len as usize];
@@ -124,7 +137,8 @@ fn rodata(f: &File) -> Option<(u64, u64)> {
     (0..shnum).find_map(|i| {
         let (name, off, len) = field(i)?;
         let n = names.get(name as usize..)?;
-        (n.starts_with(b".rodata\0") && len <= MAX_INIT_BYTES).then_some((off, len))
+        let inside = off.checked_add(len).is_some_and(|end| end <= file_len);
+        (n.starts_with(b".rodata\0") && inside).then_some((off, len))
     })
 }
 
