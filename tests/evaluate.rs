@@ -1612,12 +1612,8 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
             ..With::default()
         },
     );
-    let marks: Vec<&str> = e
-        .stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("fork: trace "))
-        .map(|l| l.rsplit_once(" +").unwrap_or_else(|| panic!("{l}")).0)
-        .collect();
+    let timed = trace_marks(&e.stderr);
+    let marks: Vec<&str> = timed.iter().map(|(p, _)| p.as_str()).collect();
     let want = [
         "evaluate: planned, node key loaded",
         "evaluate: gates checked, staging made",
@@ -1632,14 +1628,7 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         "evaluate: staging removed",
         "exit",
     ];
-    let mut at = 0;
-    for w in want {
-        let i = marks[at..]
-            .iter()
-            .position(|p| *p == w)
-            .unwrap_or_else(|| panic!("phase {w:?} missing or out of order in:\n{}", e.ctx()));
-        at += i + 1;
-    }
+    assert_phases_in_order(&timed, &want, &e.ctx());
     // Sandboxes one at a time: each prepared only once the one before is removed.
     let (mut prepared, mut removed) = (0, 0);
     let joined = marks

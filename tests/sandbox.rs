@@ -1124,17 +1124,7 @@ fn fork_trace_prints_the_launch_phases_in_order_and_nothing_without_it() {
     };
     let err = launch(Some("1"));
     // `fork: trace <phase> +<ms>`, one a line, times never going back.
-    let marks: Vec<(String, f64)> = err
-        .lines()
-        .filter_map(|l| l.strip_prefix("fork: trace "))
-        .map(|l| {
-            let (phase, at) = l.rsplit_once(" +").unwrap_or_else(|| panic!("{l}"));
-            (
-                phase.to_string(),
-                at.parse().unwrap_or_else(|_| panic!("{l}")),
-            )
-        })
-        .collect();
+    let marks = trace_marks(&err);
     let want = [
         "start",
         "run: policy loaded",
@@ -1152,14 +1142,7 @@ fn fork_trace_prints_the_launch_phases_in_order_and_nothing_without_it() {
         "teardown: run dir removed",
         "exit",
     ];
-    let mut at = 0;
-    for w in want {
-        let i = marks[at..]
-            .iter()
-            .position(|(p, _)| p == w)
-            .unwrap_or_else(|| panic!("phase {w:?} missing or out of order in:\n{err}"));
-        at += i + 1;
-    }
+    assert_phases_in_order(&marks, &want, &err);
     for pair in marks.windows(2) {
         assert!(pair[0].1 <= pair[1].1, "time went back: {pair:?}\n{err}");
     }

@@ -259,3 +259,31 @@ pub const ENOENT: i64 = 2;
 pub const EACCES: i64 = 13;
 pub const EROFS: i64 = 30;
 pub const ENOSYS: i64 = 38;
+
+/// The `FORK_TRACE` marks a command printed (`fork: trace <phase> +<ms>`, one a line), in
+/// order: each phase with its time in ms.
+#[allow(dead_code)]
+pub fn trace_marks(stderr: &str) -> Vec<(String, f64)> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("fork: trace "))
+        .map(|l| {
+            let (phase, at) = l.rsplit_once(" +").unwrap_or_else(|| panic!("{l}"));
+            let at = at.parse().unwrap_or_else(|_| panic!("{l}"));
+            (phase.to_string(), at)
+        })
+        .collect()
+}
+
+/// Every phase of `want` is among `marks`, in this order (others may come between).
+#[allow(dead_code)]
+pub fn assert_phases_in_order(marks: &[(String, f64)], want: &[&str], ctx: &str) {
+    let mut at = 0;
+    for w in want {
+        let i = marks[at..]
+            .iter()
+            .position(|(p, _)| p == w)
+            .unwrap_or_else(|| panic!("phase {w:?} missing or out of order in:\n{ctx}"));
+        at += i + 1;
+    }
+}
