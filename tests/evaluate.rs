@@ -1663,3 +1663,71 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
     );
     assert_eq!(prepared, removed, "every sandbox removed:\n{}", e.ctx());
 }
+
+/// The state snapshot's integrity check runs on a thread of its own beside the sides and
+/// the first sandbox, off the evaluation's critical path; a snapshot that fails it still
+/// fails the evaluation (exit 65, naming the store and the parent's file to check), with no
+/// verdict, whatever the task said, and nothing of the run left. The store here is a demo
+/// database whose index no longer matches its table (SQLite opens and reads it; only
+/// `PRAGMA integrity_check` sees the damage).
+#[test]
+fn a_state_snapshot_failing_its_integrity_check_fails_the_evaluation_after_the_task() {
+    need_default_policy!();
+    let env = Env::new("ev-corrupt-state");
+    let rt = env.runtime("rt", "\n[tasks.noop3]\ncommand = [\"true\"]\n");
+    let db = rt.join("state/hermes.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE INDEX m_role ON messages(role);
+             PRAGMA writable_schema = ON;
+             UPDATE sqlite_schema SET sql = 'CREATE INDEX m_role ON messages(content)'
+               WHERE name = 'm_role';
+             PRAGMA writable_schema = OFF;",
+        )
+        .unwrap();
+    }
+    let e = evaluate_with(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "corrupt",
+        &["--task", "noop3", "--no-ledger"],
+        With {
+            vars: &[("FORK_TRACE", OsStr::new("1"))],
+            ..With::default()
+        },
+    );
+    assert_eq!(e.code, 65, "{}", e.ctx());
+    assert!(
+        e.stderr.contains("snapshotting state/hermes.db")
+            && e.stderr.contains("failed its integrity check")
+            && e.stderr.contains(&format!("sqlite3 {}", db.display())),
+        "the error names the store and the parent's file: {}",
+        e.ctx()
+    );
+    assert!(!e.out.exists(), "no bundle: {}", e.ctx());
+    // The check was answered after the task ran (it did not hold the sandbox back).
+    let timed = trace_marks(&e.stderr);
+    assert_phases_in_order(
+        &timed,
+        &[
+            "evaluate: state and protected tree snapshotted",
+            "sandbox: clone returned",
+            "evaluate: tasks run",
+            "evaluate: state snapshot checked",
+            "evaluate: staging removed",
+        ],
+        &e.ctx(),
+    );
+    // The parent's database is as the test left it.
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let n: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'm_role'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}

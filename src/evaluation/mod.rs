@@ -190,7 +190,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
 
     // 2 FORK: one snapshot of each state store, shared by both sides.
     progress::phase("snapshot", "the state stores, once for every side");
-    let (snap_dir, state_hash) = staging::snapshot_state(&p, &staging)?;
+    let (snap_dir, state_hash, state_check) = staging::snapshot_state(&p, &staging)?;
     crate::trace::mark("evaluate: state and protected tree snapshotted");
 
     // The cache: the same patch on the same source tree, state, task and policy was
@@ -213,6 +213,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             scratch: staging.path().join("cache-check"),
         };
         if let Some(ev) = conclude::cached(&p, &cache_key, &node, &probe)? {
+            state_check.wait()?;
             ephemeral.destroy();
             return Ok(ev);
         }
@@ -245,6 +246,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 artifacts: vec![patch_artifact],
                 tasks: not_run(&p, "the patch did not apply"),
             };
+            state_check.wait()?;
             let ev = conclude::seal(&p, c, &cache_key, ephemeral, &node)?;
             return Ok(ev);
         }
@@ -288,6 +290,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
 
     // 5 VERDICT: the plan's decisions combined into one.
     crate::trace::mark("evaluate: tasks run");
+    // The snapshot's integrity check ran beside the sides and the sandboxes: its answer
+    // first (a corrupt snapshot fails the evaluation, whatever the tasks said).
+    state_check.wait()?;
     // Every sandbox is made: the state snapshot and the protected copy they were served
     // go now, beside the conclusion and the bundle (joined before the bundle is published).
     p.teardowns.remove_dir(snap_dir.clone());

@@ -3,7 +3,7 @@
 
 use super::plan::{combined_state_hash, Plan};
 use super::{check_interrupt, internal, EvaluateError};
-use crate::fork::snapshot::{snapshot, SnapshotOptions};
+use crate::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -46,35 +46,131 @@ impl Drop for Staging {
 
 /// FORK, once per evaluation: every state store of the manifest snapshotted with SQLite's
 /// online backup API into `<staging>/state` (0600 copies), and the protected tree copied
-/// into `<staging>/protected` (see `protect`). Returns the state directory and the
-/// combined state hash. The two are independent (different sources, different
-/// directories), so the state stores are copied, checked and hashed on a thread of their
-/// own while this one copies the protected tree; a state store's error is reported first,
-/// as before.
-pub fn snapshot_state(p: &Plan, staging: &Staging) -> Result<(PathBuf, String), EvaluateError> {
+/// into `<staging>/protected` (see `protect`). Returns the state directory, the combined
+/// state hash and the copies' integrity check, begun on a thread of its own (see
+/// [`StateCheck`]). The two copies are independent (different sources, different
+/// directories), so the state stores are copied and hashed on a thread of their own while
+/// this one copies the protected tree; a state store's error is reported first, as before.
+pub fn snapshot_state(
+    p: &Plan,
+    staging: &Staging,
+) -> Result<(PathBuf, String, StateCheck), EvaluateError> {
     let snap_dir = staging.path().join("state");
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&snap_dir)
         .map_err(|e| internal("staging")(e.to_string()))?;
-    if !stores_outside_protected(p) {
-        let state_digests = snapshot_stores(p, &snap_dir)?;
+    let copies = if !stores_outside_protected(p) {
+        let copies = snapshot_stores(p, &snap_dir)?;
         protect_snapshot(p, staging)?;
-        return Ok((snap_dir, combined_state_hash(&state_digests)));
-    }
-    let (states, protected) = std::thread::scope(|s| {
-        let states = s.spawn(|| snapshot_stores(p, &snap_dir));
-        let protected = protect_snapshot(p, staging);
-        let states = states.join().unwrap_or_else(|_| {
-            Err(EvaluateError::Internal(
-                "the state snapshot's thread panicked".into(),
-            ))
+        copies
+    } else {
+        let (states, protected) = std::thread::scope(|s| {
+            let states = s.spawn(|| snapshot_stores(p, &snap_dir));
+            let protected = protect_snapshot(p, staging);
+            let states = states.join().unwrap_or_else(|_| {
+                Err(EvaluateError::Internal(
+                    "the state snapshot's thread panicked".into(),
+                ))
+            });
+            (states, protected)
         });
-        (states, protected)
-    });
-    let state_digests = states?;
-    protected?;
-    Ok((snap_dir, combined_state_hash(&state_digests)))
+        let copies = states?;
+        protected?;
+        copies
+    };
+    let digests: Vec<(String, String)> = copies
+        .iter()
+        .map(|c| (c.name.clone(), c.sha256.clone()))
+        .collect();
+    Ok((
+        snap_dir,
+        combined_state_hash(&digests),
+        StateCheck::start(copies),
+    ))
+}
+
+/// The integrity check of the state stores' copies (`PRAGMA integrity_check`, the copy
+/// opened read-only and immutable), run on a thread of its own while the sides are
+/// prepared and the first sandbox starts: on a small store it is most of the snapshot's
+/// time, and nothing before the verdict needs its answer. Nothing reads a copy's answer
+/// before [`StateCheck::wait`]: the evaluation waits for it before it removes the
+/// snapshot, uses the cache or seals any verdict, and a failed check fails the evaluation
+/// with the same error as before (naming the store), whatever the sandboxes did. Dropped
+/// unwaited (an earlier error), it still joins the thread, before the staging directory
+/// that holds the copies goes.
+pub struct StateCheck(Option<std::thread::JoinHandle<Result<(), EvaluateError>>>);
+
+/// One store's copy in the staging area.
+struct StoreCopy {
+    /// The store as the manifest names it.
+    name: String,
+    /// The parent's store.
+    source: PathBuf,
+    /// Its copy.
+    path: PathBuf,
+    sha256: String,
+}
+
+impl StateCheck {
+    fn start(copies: Vec<StoreCopy>) -> StateCheck {
+        let spawned = std::thread::Builder::new()
+            .name("fork-state-check".into())
+            .spawn(move || check_stores(&copies));
+        match spawned {
+            Ok(h) => StateCheck(Some(h)),
+            // No thread to be had: the check still runs, now.
+            Err(e) => {
+                tracing::warn!("checking the state snapshot on this thread: {e}");
+                StateCheck(None)
+            }
+        }
+    }
+
+    /// The check's answer: Ok when every copy passed.
+    pub fn wait(mut self) -> Result<(), EvaluateError> {
+        let r = match self.0.take() {
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(EvaluateError::Internal(
+                    "the state snapshot's check thread panicked".into(),
+                ))
+            }),
+            None => Ok(()),
+        };
+        crate::trace::mark("evaluate: state snapshot checked");
+        r
+    }
+}
+
+impl Drop for StateCheck {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn check_stores(copies: &[StoreCopy]) -> Result<(), EvaluateError> {
+    use crate::fork::snapshot::check_copy;
+    for c in copies {
+        let t = std::time::Instant::now();
+        use crate::fork::snapshot::SnapshotError;
+        check_copy(&c.path, IntegrityCheck::Full).map_err(|e| {
+            EvaluateError::Input(match e {
+                // The copy is gone with the staging area: name the parent's store.
+                SnapshotError::Corrupt { report, .. } => format!(
+                    "snapshotting {}: the copy failed its integrity check: {report}; the \
+                     source database may itself be damaged: run `sqlite3 {} 'PRAGMA \
+                     integrity_check'`",
+                    c.name,
+                    c.source.display()
+                ),
+                e => format!("snapshotting {}: {e}", c.name),
+            })
+        })?;
+        tracing::info!("snapshot {}: checked in {:?}", c.name, t.elapsed());
+    }
+    Ok(())
 }
 
 /// The parent's protected tree, served read-only to every sandbox of the evaluation.
@@ -114,9 +210,10 @@ fn stores_outside_protected(p: &Plan) -> bool {
     })
 }
 
-/// Every state store of the manifest, snapshotted into `snap_dir`: (path, sha256) each.
-fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<(String, String)>, EvaluateError> {
-    let mut state_digests = Vec::new();
+/// Every state store of the manifest, snapshotted into `snap_dir` and hashed; the copies'
+/// integrity check is left to a [`StateCheck`].
+fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, EvaluateError> {
+    let mut copies = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for s in &p.manifest.runtime.state {
         let name = s
@@ -131,17 +228,19 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<(String, String)>, E
                 p.manifest.file.display()
             )));
         }
-        let stats = snapshot(
-            &p.runtime.join(s),
-            &snap_dir.join(&name),
-            &SnapshotOptions::default(),
-        )
-        .map_err(|e| EvaluateError::Input(format!("snapshotting {}: {e}", s.display())))?;
+        let opts = SnapshotOptions {
+            check: IntegrityCheck::Skip,
+            ..SnapshotOptions::default()
+        };
+        let stats = snapshot(&p.runtime.join(s), &snap_dir.join(&name), &opts)
+            .map_err(|e| EvaluateError::Input(format!("snapshotting {}: {e}", s.display())))?;
         tracing::info!(
-            "snapshot {}: {} bytes in {:?} ({} steps, {} restarts, longest step {:?})",
+            "snapshot {}: {} bytes in {:?} (copy {:?}, hash {:?}; {} steps, {} restarts, longest step {:?})",
             s.display(),
             stats.bytes,
             stats.elapsed,
+            stats.copy_elapsed,
+            stats.hash_elapsed,
             stats.steps,
             stats.restarts,
             stats.longest_step
@@ -152,8 +251,13 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<(String, String)>, E
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .map_err(|e| internal("protecting the snapshot")(e.to_string()))?;
-        state_digests.push((s.display().to_string(), stats.sha256.clone()));
+        copies.push(StoreCopy {
+            name: s.display().to_string(),
+            source: p.runtime.join(s),
+            path: snap_dir.join(&name),
+            sha256: stats.sha256.clone(),
+        });
         check_interrupt()?;
     }
-    Ok(state_digests)
+    Ok(copies)
 }

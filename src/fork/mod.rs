@@ -20,7 +20,8 @@ pub mod tree;
 pub mod workspace;
 
 pub use snapshot::{
-    file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
+    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions,
+    SnapshotStats,
 };
 pub use workspace::{
     copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,

@@ -93,7 +93,7 @@ pub fn side(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// A `file:` URI for `path` (percent-encoding all but unreserved bytes and `/`).
-fn file_uri(path: &Path, query: &str) -> String {
+pub(super) fn file_uri(path: &Path, query: &str) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut out = String::from("file:");
     for &b in path.as_os_str().as_bytes() {

@@ -49,11 +49,11 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sqlite::{check_copy, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
-    file_sha256, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats, IMAGE_MAX_BYTES,
-    SQLITE_MAGIC,
+    check_copy, file_sha256, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
+    IMAGE_MAX_BYTES, SQLITE_MAGIC,
 };
+use super::sqlite::{open_source, retry_busy, sqlite_err};
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
 fn inspect_source(src: &Path) -> Result<bool, SnapshotError> {

@@ -249,16 +249,21 @@ pub(super) fn retry_busy<T>(
     }
 }
 
-/// Runs the check on the copy; returns whether a check ran (and passed).
-pub(super) fn check_copy(dest: &Path, check: IntegrityCheck) -> Result<bool, SnapshotError> {
+/// Runs the check on the copy; returns whether a check ran (and passed). The copy is
+/// opened read-only and immutable: the check takes no lock and creates nothing beside it
+/// (a WAL-mode copy opened for writing would grow a `-wal` and a `-shm`), so it may run
+/// while others copy the snapshot's directory (see `fork evaluate`'s staging).
+pub fn check_copy(dest: &Path, check: IntegrityCheck) -> Result<bool, SnapshotError> {
     let pragma = match check {
         IntegrityCheck::Full => "PRAGMA integrity_check",
         IntegrityCheck::Quick => "PRAGMA quick_check",
         IntegrityCheck::Skip => return Ok(false),
     };
     let conn = Connection::open_with_flags(
-        dest,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        super::parent::file_uri(dest, "mode=ro&immutable=1"),
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(sqlite_err("open", dest))?;
     // The check reads every page: through a memory map it reads them in place, where
