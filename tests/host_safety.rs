@@ -696,3 +696,72 @@ fn bundles_are_private_and_policy_secrets_are_scrubbed_from_them() {
     let report = std::fs::read_to_string(e.artifact("report-leak.json")).unwrap();
     assert!(report.contains("[redacted by fork]"), "{report}");
 }
+
+/// A successor whose tests fail is run again in the same sandbox (`[decision] reruns`,
+/// default 2), on the disk it wrote. After its first attempt it swaps fork's own
+/// directories on that disk for links to host paths: `/tmp/.fork-shm` (the sandbox's
+/// /dev/shm, which the root supervisor used to make and chmod 1777 by path before the
+/// rerun) and, in a second task, the workspace `/tmp/successor` itself (beneath which the
+/// supervisor reads the results and checks the protected tree). Fork never follows either:
+/// the links are removed after the run, the host directory they point to (the test's own,
+/// 0700, holding a file) keeps its mode and contents and is never read (its file's name
+/// appears nowhere in the verdict), and the evaluation still ends in a verdict with
+/// nothing of it left: the rerun runs on fork's own /dev/shm again (NEEDS_REVISION, the
+/// tests still fail), and a workspace the successor replaced is a protected tree that
+/// cannot be checked (REJECT).
+#[test]
+fn a_successor_cannot_turn_its_rerun_workspace_into_links_to_host_paths() {
+    need_root!();
+    let env = common::lifecycle::Env::new("hs-rerun-links");
+    let victim = env.dir.join("victim");
+    std::fs::create_dir_all(victim.join("src/tests")).unwrap();
+    std::fs::write(victim.join("src/tests/host-file-name-leak.py"), "x = 1\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let before = listing(&victim);
+    let v = victim.display();
+    let failing = "printf '<testsuite name=\\\"s\\\" tests=\\\"1\\\" failures=\\\"1\\\">\
+                   <testcase name=\\\"t\\\"><failure>x</failure></testcase></testsuite>' \
+                   > $FORK_REPORTS/tests.xml";
+    let toml = format!(
+        "\n[tasks.plant-shm]\ncommand = [\"sh\", \"-c\", \"if [ ! -e /tmp/.planted ]; then \
+         touch /tmp/.planted; mv /tmp/.fork-shm /tmp/.old-shm && ln -s {v} /tmp/.fork-shm; fi; \
+         {failing}\"]\nresults = {{ format = \"junit\", path = \"tests.xml\" }}\n\
+         \n[tasks.plant-ws]\ncommand = [\"sh\", \"-c\", \"{failing}; cd /; \
+         mv /tmp/successor /tmp/old-successor && ln -s {v} /tmp/successor\"]\n\
+         results = {{ format = \"junit\", path = \"tests.xml\" }}\n"
+    );
+    let rt = env.runtime("rt", &toml);
+    for (task, want) in [("plant-shm", "NEEDS_REVISION"), ("plant-ws", "REJECT")] {
+        let e = common::lifecycle::evaluate_with(
+            &env,
+            &common::lifecycle::patch("noop-comment"),
+            &rt,
+            task,
+            &["--task", task, "--no-ledger"],
+            common::lifecycle::With {
+                require_verdict: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(e.verdict["verdict"], want, "{task}: {}", e.ctx());
+        let m = std::fs::symlink_metadata(&victim).unwrap();
+        assert_eq!(
+            m.mode() & 0o7777,
+            0o700,
+            "{task}: the host directory's mode was changed: {}",
+            e.ctx()
+        );
+        assert_eq!(
+            listing(&victim),
+            before,
+            "{task}: the host directory changed: {}",
+            e.ctx()
+        );
+        assert!(
+            !e.verdict.to_string().contains("host-file-name-leak")
+                && !e.stdout.contains("host-file-name-leak"),
+            "{task}: the host directory was read: {}",
+            e.ctx()
+        );
+    }
+}

@@ -134,8 +134,11 @@ fn create_output_log(disk: &Path) -> Result<std::fs::File, EvaluateError> {
         .map_err(|e| internal("creating the output log")(e.to_string()))
 }
 
-/// Replaces the reports directory with an empty one owned by the sandbox's uid.
+/// Replaces the reports directory with an empty one owned by the sandbox's uid. The
+/// workspace the last attempt's successor left is checked first: a link where fork's own
+/// directories should be (to a host path) is never followed, and there is no rerun.
 fn fresh_reports(sb: &Sandbox, ws: &Workspace) -> Result<(), String> {
+    sb.own_dirs().map_err(|e| e.to_string())?;
     let reports = ws.reports();
     match std::fs::symlink_metadata(&reports) {
         Ok(m) if m.is_dir() => {

@@ -368,17 +368,9 @@ impl Sandbox {
                 message: "no command given".into(),
             });
         }
-        let ws = self.workspace();
-        for d in [ws.clone(), ws.join("home")] {
-            std::fs::create_dir_all(&d).ctx("create workspace", &d)?;
-        }
-        if self.disk_mounted {
-            // The sandbox's /dev/shm, on the capped disk (see mounts::plan).
-            let shm = self.disk().join(mounts::SHM_DIR);
-            std::fs::create_dir_all(&shm).ctx("create /dev/shm", &shm)?;
-            std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
-                .ctx("chmod /dev/shm", &shm)?;
-        }
+        // The workspace and the sandbox's /dev/shm (on the capped disk, see mounts::plan),
+        // never through a link an earlier run left (see `disk`).
+        self.own_dirs()?;
         self.chown_workspace()?;
         trace::mark("sandbox: workspace ready");
         let spec = self.spec.clone();
@@ -560,6 +552,9 @@ impl Sandbox {
             &mut status,
         )?;
         trace::mark("sandbox: init reaped");
+        // Whatever the command left where fork's own directories go is never followed by
+        // what reads the disk next (results, the protected tree, a rerun): see `disk`.
+        self.unlink_planted();
         let (budget, interrupted, cancelled) = (ended.budget, ended.interrupted, ended.cancelled);
         // The status pipe: the command's landlock status, setup errors, the real exit status.
         let msgs = status.finish(child.status);
