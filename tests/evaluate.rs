@@ -1629,6 +1629,13 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         "exit",
     ];
     assert_phases_in_order(&timed, &want, &e.ctx());
+    // Every teardown succeeded where it ran (the protected copy's tmpfs is detached, not
+    // emptied file by file and then found busy).
+    assert!(
+        !e.stderr.contains("removing") && !e.stderr.contains("WARN"),
+        "a teardown warned:\n{}",
+        e.ctx()
+    );
     // Sandboxes one at a time: each prepared only once the one before is removed.
     let (mut prepared, mut removed) = (0, 0);
     let joined = marks

@@ -44,6 +44,11 @@ impl Teardowns {
     /// the evaluation ends, takes whatever remains (as it always did).
     pub fn remove_dir(&self, dir: std::path::PathBuf) {
         let remove = move || {
+            // A directory fork mounted a tmpfs on (the protected tree's copy, as root) goes
+            // by detaching that, which frees its files at once; anything else (EINVAL: not
+            // a mount point) is removed entry by entry.
+            use nix::mount::{umount2, MntFlags};
+            let _ = umount2(&dir, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
             match std::fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     tracing::warn!("removing {}: {e}", dir.display())
