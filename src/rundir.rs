@@ -98,12 +98,13 @@ impl RunDir {
     }
 
     /// Creates and locks `<base>/fork-eval-<id>`: an evaluation's own run directory (its
-    /// staging area), distinct from the run directories of the sandboxes it starts.
+    /// staging area), distinct from the run directories of the sandboxes it starts (and,
+    /// unlike theirs, without the `root` and `disk` mount points).
     pub fn create_evaluation(id: &str) -> Result<RunDir, RunDirError> {
         Self::create_at(&format!("eval-{id}"), format!("fork-eval-{id}"), true)
     }
 
-    fn create_at(id: &str, name: String, meta: bool) -> Result<RunDir, RunDirError> {
+    fn create_at(id: &str, name: String, evaluation: bool) -> Result<RunDir, RunDirError> {
         let mut live = live();
         let base = base_dir();
         let path = base.join(name);
@@ -133,14 +134,17 @@ impl RunDir {
                 source: e,
             }
         })?;
-        mk(&path.join("root"))?;
-        mk(&path.join("disk"))?;
+        // A sandbox's mount points; an evaluation's staging area needs neither.
+        if !evaluation {
+            mk(&path.join("root"))?;
+            mk(&path.join("disk"))?;
+        }
         let rd = RunDir {
             id: id.to_string(),
             path,
             _lock: lock,
         };
-        if meta {
+        if evaluation {
             rd.write_meta(None);
         }
         live.insert(rd.id.clone(), rd.path.clone());
