@@ -134,9 +134,9 @@ impl RunDir {
                 source: e,
             }
         })?;
-        // A sandbox's mount points; an evaluation's staging area needs neither.
+        // A sandbox's disk mount point (its root's, when the host needs one, is made by
+        // the sandbox: see `make_root_mount`); an evaluation's staging area needs neither.
         if !evaluation {
-            mk(&path.join("root"))?;
             mk(&path.join("disk"))?;
         }
         let rd = RunDir {
@@ -153,6 +153,15 @@ impl RunDir {
 
     pub fn root_mount(&self) -> PathBuf {
         self.path.join("root")
+    }
+    /// Makes the root's mount point on the host (0700), for an init that builds its root
+    /// at a host path rather than on a tmpfs of its own.
+    pub fn make_root_mount(&self) -> Result<(), RunDirError> {
+        let p = self.root_mount();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&p)
+            .map_err(|source| RunDirError::Create { path: p, source })
     }
     pub fn disk(&self) -> PathBuf {
         self.path.join("disk")

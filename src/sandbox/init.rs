@@ -115,7 +115,7 @@ fn setup(cfg: &InitConfig) -> Result<(), (&'static str, String)> {
     if cfg.cgroupns {
         namespaces::enter_cgroupns().map_err(|e| ("cgroupns", e))?;
     }
-    super::mounts::build_and_pivot(&cfg.newroot, &cfg.mounts)
+    super::mounts::build_and_pivot(&cfg.newroot, cfg.scratch, &cfg.mounts)
         .map_err(|e| ("mounts", e.to_string()))?;
     if let Some(h) = &cfg.hostname {
         namespaces::set_hostname(h).map_err(|e| ("utsns", e))?;

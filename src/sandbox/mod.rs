@@ -117,6 +117,12 @@ fn sys_err(op: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InitConfig {
     pub newroot: PathBuf,
+    /// The init mounts a small tmpfs of its own over `newroot`'s parent (the run
+    /// directory, in its own mount namespace only) and builds the root there: the host has
+    /// no mount point for it (see `mounts::build_and_pivot`). Only when every source under
+    /// the run directory reaches the init as a descriptor.
+    #[serde(default)]
+    pub scratch: bool,
     pub mounts: Vec<mounts::MountOp>,
     pub cgroupns: bool,
     pub netns: bool,
@@ -466,6 +472,7 @@ impl Sandbox {
         });
         let cfg = InitConfig {
             newroot: self.rundir().root_mount(),
+            scratch: own_uid(),
             mounts: ops,
             cgroupns,
             netns: ns_flags & libc::CLONE_NEWNET != 0,

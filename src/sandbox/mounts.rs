@@ -409,8 +409,12 @@ impl EmptyFiles {
 
 /// Runs in the sandbox init (inside its user and mount namespaces): builds the new root
 /// at `newroot` and pivots into it. On return, `/` is the new root and the host root is
-/// detached.
-pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+/// detached. With `scratch`, `newroot`'s parent (the run directory) is first covered by a
+/// small tmpfs of the init's own, holding `newroot` (and the `disk` the empty-file tmpfs
+/// retires to): the host's run directory then needs no mount point, which costs a
+/// directory made and removed on the host's filesystem for every run (on ext4 mounted
+/// with `discard`, each rmdir about 0.2 ms). The tmpfs leaves with the old root.
+pub fn build_and_pivot(newroot: &Path, scratch: bool, ops: &[MountOp]) -> Result<(), MountError> {
     // Nothing we do may propagate back to the host.
     mount(
         None::<&str>,
@@ -421,19 +425,47 @@ pub fn build_and_pivot(newroot: &Path, ops: &[MountOp]) -> Result<(), MountError
     )
     .map_err(sys_err("make / private", Path::new("/")))?;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    // With a scratch tmpfs, the host root is cloned before it is mounted (a recursive bind
+    // taken after would carry the scratch tmpfs, the new root's own mount point, into the
+    // new root).
+    let mut host_root = None;
+    if scratch {
+        host_root = Some(
+            super::sys::open_tree_clone(c"/")
+                .map_err(sys_err("clone the host root", Path::new("/")))?,
+        );
+        let run_dir = newroot.parent().unwrap_or(newroot);
+        mount(
+            Some("tmpfs"),
+            run_dir,
+            Some("tmpfs"),
+            nosuid_nodev | MsFlags::MS_NOEXEC,
+            Some("mode=0700,size=64k"),
+        )
+        .map_err(sys_err("mount the scratch tmpfs", run_dir))?;
+        mkdirs(newroot)?;
+        mkdirs(&run_dir.join("disk"))?;
+    }
     let mut minimal = false;
     let mut stash = EmptyFiles::default();
     for op in ops {
         match op {
             MountOp::HostRoot => {
-                mount(
-                    Some("/"),
-                    newroot,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                )
-                .map_err(sys_err("bind host root", newroot))?;
+                match host_root.take() {
+                    Some(tree) => {
+                        use std::os::fd::AsFd;
+                        super::sys::move_mount_to(tree.as_fd(), &cpath(newroot)?)
+                            .map_err(sys_err("attach host root", newroot))?
+                    }
+                    None => mount(
+                        Some("/"),
+                        newroot,
+                        None::<&str>,
+                        MsFlags::MS_BIND | MsFlags::MS_REC,
+                        None::<&str>,
+                    )
+                    .map_err(sys_err("bind host root", newroot))?,
+                }
                 setattr_recursive(
                     newroot,
                     MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,

@@ -121,13 +121,21 @@ impl Sandbox {
         };
         if own_uid() {
             // The init runs as the unprivileged host uid: it may traverse the run directory
-            // (0711, nothing listable) to its own mount point; the disk is its alone (0700).
+            // (0711, nothing listable) to cover it with a tmpfs of its own, where it builds
+            // its root (`InitConfig::scratch`: no mount point for it on the host); the disk
+            // is its alone (0700).
             use std::os::unix::fs::PermissionsExt;
             let rd = sb.rundir();
             std::fs::set_permissions(&rd.path, std::fs::Permissions::from_mode(0o711))
                 .ctx("chmod", &rd.path)?;
-            std::os::unix::fs::chown(rd.root_mount(), Some(host_uid), Some(host_gid))
-                .ctx("chown", &rd.root_mount())?;
+        } else {
+            // The init (the user's own uid) builds its root at this host path.
+            sb.rundir()
+                .make_root_mount()
+                .map_err(|e| SandboxError::Setup {
+                    stage: "run directory".into(),
+                    message: e.to_string(),
+                })?;
         }
         sb.mount_disk()?;
         trace::mark("sandbox: disk mounted");
