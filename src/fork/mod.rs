@@ -17,11 +17,12 @@ mod raw;
 pub mod snapshot;
 mod sqlite;
 pub mod tree;
+mod walcopy;
 pub mod workspace;
 
 pub use snapshot::{
-    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions,
-    SnapshotStats,
+    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotMethod,
+    SnapshotOptions, SnapshotStats,
 };
 pub use workspace::{
     copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,

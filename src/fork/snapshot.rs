@@ -49,11 +49,11 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::sqlite::{check_and_hash, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
-    check_copy, file_sha256, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
-    IMAGE_MAX_BYTES, SQLITE_MAGIC,
+    check_copy, file_sha256, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions,
+    SnapshotStats, IMAGE_MAX_BYTES, SQLITE_MAGIC,
 };
-use super::sqlite::{open_source, retry_busy, sqlite_err};
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
 fn inspect_source(src: &Path) -> Result<bool, SnapshotError> {
@@ -202,30 +202,7 @@ fn copy_check_hash(
     let copy_elapsed = started.elapsed();
 
     // The check and the hash both only read the copy: run them side by side.
-    let (check, hash) = std::thread::scope(|s| {
-        let hasher = s.spawn(|| {
-            let t = Instant::now();
-            (file_sha256(dest), t.elapsed())
-        });
-        let t = Instant::now();
-        let check = (check_copy(dest, opts.check), t.elapsed());
-        // A panic in the hashing thread is a bug (file_sha256 does not panic); report it
-        // as an I/O error rather than unwinding through the caller.
-        let hash = hasher.join().unwrap_or_else(|_| {
-            (
-                Err(io::Error::other("the hashing thread panicked")),
-                Duration::ZERO,
-            )
-        });
-        (check, hash)
-    });
-    let (integrity_ok, check_elapsed) = (check.0?, check.1);
-    let hash_elapsed = hash.1;
-    let sha256 = hash.0.map_err(|source| SnapshotError::Io {
-        action: "hash",
-        path: dest.to_path_buf(),
-        source,
-    })?;
+    let (integrity_ok, check_elapsed, sha256, hash_elapsed) = check_and_hash(dest, opts.check)?;
     let bytes = fs::metadata(dest)
         .map_err(|source| SnapshotError::Io {
             action: "stat",
@@ -240,6 +217,7 @@ fn copy_check_hash(
         restarts: copy.restarts,
         busy_retries: copy.busy_retries,
         wal,
+        method: SnapshotMethod::Pages,
         elapsed: started.elapsed(),
         copy_elapsed,
         check_elapsed,
