@@ -8,8 +8,9 @@
 //! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
 //! copy`, `sha256sum DB` (the hash's peer) and five snapshot variants (the default one-image
 //! copy with `integrity_check` (rollback mode: the file's bytes copied by the kernel under
-//! the shared lock and hashed while copied, `raw_copy`; WAL mode: `sqlite3_serialize`), the
-//! image through `sqlite3_serialize` in both modes, the default with `quick_check`, the
+//! the shared lock and hashed while copied, `raw_copy`; WAL mode: the database file and its
+//! `-wal` copied by the kernel under a held read transaction, then the WAL replayed into
+//! the copy by SQLite, `wal_file_copy`), the image through `sqlite3_serialize` in both modes, the default with `quick_check`, the
 //! page-by-page backup with the image off, and the backup in one step) in a
 //! rotating order (interleaved, so drift in the machine's load hits all alike). Printed per
 //! variant: the medians, the ratios to cp (total, the copy phase alone, CPU time), the hash
@@ -338,15 +339,17 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
 
     // The variants timed against cp (and sha256sum, the hash's peer), each run in a
     // rotating order: the default (rollback mode: the image as the file's bytes, copied by
-    // the kernel under the shared lock and hashed while copied; WAL mode: the image through
-    // SQLite's pager, `sqlite3_serialize`), the pager's image in both modes, the default
-    // with quick_check, the page-by-page backup, and the backup in one step.
+    // the kernel under the shared lock and hashed while copied; WAL mode: the database file
+    // and its -wal copied by the kernel under a held read transaction, then the WAL
+    // replayed into the copy), the pager's image (`sqlite3_serialize`) in both modes, the
+    // default with quick_check, the page-by-page backup, and the backup in one step.
     let variants: [(&str, SnapshotOptions); 5] = [
         ("image (default)", SnapshotOptions::default()),
         (
-            "image via sqlite3_serialize (raw_copy off; WAL mode: the default)",
+            "image via sqlite3_serialize (raw_copy and wal_file_copy off)",
             SnapshotOptions {
                 raw_copy: false,
+                wal_file_copy: false,
                 ..SnapshotOptions::default()
             },
         ),
@@ -468,8 +471,8 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         );
         if let Some(st) = &r.last {
             println!(
-                "  last: {} pages in {} steps, {} busy retries, wal={}",
-                st.pages, st.steps, st.busy_retries, st.wal
+                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}",
+                st.pages, st.steps, st.busy_retries, st.wal, st.method
             );
         }
         println!(

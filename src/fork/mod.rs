@@ -15,6 +15,8 @@ mod image;
 pub mod parent;
 mod raw;
 pub mod snapshot;
+#[cfg(test)]
+mod snapshot_wal_tests;
 mod sqlite;
 pub mod tree;
 mod walcopy;

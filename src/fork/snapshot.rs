@@ -457,6 +457,13 @@ mod tests {
 
         assert!(stats.integrity_ok);
         assert_eq!(stats.wal, wal);
+        let method = match (image, wal, raw) {
+            (false, _, _) => SnapshotMethod::Pages,
+            (true, true, _) => SnapshotMethod::WalFiles,
+            (true, false, true) => SnapshotMethod::FileBytes,
+            (true, false, false) => SnapshotMethod::Serialize,
+        };
+        assert_eq!(stats.method, method, "{stats:?}");
         if image {
             assert_eq!((stats.steps, stats.restarts), (1, 0), "{stats:?}");
         } else {

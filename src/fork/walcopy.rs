@@ -81,6 +81,16 @@ use std::path::Path;
 /// The WAL file's header: magic, format, page size, checkpoint sequence, salts, checksum.
 const WAL_HEADER: usize = 32;
 
+/// The `-wal` is copied in chunks of this size (the kernel copies each).
+const WAL_CHUNK: u64 = 1 << 20;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: run once between two chunks of the `-wal`'s copy (on the snapshot's thread).
+    pub(super) static AFTER_A_WAL_CHUNK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Attempts discarded because the WAL restarted under the copy, before the snapshot reads
 /// the image through SQLite's pager instead.
 pub(super) const MAX_ATTEMPTS: u32 = 3;
@@ -175,7 +185,19 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
         .mode(0o600)
         .open(&dest_wal)
         .map_err(io_err("create", &dest_wal))?;
-    let wal_bytes = io::copy(&mut &wal, &mut wal_out).map_err(io_err("copy", &wal_path))?;
+    let mut wal_bytes = 0;
+    loop {
+        let n = io::copy(&mut io::Read::take(&wal, WAL_CHUNK), &mut wal_out)
+            .map_err(io_err("copy", &wal_path))?;
+        wal_bytes += n;
+        if n < WAL_CHUNK {
+            break;
+        }
+        #[cfg(test)]
+        if let Some(hook) = AFTER_A_WAL_CHUNK.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
     drop((out, wal_out));
     if wal_bytes >= WAL_HEADER as u64 {
         let (mut copied, mut live) = ([0u8; WAL_HEADER], [0u8; WAL_HEADER]);
