@@ -22,7 +22,9 @@
 //! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
 //! FORK_BENCH_MODES ("wal,delete"), FORK_BENCH_DIR (default: the system temp directory;
 //! point it at the filesystem that matters), FORK_BENCH_SWEEP=1 (also time the copy phase
-//! for several `pages_per_step` values, which is how the defaults were chosen).
+//! for several `pages_per_step` values, which is how the defaults were chosen),
+//! FORK_BENCH_WAL_AUTOCHECKPOINT (the writer's `wal_autocheckpoint`, 1000; 0 lets the WAL
+//! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`).
 
 use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats};
 use rusqlite::Connection;
@@ -97,6 +99,11 @@ fn writer(db: &Path) {
     let c = Connection::open(db).expect("writer: open");
     c.busy_handler(Some(busy)).expect("writer: busy handler");
     c.execute_batch("PRAGMA synchronous = NORMAL")
+        .expect("writer: pragma");
+    // FORK_BENCH_WAL_AUTOCHECKPOINT: the writer's automatic checkpoint (pages; 0: none, the
+    // WAL then grows through the runs; SQLite's default 1000 keeps it near 4 MiB).
+    let pages: i64 = env_or("FORK_BENCH_WAL_AUTOCHECKPOINT", 1000);
+    c.execute_batch(&format!("PRAGMA wal_autocheckpoint = {pages}"))
         .expect("writer: pragma");
     let rows: i64 = c
         .query_row("SELECT max(id) FROM t", [], |r| r.get(0))
@@ -419,6 +426,13 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         }
     }
     let rate = commits as f64 / window.elapsed().as_secs_f64();
+    if mode == "wal" {
+        let wal = std::fs::metadata(format!("{}-wal", db.display())).map_or(0, |m| m.len());
+        println!(
+            "-wal after the runs: {:.1} MiB",
+            wal as f64 / (1 << 20) as f64
+        );
+    }
     let m_cp = median(&cps);
     let m_sum = median(&sums);
     println!("writer: ~{rate:.0} commits/s (one random 4 KB row rewrite each)");

@@ -1,7 +1,8 @@
 //! The snapshot's one-image copy (see [`super::snapshot`]): a database of at most
 //! [`SnapshotOptions::image_max_bytes`] is read whole inside one read transaction, then
 //! written, checked and hashed (a rollback-journal database's image, by default, is copied
-//! as the file's bytes: `raw.rs`).
+//! as the file's bytes: `raw.rs`; a live WAL-mode parent's as its database file and `-wal`,
+//! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
     check_and_hash, check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotMethod,
@@ -13,13 +14,15 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The one-image copy, for a database of at most `opts.image_max_bytes`: inside one read
+/// The one-image copy, for a database of at most `opts.image_max_bytes`, inside one read
 /// transaction (in WAL mode a fixed snapshot that never blocks a writer; in rollback mode
-/// the shared lock, held only while the image is read) SQLite reads every page of the
-/// database as that transaction sees it (`sqlite3_serialize`, through the pager: the
-/// WAL's frames included) into memory. The image is then written to `dest` and checked
-/// there while another thread hashes it, so the hash is taken while the copy is written.
-/// Returns None (nothing done) for an empty database or one above the bound.
+/// the shared lock, held only while the image is read): a live WAL-mode parent's files
+/// copied and replayed (`walcopy.rs`), a rollback-journal database's bytes (`raw.rs`), or
+/// else every page of the database as that transaction sees it read by SQLite
+/// (`sqlite3_serialize`, through the pager: the WAL's frames included) into memory, then
+/// written to `dest` and checked there while another thread hashes it. Returns None
+/// (nothing done) for an empty database or one above the bound. `uri`: the parent is live
+/// and read through it (see `parent.rs`).
 pub(super) fn copy_image(
     src: &Path,
     uri: Option<&str>,
@@ -70,20 +73,24 @@ pub(super) fn copy_image(
         }
         if file_attempts > 0 {
             file_attempts -= 1;
-            let attempt = super::walcopy::copy_files(src, dest, opts.image_max_bytes)?;
+            let max_wal = (bytes / 2).max(super::walcopy::WAL_ALWAYS);
+            let attempt = super::walcopy::copy_files(src, dest, max_wal)?;
             let held = match attempt {
                 super::walcopy::Attempt::Copied(held) => held,
-                super::walcopy::Attempt::Restarted => {
+                super::walcopy::Attempt::Restarted(held) => {
                     source
                         .execute_batch("COMMIT")
                         .map_err(sqlite_err("end the read transaction on", src))?;
+                    drop(held);
                     restarts += 1;
                     tracing::debug!("{}: the WAL restarted under the copy", src.display());
                     continue;
                 }
-                super::walcopy::Attempt::TooLarge => {
+                super::walcopy::Attempt::TooLarge(held) => {
                     tracing::debug!("{}: -wal above the bound, serialized", src.display());
-                    return serialize(src, source, dest, wal, opts, &image, restarts).map(Some);
+                    let r = serialize(src, source, dest, wal, opts, &image, restarts);
+                    drop(held);
+                    return r.map(Some);
                 }
             };
             source

@@ -24,10 +24,19 @@
 //! A database of at most [`SnapshotOptions::image_max_bytes`] (128 MiB by default) is not
 //! copied step by step but as one image, in one read transaction, so it never restarts:
 //!
-//! * WAL: in the same fixed snapshot as above SQLite reads every page as that transaction
-//!   sees it into memory (`sqlite3_serialize`, through the pager, so the WAL's frames are
-//!   included); the image is then written to the copy and checked there while another
-//!   thread hashes it.
+//! * WAL, a live parent ([`SnapshotOptions::wal_file_copy`], the default): while that read
+//!   transaction is held the kernel copies the database file and then its `-wal` into
+//!   fork's staging (`copy_file_range`); the transaction ends, and SQLite's own recovery
+//!   replays the copied WAL into the copy (`PRAGMA wal_checkpoint(TRUNCATE)` on the copy),
+//!   which then holds one committed state at or after the transaction's (`walcopy.rs`
+//!   gives the argument, read-lock by read-lock; a WAL restarted or cut under the copy is
+//!   seen by its header and the attempt made again). The check and the hash then run on
+//!   the copy side by side.
+//! * WAL otherwise (a parent copied into staging first, a `-wal` larger than half the image and 4 MiB, a
+//!   WAL restarted under three attempts, or `wal_file_copy` off): in the same fixed snapshot
+//!   SQLite reads every page as that transaction sees it into memory (`sqlite3_serialize`,
+//!   through the pager, so the WAL's frames are included); the image is then written to
+//!   the copy and checked there while another thread hashes it.
 //! * Rollback journal ([`SnapshotOptions::raw_copy`], the default): under the shared lock
 //!   the read transaction holds (no commit can pass it) the file's own bytes are the
 //!   committed state; the kernel copies them file to file (`copy_file_range`) and the lock

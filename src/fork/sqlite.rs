@@ -62,8 +62,9 @@ pub struct SnapshotOptions {
     /// WAL mode, a live parent only: copy the one image as the database file and its
     /// `-wal`, by the kernel, under a held read transaction, then let SQLite's recovery
     /// replay the copied WAL into the copy (`walcopy.rs` says why that is one committed
-    /// state), instead of `sqlite3_serialize`. A `-wal` larger than `image_max_bytes`, or
-    /// a WAL restarted under each of a few attempts, falls back to `sqlite3_serialize`.
+    /// state), instead of `sqlite3_serialize`. A `-wal` larger than half the database (and
+    /// than 4 MiB), or a WAL restarted under each of a few attempts, falls back to
+    /// `sqlite3_serialize`.
     pub wal_file_copy: bool,
 }
 
