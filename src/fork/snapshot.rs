@@ -32,11 +32,12 @@
 //!   gives the argument, read-lock by read-lock; a WAL restarted or cut under the copy is
 //!   seen by its header and the attempt made again). The check and the hash then run on
 //!   the copy side by side.
-//! * WAL otherwise (a parent copied into staging first, a `-wal` larger than half the image and 4 MiB, a
-//!   WAL restarted under three attempts, or `wal_file_copy` off): in the same fixed snapshot
-//!   SQLite reads every page as that transaction sees it into memory (`sqlite3_serialize`,
-//!   through the pager, so the WAL's frames are included); the image is then written to
-//!   the copy and checked there while another thread hashes it.
+//! * WAL otherwise (a parent copied into staging first, a `-wal` larger than half the
+//!   image and than 4 MiB, a WAL restarted under three attempts, or `wal_file_copy` off):
+//!   in the same fixed snapshot SQLite reads every page as that transaction sees it into
+//!   memory (`sqlite3_serialize`, through the pager, so the WAL's frames are included);
+//!   the image is then written to the copy and checked there while another thread hashes
+//!   it.
 //! * Rollback journal ([`SnapshotOptions::raw_copy`], the default): under the shared lock
 //!   the read transaction holds (no commit can pass it) the file's own bytes are the
 //!   committed state; the kernel copies them file to file (`copy_file_range`) and the lock
@@ -474,11 +475,15 @@ mod tests {
         };
         assert_eq!(stats.method, method, "{stats:?}");
         if image {
-            assert_eq!((stats.steps, stats.restarts), (1, 0), "{stats:?}");
+            assert_eq!(stats.steps, 1, "{stats:?}");
         } else {
             assert!(stats.steps > 1, "{stats:?}");
         }
-        if wal || image {
+        if wal && image {
+            // A file copy is made again only when the WAL was started over under it (the
+            // writer's own checkpoint, the copy on read-lock 0): rare, never every time.
+            assert!(stats.restarts < 3, "{stats:?}");
+        } else if wal || image {
             assert_eq!(stats.restarts, 0, "a held read snapshot never restarts");
         } else {
             assert!(
