@@ -12,7 +12,8 @@
 //!    the existing mark nearest below `S`, possibly 0).
 //! 2. While it is held, the database file is copied by the kernel (`copy_file_range`) to
 //!    the copy, then the `-wal` to the copy's `-wal` (in fork's staging, never next to the
-//!    parent's database), and the live `-wal`'s 32-byte header is read again.
+//!    parent's database), each as far as it reached when fork opened it (after the
+//!    transaction began), and the live `-wal`'s 32-byte header is read again.
 //! 3. The read transaction ends (a WAL writer was never blocked by it).
 //! 4. The copy is opened read-write: SQLite's recovery rebuilds a wal-index from the copied
 //!    `-wal`, accepting frames while their salts match the header and their cumulative
@@ -181,7 +182,8 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
         }
         Err(e) => return Err(io_err("open", &wal_path)(e)),
     };
-    if wal.metadata().map_err(io_err("stat", &wal_path))?.len() > max_wal {
+    let wal_len = wal.metadata().map_err(io_err("stat", &wal_path))?.len();
+    if wal_len > max_wal {
         return Ok(Attempt::TooLarge(Held {
             _db: db,
             _wal: Some(wal),
@@ -192,8 +194,11 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
         .truncate(true)
         .open(dest)
         .map_err(io_err("open", dest))?;
-    // `io::copy` between two files lets the kernel copy (`copy_file_range`).
-    io::copy(&mut &db, &mut out).map_err(io_err("copy", src))?;
+    // `io::copy` between two files lets the kernel copy (`copy_file_range`). Each file is
+    // copied as far as it reached when it was opened, after the read transaction began:
+    // the WAL's frames up to that transaction's last are in that much, and whatever a
+    // checkpoint writes into the database file beyond it comes from those frames.
+    io::copy(&mut io::Read::take(&db, ours.len()), &mut out).map_err(io_err("copy", src))?;
     let mut wal_out = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -201,11 +206,13 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
         .open(&dest_wal)
         .map_err(io_err("create", &dest_wal))?;
     let mut wal_bytes = 0;
-    loop {
-        let n = io::copy(&mut io::Read::take(&wal, WAL_CHUNK), &mut wal_out)
+    while wal_bytes < wal_len {
+        let want = WAL_CHUNK.min(wal_len - wal_bytes);
+        let n = io::copy(&mut io::Read::take(&wal, want), &mut wal_out)
             .map_err(io_err("copy", &wal_path))?;
         wal_bytes += n;
-        if n < WAL_CHUNK {
+        if n < want {
+            // Cut under the copy: the header check below sees it.
             break;
         }
         #[cfg(test)]
