@@ -8,8 +8,9 @@
 //! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
 //! copy`, `sha256sum DB` (the hash's peer) and five snapshot variants (the default one-image
 //! copy with `integrity_check` (rollback mode: the file's bytes copied by the kernel under
-//! the shared lock and hashed while copied, `raw_copy`; WAL mode: `sqlite3_serialize`), the
-//! image through `sqlite3_serialize` in both modes, the default with `quick_check`, the
+//! the shared lock and hashed while copied, `raw_copy`; WAL mode: the database file and its
+//! `-wal` copied by the kernel under a held read transaction, then the WAL replayed into
+//! the copy by SQLite, `wal_file_copy`), the image through `sqlite3_serialize` in both modes, the default with `quick_check`, the
 //! page-by-page backup with the image off, and the backup in one step) in a
 //! rotating order (interleaved, so drift in the machine's load hits all alike). Printed per
 //! variant: the medians, the ratios to cp (total, the copy phase alone, CPU time), the hash
@@ -21,7 +22,9 @@
 //! harness = false`). Environment: FORK_BENCH_MB (100), FORK_BENCH_RUNS (7),
 //! FORK_BENCH_MODES ("wal,delete"), FORK_BENCH_DIR (default: the system temp directory;
 //! point it at the filesystem that matters), FORK_BENCH_SWEEP=1 (also time the copy phase
-//! for several `pages_per_step` values, which is how the defaults were chosen).
+//! for several `pages_per_step` values, which is how the defaults were chosen),
+//! FORK_BENCH_WAL_AUTOCHECKPOINT (the writer's `wal_autocheckpoint`, 1000; 0 lets the WAL
+//! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`).
 
 use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats};
 use rusqlite::Connection;
@@ -96,6 +99,11 @@ fn writer(db: &Path) {
     let c = Connection::open(db).expect("writer: open");
     c.busy_handler(Some(busy)).expect("writer: busy handler");
     c.execute_batch("PRAGMA synchronous = NORMAL")
+        .expect("writer: pragma");
+    // FORK_BENCH_WAL_AUTOCHECKPOINT: the writer's automatic checkpoint (pages; 0: none, the
+    // WAL then grows through the runs; SQLite's default 1000 keeps it near 4 MiB).
+    let pages: i64 = env_or("FORK_BENCH_WAL_AUTOCHECKPOINT", 1000);
+    c.execute_batch(&format!("PRAGMA wal_autocheckpoint = {pages}"))
         .expect("writer: pragma");
     let rows: i64 = c
         .query_row("SELECT max(id) FROM t", [], |r| r.get(0))
@@ -338,15 +346,17 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
 
     // The variants timed against cp (and sha256sum, the hash's peer), each run in a
     // rotating order: the default (rollback mode: the image as the file's bytes, copied by
-    // the kernel under the shared lock and hashed while copied; WAL mode: the image through
-    // SQLite's pager, `sqlite3_serialize`), the pager's image in both modes, the default
-    // with quick_check, the page-by-page backup, and the backup in one step.
+    // the kernel under the shared lock and hashed while copied; WAL mode: the database file
+    // and its -wal copied by the kernel under a held read transaction, then the WAL
+    // replayed into the copy), the pager's image (`sqlite3_serialize`) in both modes, the
+    // default with quick_check, the page-by-page backup, and the backup in one step.
     let variants: [(&str, SnapshotOptions); 5] = [
         ("image (default)", SnapshotOptions::default()),
         (
-            "image via sqlite3_serialize (raw_copy off; WAL mode: the default)",
+            "image via sqlite3_serialize (raw_copy and wal_file_copy off)",
             SnapshotOptions {
                 raw_copy: false,
+                wal_file_copy: false,
                 ..SnapshotOptions::default()
             },
         ),
@@ -416,6 +426,13 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         }
     }
     let rate = commits as f64 / window.elapsed().as_secs_f64();
+    if mode == "wal" {
+        let wal = std::fs::metadata(format!("{}-wal", db.display())).map_or(0, |m| m.len());
+        println!(
+            "-wal after the runs: {:.1} MiB",
+            wal as f64 / (1 << 20) as f64
+        );
+    }
     let m_cp = median(&cps);
     let m_sum = median(&sums);
     println!("writer: ~{rate:.0} commits/s (one random 4 KB row rewrite each)");
@@ -468,8 +485,8 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         );
         if let Some(st) = &r.last {
             println!(
-                "  last: {} pages in {} steps, {} busy retries, wal={}",
-                st.pages, st.steps, st.busy_retries, st.wal
+                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}",
+                st.pages, st.steps, st.busy_retries, st.wal, st.method
             );
         }
         println!(

@@ -1,10 +1,12 @@
 //! The snapshot's one-image copy (see [`super::snapshot`]): a database of at most
 //! [`SnapshotOptions::image_max_bytes`] is read whole inside one read transaction, then
 //! written, checked and hashed (a rollback-journal database's image, by default, is copied
-//! as the file's bytes: `raw.rs`).
+//! as the file's bytes: `raw.rs`; a live WAL-mode parent's as its database file and `-wal`,
+//! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
-    check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,
+    check_and_hash, check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotMethod,
+    SnapshotOptions, SnapshotStats,
 };
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -12,13 +14,15 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The one-image copy, for a database of at most `opts.image_max_bytes`: inside one read
+/// The one-image copy, for a database of at most `opts.image_max_bytes`, inside one read
 /// transaction (in WAL mode a fixed snapshot that never blocks a writer; in rollback mode
-/// the shared lock, held only while the image is read) SQLite reads every page of the
-/// database as that transaction sees it (`sqlite3_serialize`, through the pager: the
-/// WAL's frames included) into memory. The image is then written to `dest` and checked
-/// there while another thread hashes it, so the hash is taken while the copy is written.
-/// Returns None (nothing done) for an empty database or one above the bound.
+/// the shared lock, held only while the image is read): a live WAL-mode parent's files
+/// copied and replayed (`walcopy.rs`), a rollback-journal database's bytes (`raw.rs`), or
+/// else every page of the database as that transaction sees it read by SQLite
+/// (`sqlite3_serialize`, through the pager: the WAL's frames included) into memory, then
+/// written to `dest` and checked there while another thread hashes it. Returns None
+/// (nothing done) for an empty database or one above the bound. `uri`: the parent is live
+/// and read through it (see `parent.rs`).
 pub(super) fn copy_image(
     src: &Path,
     uri: Option<&str>,
@@ -31,40 +35,121 @@ pub(super) fn copy_image(
         return Ok(None);
     }
     let source = open_source(src, uri)?;
-    source
-        .execute_batch("BEGIN DEFERRED")
-        .map_err(sqlite_err("begin a read transaction on", src))?;
-    // The first read takes the read lock; everything below reads one state of the file.
-    let (pages, page_size) = retry_busy(src, opts, started, "read", || {
-        source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
-            r.get::<_, i64>(0)
+    // WAL mode, a live parent (`uri`): the files under the read transaction (`walcopy.rs`),
+    // attempt after attempt while the WAL restarts under the copy.
+    let mut file_attempts = if wal && uri.is_some() && opts.wal_file_copy {
+        super::walcopy::MAX_ATTEMPTS
+    } else {
+        0
+    };
+    let mut restarts = 0;
+    loop {
+        source
+            .execute_batch("BEGIN DEFERRED")
+            .map_err(sqlite_err("begin a read transaction on", src))?;
+        // The first read takes the read lock; everything below reads one state of the file.
+        let (pages, page_size) = retry_busy(src, opts, started, "read", || {
+            source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                r.get::<_, i64>(0)
+            })?;
+            let pages: i64 = source.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            let size: i64 = source.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+            Ok((pages, size))
         })?;
-        let pages: i64 = source.query_row("PRAGMA page_count", [], |r| r.get(0))?;
-        let size: i64 = source.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-        Ok((pages, size))
-    })?;
-    let locked = Instant::now();
-    let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);
-    if bytes == 0 || bytes > opts.image_max_bytes {
-        let _ = source.execute_batch("COMMIT");
-        return Ok(None);
-    }
-    if !wal && opts.raw_copy {
+        let locked = Instant::now();
+        let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);
+        if bytes == 0 || bytes > opts.image_max_bytes {
+            let _ = source.execute_batch("COMMIT");
+            return Ok(None);
+        }
         let image = super::raw::Image {
             bytes,
             pages: pages as u64,
             started,
             locked,
         };
-        return super::raw::copy_raw(src, source, dest, &image, opts).map(Some);
+        if !wal && opts.raw_copy {
+            return super::raw::copy_raw(src, source, dest, &image, opts).map(Some);
+        }
+        if file_attempts > 0 {
+            file_attempts -= 1;
+            let max_wal = (bytes / 2).max(super::walcopy::WAL_ALWAYS);
+            let attempt = super::walcopy::copy_files(src, dest, max_wal)?;
+            let held = match attempt {
+                super::walcopy::Attempt::Copied(held) => held,
+                super::walcopy::Attempt::Restarted(held) => {
+                    source
+                        .execute_batch("COMMIT")
+                        .map_err(sqlite_err("end the read transaction on", src))?;
+                    drop(held);
+                    restarts += 1;
+                    tracing::debug!("{}: the WAL restarted under the copy", src.display());
+                    continue;
+                }
+                super::walcopy::Attempt::TooLarge(held) => {
+                    tracing::debug!("{}: -wal above the bound, serialized", src.display());
+                    let r = serialize(src, source, dest, wal, opts, &image, restarts);
+                    drop(held);
+                    return r.map(Some);
+                }
+            };
+            source
+                .execute_batch("COMMIT")
+                .map_err(sqlite_err("end the read transaction on", src))?;
+            let held_for = locked.elapsed();
+            drop(source);
+            drop(held);
+            let (pages, bytes) = super::walcopy::replay(dest)?;
+            let copy_elapsed = started.elapsed();
+            let (integrity_ok, check_elapsed, sha256, hash_elapsed) =
+                check_and_hash(dest, opts.check)?;
+            return Ok(Some(SnapshotStats {
+                bytes,
+                pages,
+                steps: 1,
+                restarts,
+                busy_retries: 0,
+                wal,
+                method: SnapshotMethod::WalFiles,
+                elapsed: started.elapsed(),
+                copy_elapsed,
+                check_elapsed,
+                hash_elapsed,
+                longest_step: held_for,
+                sha256,
+                integrity_ok,
+            }));
+        }
+        if restarts > 0 {
+            tracing::debug!(
+                "{}: the WAL restarted under {restarts} file copies, serialized",
+                src.display()
+            );
+        }
+        return serialize(src, source, dest, wal, opts, &image, restarts).map(Some);
     }
+}
+
+/// The image through SQLite's pager (`sqlite3_serialize`) inside `source`'s held read
+/// transaction, which it ends; then written, checked and hashed. `restarts`: file copies
+/// discarded before (WAL mode).
+fn serialize(
+    src: &Path,
+    source: rusqlite::Connection,
+    dest: &Path,
+    wal: bool,
+    opts: &SnapshotOptions,
+    found: &super::raw::Image,
+    restarts: u32,
+) -> Result<SnapshotStats, SnapshotError> {
+    let (bytes, started) = (found.bytes, found.started);
     let image = source
         .serialize(rusqlite::MAIN_DB)
         .map_err(sqlite_err("copy pages from", src))?;
     source
         .execute_batch("COMMIT")
         .map_err(sqlite_err("end the read transaction on", src))?;
-    let held = locked.elapsed();
+    let held = found.locked.elapsed();
     if image.len() as u64 != bytes {
         return Err(SnapshotError::Io {
             action: "copy",
@@ -100,13 +185,14 @@ pub(super) fn copy_image(
             source: io::Error::other("the hashing thread panicked"),
         });
     }
-    Ok(Some(SnapshotStats {
+    Ok(SnapshotStats {
         bytes,
-        pages: pages as u64,
+        pages: found.pages,
         steps: 1,
-        restarts: 0,
+        restarts,
         busy_retries: 0,
         wal,
+        method: SnapshotMethod::Serialize,
         elapsed: started.elapsed(),
         copy_elapsed,
         check_elapsed,
@@ -114,7 +200,7 @@ pub(super) fn copy_image(
         longest_step: held,
         sha256: hash.0,
         integrity_ok,
-    }))
+    })
 }
 
 /// Writes the image into the (empty) destination file.

@@ -4,7 +4,9 @@
 //!   transaction, or the online backup API for a large database) while the parent keeps
 //!   running and writing; `image.rs` holds the one-image copy (`raw.rs`: a rollback-journal
 //!   database's image copied as the file's bytes by the kernel under the shared lock,
-//!   hashed while copied), `sqlite.rs` what both copies
+//!   hashed while copied; `walcopy.rs`: a live WAL-mode parent's database file and `-wal`
+//!   copied by the kernel under a held read transaction, the WAL then replayed into the
+//!   copy by SQLite), `sqlite.rs` what both copies
 //!   share (options, statistics, errors, opening, checking and hashing).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
@@ -15,13 +17,16 @@ mod image;
 pub mod parent;
 mod raw;
 pub mod snapshot;
+#[cfg(test)]
+mod snapshot_wal_tests;
 mod sqlite;
 pub mod tree;
+mod walcopy;
 pub mod workspace;
 
 pub use snapshot::{
-    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotOptions,
-    SnapshotStats,
+    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotMethod,
+    SnapshotOptions, SnapshotStats,
 };
 pub use workspace::{
     copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,

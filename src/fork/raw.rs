@@ -136,6 +136,7 @@ pub(super) fn copy_raw(
         restarts: 0,
         busy_retries: 0,
         wal: false,
+        method: super::sqlite::SnapshotMethod::FileBytes,
         elapsed: image.started.elapsed(),
         copy_elapsed,
         check_elapsed,

@@ -59,6 +59,27 @@ pub struct SnapshotOptions {
     /// pager: the state is the file plus the WAL's frames.) On by default: measured faster
     /// with `benches/snapshot.rs` (see the README's Benchmarks).
     pub raw_copy: bool,
+    /// WAL mode, a live parent only: copy the one image as the database file and its
+    /// `-wal`, by the kernel, under a held read transaction, then let SQLite's recovery
+    /// replay the copied WAL into the copy (`walcopy.rs` says why that is one committed
+    /// state), instead of `sqlite3_serialize`. A `-wal` larger than half the database (and
+    /// than 4 MiB), or a WAL restarted under each of a few attempts, falls back to
+    /// `sqlite3_serialize`.
+    pub wal_file_copy: bool,
+}
+
+/// How a snapshot copied the database (`SnapshotStats::method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotMethod {
+    /// The online backup API, `pages_per_step` pages at a time.
+    Pages,
+    /// One image read through SQLite's pager (`sqlite3_serialize`), then written.
+    Serialize,
+    /// Rollback journal: the file's bytes copied by the kernel under the shared lock.
+    FileBytes,
+    /// WAL: the database file and its `-wal` copied by the kernel under a held read
+    /// transaction, then the WAL replayed into the copy by SQLite's recovery.
+    WalFiles,
 }
 
 impl Default for SnapshotOptions {
@@ -83,6 +104,7 @@ impl Default for SnapshotOptions {
             check: IntegrityCheck::Full,
             image_max_bytes: IMAGE_MAX_BYTES,
             raw_copy: true,
+            wal_file_copy: true,
         }
     }
 }
@@ -96,12 +118,15 @@ pub struct SnapshotStats {
     pub pages: u64,
     /// Backup steps taken (including steps that found the source busy).
     pub steps: u64,
-    /// Times the backup restarted because the source changed between two steps.
+    /// Times the backup restarted because the source changed between two steps (WAL
+    /// mode's file copy: attempts discarded because the WAL restarted under them).
     pub restarts: u32,
     /// Steps that found the source locked by a writer and were retried.
     pub busy_retries: u64,
     /// Whether the source was in WAL mode (copied inside one read transaction).
     pub wal: bool,
+    /// How the copy was made.
+    pub method: SnapshotMethod,
     /// Total time, copy + check + hash.
     pub elapsed: Duration,
     /// Time spent copying pages (the backup itself).
@@ -290,4 +315,36 @@ pub fn check_copy(dest: &Path, check: IntegrityCheck) -> Result<bool, SnapshotEr
             report: lines.join("; "),
         })
     }
+}
+
+/// The check and the hash of the finished copy, side by side (both only read it):
+/// `(integrity_ok, check time, sha256, hash time)`.
+pub(super) fn check_and_hash(
+    dest: &Path,
+    check: IntegrityCheck,
+) -> Result<(bool, Duration, String, Duration), SnapshotError> {
+    let (check, hash) = std::thread::scope(|s| {
+        let hasher = s.spawn(|| {
+            let t = Instant::now();
+            (file_sha256(dest), t.elapsed())
+        });
+        let t = Instant::now();
+        let check = (check_copy(dest, check), t.elapsed());
+        // A panic in the hashing thread is a bug (file_sha256 does not panic); report it
+        // as an I/O error rather than unwinding through the caller.
+        let hash = hasher.join().unwrap_or_else(|_| {
+            (
+                Err(io::Error::other("the hashing thread panicked")),
+                Duration::ZERO,
+            )
+        });
+        (check, hash)
+    });
+    let (integrity_ok, check_elapsed) = (check.0?, check.1);
+    let sha256 = hash.0.map_err(|source| SnapshotError::Io {
+        action: "hash",
+        path: dest.to_path_buf(),
+        source,
+    })?;
+    Ok((integrity_ok, check_elapsed, sha256, hash.1))
 }

@@ -1,0 +1,362 @@
+//! WAL mode's file copy (`walcopy.rs`) against a hostile parent: a writer committing
+//! continuously (a 2 ms breath every 100 commits, in which checkpoints catch up and a
+//! snapshot may start on read-lock 0) and a second connection running every kind of checkpoint in a loop
+//! (PASSIVE, FULL, RESTART, TRUNCATE: backfills, WAL restarts and cuts under the copy), in
+//! another process (as a real parent: fork then reads its wal-index read-only and cannot
+//! set a read mark) and in this one (fork's connection then shares SQLite's wal-index and
+//! sets marks). Every snapshot must be one committed state: the integrity check passes,
+//! the transfers keep the balances' sum, the sequence has no gap and the ledger counts it.
+
+use super::snapshot::{snapshot, SnapshotMethod, SnapshotOptions};
+use rusqlite::{Connection, OpenFlags};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ACCOUNTS: i64 = 50;
+const BALANCE: i64 = 1000;
+/// The child's (or threads') own bound, whatever the test does (the test stops them when
+/// its snapshots are done: about 10 s on a quiet machine).
+const CHAOS_LIMIT: Duration = Duration::from_secs(90);
+const SNAPSHOTS: usize = 50;
+/// The sequence keeps its last RING rows (about 3 MiB): the database stays that size.
+const RING: i64 = 2000;
+
+fn make_db(path: &Path) {
+    let c = Connection::open(path).unwrap();
+    c.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL;
+         CREATE TABLE acct (id INTEGER PRIMARY KEY, bal INTEGER NOT NULL);
+         CREATE INDEX acct_bal ON acct(bal);
+         CREATE TABLE seq (n INTEGER PRIMARY KEY, pad BLOB NOT NULL);
+         CREATE TABLE ledger (k TEXT PRIMARY KEY, n INTEGER NOT NULL);
+         INSERT INTO ledger VALUES ('transfers', 0);
+         WITH RECURSIVE i(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM i WHERE x < {ACCOUNTS})
+         INSERT INTO acct SELECT x, {BALANCE} FROM i;"
+    ))
+    .unwrap();
+}
+
+/// One transfer: two balances, a sequence row, the ledger, in one transaction.
+fn transfer(c: &Connection, x: &mut u64) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    let a = (*x % ACCOUNTS as u64) as i64 + 1;
+    let b = ((*x >> 20) % ACCOUNTS as u64) as i64 + 1;
+    let amount = ((*x >> 40) % 50) as i64;
+    c.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         UPDATE acct SET bal = bal - {amount} WHERE id = {a};
+         UPDATE acct SET bal = bal + {amount} WHERE id = {b};
+         INSERT INTO seq VALUES ((SELECT coalesce(max(n), 0) + 1 FROM seq), randomblob(1500));
+         DELETE FROM seq WHERE n <= (SELECT max(n) FROM seq) - {RING};
+         UPDATE ledger SET n = n + 1;
+         COMMIT;"
+    ))
+    .unwrap();
+}
+
+/// The writer and the checkpointer, on two threads, until `stop` or the bound.
+fn chaos(db: PathBuf, stop: Arc<AtomicBool>, ready: impl FnOnce() + Send + 'static) {
+    let began = Instant::now();
+    let (db2, stop2) = (db.clone(), stop.clone());
+    let checkpointer = std::thread::spawn(move || {
+        let c = Connection::open(&db2).unwrap();
+        c.busy_timeout(Duration::from_millis(5)).unwrap();
+        let mut n = 0u64;
+        while !stop2.load(Ordering::SeqCst) && began.elapsed() < CHAOS_LIMIT {
+            let mode = ["PASSIVE", "FULL", "RESTART", "TRUNCATE"][(n % 4) as usize];
+            // Busy answers (a reader or the writer in the way) are part of the game.
+            let _ = c.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()));
+            n += 1;
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    });
+    let c = Connection::open(&db).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c.execute_batch("PRAGMA synchronous = OFF").unwrap();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    // A few MiB first, so that a copy takes a while.
+    for _ in 0..RING {
+        transfer(&c, &mut x);
+    }
+    ready();
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) && began.elapsed() < CHAOS_LIMIT {
+        transfer(&c, &mut x);
+        n += 1;
+        // Now and then a breath, in which a checkpoint backfills the whole WAL: a snapshot
+        // starting then reads on read-lock 0, where a restart or a cut of the WAL (the
+        // next TRUNCATE, the writer starting over) may come under its copy.
+        if n % 100 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    checkpointer.join().unwrap();
+}
+
+/// The child process's side (run by `hostile_parent_in_another_process`, ignored
+/// otherwise): chaos on FORK_TEST_WAL_CHAOS until stdin closes.
+#[test]
+#[ignore]
+fn wal_chaos_child() {
+    let Some(db) = std::env::var_os("FORK_TEST_WAL_CHAOS") else {
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        s.store(true, Ordering::SeqCst);
+    });
+    chaos(PathBuf::from(db), stop, || {
+        println!("fork-test-chaos-ready")
+    });
+}
+
+/// Checks one snapshot's invariants, read without creating anything beside it.
+fn check_invariants(copy: &Path) -> i64 {
+    let c = Connection::open_with_flags(
+        super::parent::file_uri(copy, "mode=ro&immutable=1"),
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .unwrap();
+    let sum: i64 = c
+        .query_row("SELECT sum(bal) FROM acct", [], |r| r.get(0))
+        .unwrap();
+    let (count, min, max): (i64, i64, i64) = c
+        .query_row(
+            "SELECT count(*), coalesce(min(n), 1), coalesce(max(n), 0) FROM seq",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let ledger: i64 = c
+        .query_row("SELECT n FROM ledger", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        sum,
+        ACCOUNTS * BALANCE,
+        "{}: the transfers' sum",
+        copy.display()
+    );
+    assert_eq!(
+        count,
+        max - min + 1,
+        "{}: a gap in the sequence",
+        copy.display()
+    );
+    assert_eq!(
+        (count.min(RING), ledger),
+        (count, max),
+        "{}: the ledger",
+        copy.display()
+    );
+    max
+}
+
+fn hostile_parent(other_process: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir_all(&live).unwrap();
+    std::fs::create_dir_all(&snaps).unwrap();
+    let db = live.join("live.db");
+    make_db(&db);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut child = None;
+    let mut threads = None;
+    if other_process {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "fork::snapshot_wal_tests::wal_chaos_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FORK_TEST_WAL_CHAOS", &db)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+        let ready = lines.any(|l| l.is_ok_and(|l| l.contains("chaos-ready")));
+        assert!(ready, "the chaos child did not start");
+        // The rest of its output (the test harness's), read until it ends.
+        std::thread::spawn(move || lines.for_each(drop));
+        child = Some(c);
+    } else {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (d, s) = (db.clone(), stop.clone());
+        threads = Some(std::thread::spawn(move || {
+            chaos(d, s, move || tx.send(()).unwrap())
+        }));
+        rx.recv_timeout(CHAOS_LIMIT).unwrap();
+    }
+    let mut methods = vec![];
+    let mut restarts = 0;
+    let mut last = 0;
+    for i in 0..SNAPSHOTS {
+        let dest = snaps.join(format!("copy-{i}.db"));
+        let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
+        assert!(st.integrity_ok && st.wal, "{st:?}");
+        methods.push(st.method);
+        restarts += st.restarts;
+        let n = check_invariants(&dest);
+        assert!(n >= last, "snapshot {i} went back in time: {n} < {last}");
+        last = n;
+        std::fs::remove_file(&dest).unwrap();
+        // Nothing fork made beside the parent's database, nothing left beside the copy.
+        for d in [&live, &snaps] {
+            for e in std::fs::read_dir(d).unwrap() {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                assert!(
+                    d == &live && ["live.db", "live.db-wal", "live.db-shm"].contains(&&*name),
+                    "{} gained {name}",
+                    d.display()
+                );
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    if let Some(mut c) = child {
+        drop(c.stdin.take());
+        let st = c.wait().unwrap();
+        assert!(st.success(), "the chaos child failed: {st}");
+    }
+    if let Some(t) = threads {
+        t.join().unwrap();
+    }
+    let files = methods
+        .iter()
+        .filter(|m| **m == SnapshotMethod::WalFiles)
+        .count();
+    eprintln!(
+        "{SNAPSHOTS} snapshots (other process: {other_process}): {files} by file copy, \
+         {restarts} copies discarded (WAL restarted), last sequence {last}"
+    );
+    // The rest (a -wal grown past 4 MiB and half the database) went through the pager.
+    assert!(files >= SNAPSHOTS / 5, "by file copy: {methods:?}");
+}
+
+#[test]
+fn hostile_parent_in_another_process() {
+    hostile_parent(true);
+}
+
+#[test]
+fn hostile_parent_in_this_process() {
+    hostile_parent(false);
+}
+
+/// On a quiet parent whose WAL holds frames not yet checkpointed, the file copy replayed
+/// is byte for byte the image SQLite's pager serializes (the replay is needed: the
+/// database file alone lacks the WAL's commits).
+#[test]
+fn wal_files_equal_the_serialized_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    make_db(&db);
+    // A parent connection kept open, so `-wal` and `-shm` exist; its commits stay in the
+    // WAL (no automatic checkpoint).
+    let parent = Connection::open(&db).unwrap();
+    parent
+        .execute_batch("PRAGMA wal_autocheckpoint = 0")
+        .unwrap();
+    let mut x = 7u64;
+    for _ in 0..150 {
+        transfer(&parent, &mut x);
+    }
+    let files = dir.path().join("files.db");
+    let ser = dir.path().join("ser.db");
+    let a = snapshot(&db, &files, &SnapshotOptions::default()).unwrap();
+    let b = snapshot(
+        &db,
+        &ser,
+        &SnapshotOptions {
+            wal_file_copy: false,
+            ..SnapshotOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (a.method, b.method),
+        (SnapshotMethod::WalFiles, SnapshotMethod::Serialize)
+    );
+    assert_eq!(std::fs::read(&files).unwrap(), std::fs::read(&ser).unwrap());
+    assert_eq!(a.sha256, b.sha256);
+    assert_eq!((a.bytes, a.pages), (b.bytes, b.pages));
+    assert_eq!(check_invariants(&files), 150);
+    let wal_len = std::fs::metadata(super::parent::side(&db, "-wal"))
+        .unwrap()
+        .len();
+    assert!(
+        wal_len > 150 * 1500,
+        "the commits are in the WAL: {wal_len}"
+    );
+    for s in ["-wal", "-shm", "-journal"] {
+        assert!(!super::parent::side(&files, s).exists());
+    }
+}
+
+/// The hazard the header check is for, made to happen: the snapshot reads on read-lock 0
+/// (the WAL wholly backfilled, not yet cut), and between two chunks of its `-wal` copy the
+/// parent cuts the WAL (TRUNCATE) and starts it over with new commits. The copy then holds
+/// the old header and only a prefix of the old frames, older than what the database file
+/// holds: replayed, it would mix states (without the check this test fails: the invariants
+/// or the integrity check). The attempt is discarded and the next one copies the new WAL.
+#[test]
+fn a_wal_cut_under_the_copy_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("cut.db");
+    make_db(&db);
+    let parent = Connection::open(&db).unwrap();
+    parent
+        .execute_batch("PRAGMA wal_autocheckpoint = 0; PRAGMA synchronous = OFF")
+        .unwrap();
+    let mut x = 11u64;
+    for _ in 0..200 {
+        transfer(&parent, &mut x);
+    }
+    let (busy, log, done): (i64, i64, i64) = parent
+        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!((busy, log), (0, done), "the WAL is wholly backfilled");
+    let wal = super::parent::side(&db, "-wal");
+    assert!(
+        std::fs::metadata(&wal).unwrap().len() > 2 << 20,
+        "several chunks"
+    );
+    let cutter = Connection::open(&db).unwrap();
+    super::walcopy::AFTER_A_WAL_CHUNK.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            let busy: i64 = cutter
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(busy, 0, "the WAL was cut under the copy");
+            let mut y = 13u64;
+            for _ in 0..10 {
+                transfer(&cutter, &mut y);
+            }
+        }))
+    });
+    let dest = dir.path().join("copy.db");
+    let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
+    assert!(
+        super::walcopy::AFTER_A_WAL_CHUNK.with(|h| h.borrow().is_none()),
+        "the cut was made"
+    );
+    assert!(st.integrity_ok);
+    // The state as of the second attempt's read transaction: all 210 transfers (replaying
+    // the cut prefix gives an older state, mixed with the file's later pages).
+    assert_eq!(check_invariants(&dest), 210, "{st:?}");
+    assert_eq!(st.method, SnapshotMethod::WalFiles, "{st:?}");
+    assert_eq!(st.restarts, 1, "the first copy was discarded: {st:?}");
+}
