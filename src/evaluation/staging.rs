@@ -99,7 +99,14 @@ pub fn snapshot_state(
 /// with the same error as before (naming the store), whatever the sandboxes did. Dropped
 /// unwaited (an earlier error), it still joins the thread, before the staging directory
 /// that holds the copies goes.
-pub struct StateCheck(Option<std::thread::JoinHandle<Result<(), EvaluateError>>>);
+pub struct StateCheck(Check);
+
+/// The check under way on its thread, or (no thread to be had) its answer, taken at once.
+enum Check {
+    Running(std::thread::JoinHandle<Result<(), EvaluateError>>),
+    Done(Result<(), EvaluateError>),
+    Taken,
+}
 
 /// One store's copy in the staging area.
 struct StoreCopy {
@@ -114,28 +121,33 @@ struct StoreCopy {
 
 impl StateCheck {
     fn start(copies: Vec<StoreCopy>) -> StateCheck {
+        let copies = std::sync::Arc::new(copies);
+        let theirs = std::sync::Arc::clone(&copies);
         let spawned = std::thread::Builder::new()
             .name("fork-state-check".into())
-            .spawn(move || check_stores(&copies));
+            .spawn(move || check_stores(&theirs));
         match spawned {
-            Ok(h) => StateCheck(Some(h)),
-            // No thread to be had: the check still runs, now.
+            Ok(h) => StateCheck(Check::Running(h)),
+            // No thread to be had: the check still runs, here and now.
             Err(e) => {
                 tracing::warn!("checking the state snapshot on this thread: {e}");
-                StateCheck(None)
+                StateCheck(Check::Done(check_stores(&copies)))
             }
         }
     }
 
     /// The check's answer: Ok when every copy passed.
     pub fn wait(mut self) -> Result<(), EvaluateError> {
-        let r = match self.0.take() {
-            Some(h) => h.join().unwrap_or_else(|_| {
+        let r = match std::mem::replace(&mut self.0, Check::Taken) {
+            Check::Running(h) => h.join().unwrap_or_else(|_| {
                 Err(EvaluateError::Internal(
                     "the state snapshot's check thread panicked".into(),
                 ))
             }),
-            None => Ok(()),
+            Check::Done(r) => r,
+            Check::Taken => Err(EvaluateError::Internal(
+                "the state snapshot's check was answered twice".into(),
+            )),
         };
         crate::trace::mark("evaluate: state snapshot checked");
         r
@@ -144,7 +156,7 @@ impl StateCheck {
 
 impl Drop for StateCheck {
     fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
+        if let Check::Running(h) = std::mem::replace(&mut self.0, Check::Taken) {
             let _ = h.join();
         }
     }
