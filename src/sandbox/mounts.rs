@@ -430,10 +430,12 @@ pub fn build_and_pivot(newroot: &Path, scratch: bool, ops: &[MountOp]) -> Result
     // new root).
     let mut host_root = None;
     if scratch {
-        host_root = Some(
-            super::sys::open_tree_clone(c"/")
-                .map_err(sys_err("clone the host root", Path::new("/")))?,
-        );
+        if ops.iter().any(|o| matches!(o, MountOp::HostRoot)) {
+            host_root = Some(
+                super::sys::open_tree_clone(c"/")
+                    .map_err(sys_err("clone the host root", Path::new("/")))?,
+            );
+        }
         let run_dir = newroot.parent().unwrap_or(newroot);
         mount(
             Some("tmpfs"),
