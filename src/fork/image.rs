@@ -5,8 +5,8 @@
 //! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
-    check_and_hash, check_copy, open_source, retry_busy, sqlite_err, SnapshotError, SnapshotMethod,
-    SnapshotOptions, SnapshotStats,
+    check_and_hash, check_copy, io_err, open_source, retry_busy, sqlite_err, SnapshotError,
+    SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -206,17 +206,10 @@ fn serialize(
 /// Writes the image into the (empty) destination file.
 fn write_image(dest: &Path, image: &[u8]) -> Result<(), SnapshotError> {
     use std::io::Write;
-    let io_err = |action| {
-        move |source| SnapshotError::Io {
-            action,
-            path: dest.to_path_buf(),
-            source,
-        }
-    };
     let mut f = fs::OpenOptions::new()
         .write(true)
         .truncate(true)
         .open(dest)
-        .map_err(io_err("open"))?;
-    f.write_all(image).map_err(io_err("write"))
+        .map_err(io_err("open", dest))?;
+    f.write_all(image).map_err(io_err("write", dest))
 }

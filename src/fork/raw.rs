@@ -13,7 +13,9 @@
 //! hash ends shortly after the copy instead of starting after it. The check then runs on
 //! the finished copy (through a memory map) while the hash finishes.
 
-use super::sqlite::{check_copy, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats};
+use super::sqlite::{
+    check_copy, io_err, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,
+};
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 use std::fs::{self, File};
@@ -38,17 +40,6 @@ const CHUNK: u64 = 4 << 20;
 
 /// The hasher's read buffer, reused for every read (it stays in the CPU's caches).
 const HASH_BUF: usize = 1 << 20;
-
-fn io_err<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
-    move |source| SnapshotError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 /// Copies `image.bytes` bytes of `src` to `dest` while `source`'s read transaction holds the
 /// shared lock, then ends that transaction, checks the copy and returns the statistics.

@@ -179,6 +179,18 @@ pub enum SnapshotError {
     Corrupt { path: PathBuf, report: String },
 }
 
+/// An I/O error of `action` on `path`, as the snapshot reports it.
+pub(super) fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
+    move |source| SnapshotError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 pub(super) fn sqlite_err<'a>(
     action: &'static str,
     path: &'a Path,

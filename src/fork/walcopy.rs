@@ -72,7 +72,7 @@
 //! has ended and the source connection is closed: closing any descriptor of a file drops
 //! every POSIX lock the process holds on it (SQLite's own included).
 
-use super::sqlite::{sqlite_err, SnapshotError};
+use super::sqlite::{io_err, sqlite_err, SnapshotError};
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{self, File};
 use std::io;
@@ -110,17 +110,6 @@ pub(super) enum Attempt {
 pub(super) struct Held {
     _db: File,
     _wal: Option<File>,
-}
-
-fn io_err<'a>(
-    action: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
-    move |source| SnapshotError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 fn open_parent(path: &Path) -> io::Result<File> {
