@@ -710,7 +710,8 @@ fn bundles_are_private_and_policy_secrets_are_scrubbed_from_them() {
 /// appears nowhere in the verdict), and the evaluation still ends in a verdict with
 /// nothing of it left: the rerun runs on fork's own /dev/shm again (NEEDS_REVISION, the
 /// tests still fail), and a workspace the successor replaced is a protected tree that
-/// cannot be checked (REJECT).
+/// cannot be checked (REJECT); a link left where the workspace's `home` goes (a third task)
+/// refuses the rerun, with a caveat saying why (NEEDS_REVISION).
 #[test]
 fn a_successor_cannot_turn_its_rerun_workspace_into_links_to_host_paths() {
     need_root!();
@@ -730,10 +731,17 @@ fn a_successor_cannot_turn_its_rerun_workspace_into_links_to_host_paths() {
          {failing}\"]\nresults = {{ format = \"junit\", path = \"tests.xml\" }}\n\
          \n[tasks.plant-ws]\ncommand = [\"sh\", \"-c\", \"{failing}; cd /; \
          mv /tmp/successor /tmp/old-successor && ln -s {v} /tmp/successor\"]\n\
+         results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
+         \n[tasks.plant-home]\ncommand = [\"sh\", \"-c\", \"{failing}; \
+         mv /tmp/successor/home /tmp/old-home && ln -s {v} /tmp/successor/home\"]\n\
          results = {{ format = \"junit\", path = \"tests.xml\" }}\n"
     );
     let rt = env.runtime("rt", &toml);
-    for (task, want) in [("plant-shm", "NEEDS_REVISION"), ("plant-ws", "REJECT")] {
+    for (task, want) in [
+        ("plant-shm", "NEEDS_REVISION"),
+        ("plant-ws", "REJECT"),
+        ("plant-home", "NEEDS_REVISION"),
+    ] {
         let e = common::lifecycle::evaluate_with(
             &env,
             &common::lifecycle::patch("noop-comment"),
@@ -765,5 +773,15 @@ fn a_successor_cannot_turn_its_rerun_workspace_into_links_to_host_paths() {
             "{task}: the host directory was read: {}",
             e.ctx()
         );
+        // A link left where the workspace's home goes refuses the rerun, said in a caveat.
+        if task == "plant-home" {
+            assert!(
+                e.caveats()
+                    .iter()
+                    .any(|c| c.contains("were not rerun") && c.contains("never follows")),
+                "{task}: {}",
+                e.ctx()
+            );
+        }
     }
 }
