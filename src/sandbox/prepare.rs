@@ -6,9 +6,9 @@ use super::*;
 impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
     /// seccomp profile, creates the run directory, the size-capped disk holding `/tmp` and
-    /// the workspace, and the cgroups. The profile is compiled on a second thread while the
-    /// rest is made; a broken one fails `prepare` (everything made is removed), before
-    /// anything runs.
+    /// the workspace, and the cgroups. The built-in profile comes compiled; another is
+    /// compiled on a second thread while the rest is made, and a broken one fails `prepare`
+    /// (everything made is removed), before anything runs.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
         trace::mark("sandbox: prepare");
         // No init of this build beside fork: refuse before anything is created (exit 69).
@@ -31,6 +31,14 @@ impl Sandbox {
         } else {
             false
         };
+        // The built-in profile is carried compiled: nothing to do beside the rest.
+        if compile_seccomp && is_compiled_ahead(&spec.seccomp) {
+            let seccomp = compile_profile(&spec.seccomp)?;
+            let mut sb = Self::make(spec)?;
+            sb.seccomp = Some(seccomp);
+            trace::mark("sandbox: seccomp ready");
+            return Ok(sb);
+        }
         std::thread::scope(|scope| {
             let compiled = compile_seccomp.then(|| {
                 let source = &spec.seccomp;
@@ -178,6 +186,12 @@ impl Sandbox {
         }
         Ok(())
     }
+}
+
+/// Whether the spec's profile is the built-in one fork carries compiled.
+fn is_compiled_ahead(s: &spec::SeccompProfile) -> bool {
+    matches!(s.source, SeccompSource::Builtin)
+        && seccomp::compiled_ahead(spec::DEFAULT_SECCOMP.as_bytes())
 }
 
 /// Compiles the spec's seccomp profile (cached per process by `seccomp`).

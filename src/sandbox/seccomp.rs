@@ -63,6 +63,7 @@ impl Arch {
 
 use super::sys::Insn;
 
+mod shipped;
 mod tree;
 
 /// The compiled BPF programs, in install order (a newtype so `Debug` stays short).
@@ -183,6 +184,9 @@ fn compile_labelled(name: &str, label: &str, json: &[u8]) -> Result<CompiledProf
     {
         return Ok(p.clone());
     }
+    if let Some(programs) = shipped::programs(json, arch) {
+        return finish(name, label, arch, programs);
+    }
     let compiled = compile_for(name, label, json, arch)?;
     // A handful of profiles at most; never more than a few kept.
     if cache.len() >= 8 {
@@ -193,6 +197,12 @@ fn compile_labelled(name: &str, label: &str, json: &[u8]) -> Result<CompiledProf
         compiled.clone(),
     ));
     Ok(compiled)
+}
+
+/// Whether `json` is the built-in profile, whose programs fork carries compiled (see
+/// `shipped.rs`): [`compile_json`] of it costs no compilation.
+pub fn compiled_ahead(json: &[u8]) -> bool {
+    shipped::matches(json)
 }
 
 /// Whether seccompiler knows `syscall` on `arch` (a one-rule filter compiles).
