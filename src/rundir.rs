@@ -172,24 +172,7 @@ impl RunDir {
     /// the sandbox's cgroup sits beside the supervisor's, which another process cannot
     /// derive from its own).
     pub fn record_cgroups(&self, paths: &[PathBuf]) -> std::io::Result<()> {
-        let mut text = String::new();
-        for p in paths {
-            let line = p.to_str().filter(|l| !l.contains('\n')).ok_or_else(|| {
-                std::io::Error::other(format!("cgroup path {p:?} is not one line of UTF-8"))
-            })?;
-            text.push_str(line);
-            text.push('\n');
-        }
-        // Written in place (one write of a few hundred bytes): a record torn
-        // by a crash names a path `fork gc` refuses as not this run's, and gc's walk of its
-        // own cgroups still finds the run's.
-        let mut f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o600)
-            .open(self.path.join(CGROUPS_FILE))?;
-        f.write_all(text.as_bytes())
+        record_cgroups(&self.path, paths)
     }
 
     /// Records the sandbox init's host pid so that gc can kill it after a crash. Written in
@@ -247,6 +230,29 @@ impl Drop for RunDir {
 const CGROUPS_FILE: &str = "cgroups";
 /// The file of a run directory that records its supervisor and init.
 const META_FILE: &str = "meta.json";
+
+/// Records the cgroups of the run whose directory is `run_dir` (see
+/// [`RunDir::record_cgroups`]), before they are created.
+pub fn record_cgroups(run_dir: &Path, paths: &[PathBuf]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for p in paths {
+        let line = p.to_str().filter(|l| !l.contains('\n')).ok_or_else(|| {
+            std::io::Error::other(format!("cgroup path {p:?} is not one line of UTF-8"))
+        })?;
+        text.push_str(line);
+        text.push('\n');
+    }
+    // Written in place (one write of a few hundred bytes): a record torn
+    // by a crash names a path `fork gc` refuses as not this run's, and gc's walk of its
+    // own cgroups still finds the run's.
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(run_dir.join(CGROUPS_FILE))?;
+    f.write_all(text.as_bytes())
+}
 
 /// The cgroups a run directory recorded (see [`RunDir::record_cgroups`]); none when it
 /// recorded none (a run without cgroup budgets, or one made by an older fork).

@@ -291,10 +291,31 @@ pub struct Sandbox {
     host_gid: u32,
     seccomp: Option<seccomp::CompiledProfile>,
     landlock_abi: Option<u32>,
-    cgroup: Option<cgroup::SandboxCgroup>,
-    /// The cgroups were attempted once: an optional layer that failed is not tried (and
-    /// warned about) again at the first run.
+    cgroup: CgroupSlot,
+    /// `prepare` started the cgroups: the first run takes them (an optional layer that
+    /// failed is not tried, and warned about, again).
     cgroup_tried: bool,
+}
+
+/// A sandbox's cgroup budgets, from `prepare` (made on a thread of their own while the
+/// caller goes on) to the runs that use them.
+enum CgroupSlot {
+    /// None: not wanted, or an optional layer that could not be made.
+    None,
+    /// Being made on a thread of its own.
+    Making(std::thread::JoinHandle<Result<Option<cgroup::SandboxCgroup>, SandboxError>>),
+    /// Made (or refused) without a thread, not yet taken.
+    Made(Result<Option<cgroup::SandboxCgroup>, SandboxError>),
+    Ready(cgroup::SandboxCgroup),
+}
+
+impl CgroupSlot {
+    fn ready(&self) -> Option<&cgroup::SandboxCgroup> {
+        match self {
+            CgroupSlot::Ready(cg) => Some(cg),
+            _ => None,
+        }
+    }
 }
 
 fn is_root() -> bool {
@@ -404,24 +425,6 @@ impl Sandbox {
         }
         let mut cgroupns = layers.get(Layer::Cgroupns).wanted();
 
-        // cgroup budgets, beneath our own cgroup (made by `prepare`; again after a failure
-        // of an optional layer at an earlier run).
-        if self.cgroup_tried {
-            self.cgroup_tried = false;
-        } else {
-            self.ensure_cgroup()?;
-        }
-        if self.cgroup.is_none() && cgroupns {
-            // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
-            require_missing(
-                layers,
-                Layer::Cgroupns,
-                CGROUPNS_NEEDS_CGROUP,
-                CGROUPNS_NEEDS_CGROUP_FIX,
-            )?;
-            cgroupns = false;
-        }
-
         let tmp_src = if self.disk_mounted {
             Some(self.disk())
         } else {
@@ -470,6 +473,20 @@ impl Sandbox {
             }
             ll
         });
+        // cgroup budgets, beneath our own cgroup (started by `prepare`, made meanwhile on a
+        // thread of their own; again after a failure of an optional layer at an earlier
+        // run).
+        self.ensure_cgroup()?;
+        if self.cgroup.ready().is_none() && cgroupns {
+            // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
+            require_missing(
+                layers,
+                Layer::Cgroupns,
+                CGROUPNS_NEEDS_CGROUP,
+                CGROUPNS_NEEDS_CGROUP_FIX,
+            )?;
+            cgroupns = false;
+        }
         let cfg = InitConfig {
             newroot: self.rundir().root_mount(),
             scratch: own_uid(),
@@ -503,7 +520,7 @@ impl Sandbox {
             ns_flags as u64,
             self.host_uid,
             self.host_gid,
-            self.cgroup.as_ref(),
+            self.cgroup.ready(),
             &io,
             &door_addrs,
         ) {
@@ -536,7 +553,7 @@ impl Sandbox {
         isolation.utsns = ns_flags & libc::CLONE_NEWUTS != 0;
         isolation.cgroupns = cgroupns;
         isolation.seccomp = self.seccomp.as_ref().map(|s| s.name.clone());
-        isolation.cgroup = self.cgroup.as_ref().map(|c| match c.version() {
+        isolation.cgroup = self.cgroup.ready().map(|c| match c.version() {
             cgroup::CgroupVersion::V1 => "v1".to_string(),
             cgroup::CgroupVersion::V2 => "v2".to_string(),
         });
@@ -551,7 +568,7 @@ impl Sandbox {
             &child,
             doors,
             listeners,
-            self.cgroup.as_ref(),
+            self.cgroup.ready(),
             disk_path.as_deref(),
             &mut watchdog,
             start,

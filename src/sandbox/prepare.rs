@@ -11,6 +11,11 @@ impl Sandbox {
     /// (everything made is removed), before anything runs.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
         trace::mark("sandbox: prepare");
+        // The cgroups are made on a thread of their own from here on (recorded in the run
+        // directory once it exists), while the rest is made here and the caller goes on:
+        // the first run waits for them, right before the clone.
+        let run_id = crate::rundir::new_run_id();
+        let cgroup = CgroupAhead::start(spec, &run_id);
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
         trace::mark("sandbox: init checked");
@@ -34,7 +39,7 @@ impl Sandbox {
         // The built-in profile is carried compiled: nothing to do beside the rest.
         if compile_seccomp && is_compiled_ahead(&spec.seccomp) {
             let seccomp = compile_profile(&spec.seccomp)?;
-            let mut sb = Self::make(spec)?;
+            let mut sb = Self::make(spec, &run_id, cgroup)?;
             sb.seccomp = Some(seccomp);
             trace::mark("sandbox: seccomp ready");
             return Ok(sb);
@@ -46,7 +51,7 @@ impl Sandbox {
                     .name("fork-seccomp".into())
                     .spawn_scoped(scope, move || compile_profile(source))
             });
-            let sb = Self::make(spec);
+            let sb = Self::make(spec, &run_id, cgroup);
             let seccomp = match compiled {
                 None => None,
                 // No second thread to be had: compiled here.
@@ -67,7 +72,7 @@ impl Sandbox {
 
     /// `prepare` but the seccomp profile: the Landlock probe, the run directory, the disk
     /// and the cgroups.
-    fn make(spec: &Spec) -> Result<Sandbox, SandboxError> {
+    fn make(spec: &Spec, run_id: &str, cgroup: CgroupAhead) -> Result<Sandbox, SandboxError> {
         let layers = &spec.layers;
         let landlock_abi = if layers.get(Layer::Landlock).wanted() {
             match landlock::best_abi() {
@@ -114,7 +119,8 @@ impl Sandbox {
                 dir = d.parent();
             }
         }
-        let rundir = RunDir::create(&crate::rundir::new_run_id())?;
+        let rundir = RunDir::create(run_id)?;
+        let cgroup = cgroup.go(&rundir.path);
         trace::mark("sandbox: run dir created");
         let mut sb = Sandbox {
             spec: spec.clone(),
@@ -124,8 +130,8 @@ impl Sandbox {
             host_gid,
             seccomp: None,
             landlock_abi,
-            cgroup: None,
-            cgroup_tried: false,
+            cgroup,
+            cgroup_tried: true,
         };
         if own_uid() {
             // The init runs as the unprivileged host uid: it may traverse the run directory
@@ -147,44 +153,168 @@ impl Sandbox {
         }
         sb.mount_disk()?;
         trace::mark("sandbox: disk mounted");
-        // Made ahead of the first run (while the profile compiles, and before the caller
-        // fills the workspace).
-        sb.ensure_cgroup()?;
-        trace::mark("sandbox: cgroup ready");
+        if matches!(sb.cgroup, CgroupSlot::None) {
+            // No thread to be had: made here.
+            sb.start_cgroup();
+        }
         Ok(sb)
     }
 
-    /// The cgroup budgets, beneath our own cgroup, unless they exist or are not wanted.
-    pub(super) fn ensure_cgroup(&mut self) -> Result<(), SandboxError> {
+    /// Makes the cgroup budgets here, unless they exist or are not wanted;
+    /// [`Sandbox::settle_cgroup`] takes the result.
+    fn start_cgroup(&mut self) {
         self.cgroup_tried = true;
-        let layers = &self.spec.layers;
-        if !layers.get(Layer::Cgroup).wanted() || self.cgroup.is_some() {
-            return Ok(());
+        if !self.spec.layers.get(Layer::Cgroup).wanted() || !matches!(self.cgroup, CgroupSlot::None)
+        {
+            return;
         }
-        let limits = cgroup::CgroupLimits {
-            memory_bytes: Some(self.spec.limits.memory_bytes),
-            cpu_percent: Some(self.spec.limits.cpu_percent),
-            pids: Some(self.spec.limits.pids),
-        };
-        let rundir = self.rundir();
-        let created = cgroup::SandboxCgroup::create_recorded(&rundir.id, &limits, &mut |paths| {
-            rundir
-                .record_cgroups(paths)
-                .ctx("recording the cgroups in", &rundir.path)
-        });
-        match created {
-            Ok(cg) => self.cgroup = Some(cg),
-            Err(e) => {
-                let p = cgroup::probe();
-                let fix = if p.fix.is_empty() {
-                    cgroup::DELEGATE_FIX.to_string()
-                } else {
-                    p.fix.join("; ")
-                };
-                require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
+        let rd = self.rundir();
+        let dir = RecordIn::Dir(rd.path.clone());
+        let made = make_cgroup(&self.spec.layers, &self.spec.limits, &rd.id, dir);
+        self.cgroup = CgroupSlot::Made(made);
+    }
+
+    /// Takes the cgroup budgets [`Sandbox::start_cgroup`] made (waiting for its thread):
+    /// the error of a required layer that could not be made; an optional one was warned
+    /// about and is left out.
+    pub(super) fn settle_cgroup(&mut self) -> Result<(), SandboxError> {
+        let made = match std::mem::replace(&mut self.cgroup, CgroupSlot::None) {
+            CgroupSlot::Making(h) => h.join().unwrap_or_else(|_| {
+                Err(SandboxError::Setup {
+                    stage: "cgroup".into(),
+                    message: "the thread making the cgroup panicked".into(),
+                })
+            }),
+            CgroupSlot::Made(r) => r,
+            other => {
+                self.cgroup = other;
+                return Ok(());
             }
+        };
+        trace::mark("sandbox: cgroup ready");
+        if let Some(cg) = made? {
+            self.cgroup = CgroupSlot::Ready(cg);
         }
         Ok(())
+    }
+
+    /// The cgroup budgets for a run: those `prepare` started at the first, else made now
+    /// unless they exist (an optional layer that failed is tried again, and warned about).
+    pub(super) fn ensure_cgroup(&mut self) -> Result<(), SandboxError> {
+        if !self.cgroup_tried {
+            self.start_cgroup();
+        }
+        self.cgroup_tried = false;
+        self.settle_cgroup()
+    }
+}
+
+/// Where the cgroups are recorded before they are made: the run directory, or (made
+/// ahead, see [`CgroupAhead`]) the run directory once `prepare` has made it.
+enum RecordIn {
+    Dir(PathBuf),
+    Later(std::sync::mpsc::Receiver<PathBuf>),
+}
+
+/// The cgroups of a sandbox `prepare` is making, made on a thread of their own from its
+/// start: the layout found, then, once the run directory exists ([`CgroupAhead::go`]),
+/// recorded there and made. Dropped before that (an earlier error), the thread makes
+/// nothing and ends.
+struct CgroupAhead {
+    started: Option<(std::sync::mpsc::Sender<PathBuf>, CgroupSlot)>,
+}
+
+impl CgroupAhead {
+    fn start(spec: &Spec, run_id: &str) -> CgroupAhead {
+        if !spec.layers.get(Layer::Cgroup).wanted() {
+            return CgroupAhead { started: None };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (layers, limits, id) = (spec.layers.clone(), spec.limits.clone(), run_id.to_string());
+        let spawned = std::thread::Builder::new()
+            .name("fork-cgroup".into())
+            .spawn(move || {
+                trace::mark("cgroup thread: started");
+                let r = make_cgroup(&layers, &limits, &id, RecordIn::Later(rx));
+                trace::mark("cgroup thread: made");
+                r
+            });
+        CgroupAhead {
+            started: spawned.ok().map(|h| (tx, CgroupSlot::Making(h))),
+        }
+    }
+
+    /// The run directory exists: the cgroups are recorded there and made.
+    fn go(mut self, run_dir: &Path) -> CgroupSlot {
+        match self.started.take() {
+            Some((tx, slot)) => {
+                let _ = tx.send(run_dir.to_path_buf());
+                slot
+            }
+            None => CgroupSlot::None,
+        }
+    }
+}
+
+impl Drop for CgroupAhead {
+    /// Given up before the run directory existed: the thread, told so, makes nothing;
+    /// waited for, so that nothing of this sandbox goes on after `prepare` failed.
+    fn drop(&mut self) {
+        if let Some((tx, slot)) = self.started.take() {
+            drop(tx);
+            if let CgroupSlot::Making(h) = slot {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// Makes the cgroup budgets of run `id` (recorded in its run directory `dir` first):
+/// `Some` when made, `None` when the layer is optional and could not be (warned about),
+/// the layer's error (exit 69, naming the fix) when it is required.
+fn make_cgroup(
+    layers: &Layers,
+    limits: &spec::Limits,
+    id: &str,
+    dir: RecordIn,
+) -> Result<Option<cgroup::SandboxCgroup>, SandboxError> {
+    let limits = cgroup::CgroupLimits {
+        memory_bytes: Some(limits.memory_bytes),
+        cpu_percent: Some(limits.cpu_percent),
+        pids: Some(limits.pids),
+    };
+    let mut gave_up = false;
+    let created = cgroup::SandboxCgroup::create_recorded(id, &limits, &mut |paths| {
+        trace::mark("cgroup thread: layout found");
+        let dir = match &dir {
+            RecordIn::Dir(d) => d.clone(),
+            RecordIn::Later(rx) => rx.recv().map_err(|_| {
+                gave_up = true;
+                IoError::new(
+                    "recording the cgroups in",
+                    Path::new("the run directory"),
+                    std::io::Error::other("the sandbox was given up before it was made"),
+                )
+            })?,
+        };
+        crate::rundir::record_cgroups(&dir, paths).ctx("recording the cgroups in", &dir)
+    });
+    if gave_up {
+        // `prepare` failed before the run directory existed: nothing was made.
+        return Ok(None);
+    }
+    match created {
+        Ok(cg) => Ok(Some(cg)),
+        Err(e) => {
+            let p = cgroup::probe();
+            let fix = if p.fix.is_empty() {
+                cgroup::DELEGATE_FIX.to_string()
+            } else {
+                p.fix.join("; ")
+            };
+            require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
+            Ok(None)
+        }
     }
 }
 
@@ -200,4 +330,73 @@ fn compile_profile(s: &spec::SeccompProfile) -> Result<seccomp::CompiledProfile,
         SeccompSource::Builtin => seccomp::compile_json(&s.name, spec::DEFAULT_SECCOMP.as_bytes())?,
         SeccompSource::File(p) => seccomp::compile_file(p)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `fork-<id>` beside our own cgroup, in any hierarchy (read independently of
+    /// the cgroup module: each hierarchy's mount point joined with our path in it).
+    fn made(id: &str) -> std::collections::BTreeSet<PathBuf> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mut found = std::collections::BTreeSet::new();
+        for h in ["memory", "pids", "cpu", "cpuacct", "freezer", "unified", ""] {
+            let root = Path::new("/sys/fs/cgroup").join(h);
+            for line in own.lines() {
+                let rel = line
+                    .rsplit(':')
+                    .next()
+                    .unwrap_or("/")
+                    .trim_start_matches('/');
+                let p = root.join(rel).join(format!("fork-{id}"));
+                if p.is_dir() {
+                    found.insert(p);
+                }
+            }
+        }
+        found
+    }
+
+    /// `prepare` given up before its run directory exists (fork-init missing, a layer
+    /// refused): the cgroups started ahead are never made, and their thread has ended.
+    #[test]
+    fn cgroups_started_ahead_are_not_made_when_prepare_gives_up() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: making cgroups needs root");
+            return;
+        }
+        let spec = crate::policy::Policy::builtin().unwrap().sandbox_spec();
+        let id = crate::rundir::new_run_id();
+        let ahead = CgroupAhead::start(&spec, &id);
+        assert!(matches!(
+            ahead.started.as_ref().map(|(_, s)| s),
+            Some(CgroupSlot::Making(_))
+        ));
+        // The thread has found the layout and waits for the run directory: nothing made.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(made(&id).is_empty(), "{:?}", made(&id));
+        drop(ahead);
+        assert!(made(&id).is_empty(), "{:?}", made(&id));
+        // Once told the run directory, the same thread records and makes them.
+        let dir = tempfile::tempdir_in(crate::rundir::base_dir()).unwrap();
+        let id = crate::rundir::new_run_id();
+        let slot = CgroupAhead::start(&spec, &id).go(dir.path());
+        let CgroupSlot::Making(h) = slot else {
+            panic!("not made ahead");
+        };
+        let cg = h
+            .join()
+            .unwrap()
+            .unwrap()
+            .expect("the cgroups are made here");
+        assert!(!made(&id).is_empty());
+        let recorded: std::collections::BTreeSet<PathBuf> =
+            crate::rundir::recorded_cgroups(dir.path())
+                .into_iter()
+                .collect();
+        assert_eq!(recorded, made(&id));
+        cg.destroy().unwrap();
+        assert!(made(&id).is_empty());
+    }
 }

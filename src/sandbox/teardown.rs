@@ -11,7 +11,11 @@ impl Sandbox {
 
     fn teardown(&mut self) -> Result<(), SandboxError> {
         let mut first_err = None;
-        if let Some(cg) = self.cgroup.take() {
+        // Cgroups still being made are waited for, and go like the others.
+        if matches!(self.cgroup, CgroupSlot::Making(_) | CgroupSlot::Made(_)) {
+            let _ = self.settle_cgroup();
+        }
+        if let CgroupSlot::Ready(cg) = std::mem::replace(&mut self.cgroup, CgroupSlot::None) {
             if let Err(e) = cg.destroy() {
                 first_err.get_or_insert(SandboxError::Setup {
                     stage: "destroy cgroup".into(),
