@@ -1,14 +1,16 @@
-//! Preparing a sandbox: the layer checks, the run directory, the capped disk, the cgroups,
-//! and the seccomp profile compiled beside them.
+//! Preparing a sandbox: the layer checks, the run directory, the capped disk, the seccomp
+//! profile, and the cgroups made on a thread of their own beside them.
 
 use super::*;
 
 impl Sandbox {
     /// Checks the layers the policy requires (exit 69 when one is missing), compiles the
-    /// seccomp profile, creates the run directory, the size-capped disk holding `/tmp` and
-    /// the workspace, and the cgroups. The built-in profile comes compiled; another is
-    /// compiled on a second thread while the rest is made, and a broken one fails `prepare`
-    /// (everything made is removed), before anything runs.
+    /// seccomp profile, creates the run directory and the size-capped disk holding `/tmp`
+    /// and the workspace, and starts the cgroups, made on a thread of their own while the
+    /// rest is made and the caller goes on (the first run takes them, and reports a
+    /// required cgroup layer the host refused, before its clone). The built-in profile
+    /// comes compiled; another is compiled on a second thread while the rest is made, and
+    /// a broken one fails `prepare` (everything made is removed), before anything runs.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
         trace::mark("sandbox: prepare");
         // The cgroups are made on a thread of their own from here on (recorded in the run
