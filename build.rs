@@ -53,4 +53,17 @@ fn main() {
         "cargo:rustc-env=FORK_BUILD_ID={:016x}{:016x}",
         ids[0], ids[1]
     );
+    // What decides the programs a seccomp profile compiles to: the compiler's sources and
+    // the seccompiler release (see src/sandbox/seccomp/shipped.rs).
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in ["src/sandbox/seccomp.rs", "src/sandbox/seccomp/tree.rs"] {
+        std::fs::read(f).unwrap_or_default().hash(&mut h);
+    }
+    let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
+    let seccompiler = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"seccompiler\""))
+        .unwrap_or_default();
+    seccompiler.hash(&mut h);
+    println!("cargo:rustc-env=FORK_SECCOMP_COMPILER={:016x}", h.finish());
 }

@@ -177,9 +177,14 @@ pub fn check(policy: &Policy) -> CheckReport {
         )
         .map(|p| {
             format!(
-                "profile `{}` compiles ({} filters)",
+                "profile `{}` ready ({} filters{})",
                 p.name,
-                p.filter_count()
+                p.filter_count(),
+                if seccomp::compiled_ahead(crate::policy::DEFAULT_SECCOMP.as_bytes()) {
+                    ", shipped compiled"
+                } else {
+                    ""
+                }
             )
         })
         .map_err(|e| format!("the profile does not compile: {e}")),

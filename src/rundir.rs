@@ -167,14 +167,6 @@ impl RunDir {
         self.path.join("disk")
     }
 
-    /// Records the absolute paths of the run's cgroups, before they are created: `fork gc`
-    /// removes exactly those after a crash, whatever cgroup it runs in itself (on cgroup v2
-    /// the sandbox's cgroup sits beside the supervisor's, which another process cannot
-    /// derive from its own).
-    pub fn record_cgroups(&self, paths: &[PathBuf]) -> std::io::Result<()> {
-        record_cgroups(&self.path, paths)
-    }
-
     /// Records the sandbox init's host pid so that gc can kill it after a crash. Written in
     /// place, not renamed over: a file torn by a crash is no record (gc then finds the init
     /// through the run's cgroups, and it dies with its supervisor anyway, PDEATHSIG).
@@ -231,8 +223,10 @@ const CGROUPS_FILE: &str = "cgroups";
 /// The file of a run directory that records its supervisor and init.
 const META_FILE: &str = "meta.json";
 
-/// Records the cgroups of the run whose directory is `run_dir` (see
-/// [`RunDir::record_cgroups`]), before they are created.
+/// Records the absolute paths of the cgroups of the run whose directory is `run_dir`,
+/// before they are created: `fork gc` removes exactly those after a crash, whatever cgroup
+/// it runs in itself (on cgroup v2 the sandbox's cgroup sits beside the supervisor's,
+/// which another process cannot derive from its own).
 pub fn record_cgroups(run_dir: &Path, paths: &[PathBuf]) -> std::io::Result<()> {
     let mut text = String::new();
     for p in paths {
@@ -254,7 +248,7 @@ pub fn record_cgroups(run_dir: &Path, paths: &[PathBuf]) -> std::io::Result<()> 
     f.write_all(text.as_bytes())
 }
 
-/// The cgroups a run directory recorded (see [`RunDir::record_cgroups`]); none when it
+/// The cgroups a run directory recorded (see [`record_cgroups`]); none when it
 /// recorded none (a run without cgroup budgets, or one made by an older fork).
 pub fn recorded_cgroups(run_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_to_string(run_dir.join(CGROUPS_FILE))
@@ -356,9 +350,9 @@ mod tests {
             PathBuf::from("/sys/fs/cgroup/memory/fork-x"),
         ];
         assert!(recorded_cgroups(&rd.path).is_empty());
-        rd.record_cgroups(&cgroups).unwrap();
+        record_cgroups(&rd.path, &cgroups).unwrap();
         assert_eq!(recorded_cgroups(&rd.path), cgroups);
-        assert!(rd.record_cgroups(&[PathBuf::from("/a\nb")]).is_err());
+        assert!(record_cgroups(&rd.path, &[PathBuf::from("/a\nb")]).is_err());
         drop(rd);
         let runs = list_runs();
         assert!(runs.iter().find(|r| r.id == id).unwrap().stale);

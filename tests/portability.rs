@@ -332,3 +332,43 @@ fn an_unreachable_run_root_is_a_usage_error_naming_the_fix() {
         "{text}"
     );
 }
+
+/// A required layer the host refuses ends `fork evaluate` with exit 69 naming it, even when
+/// no sandbox of the evaluation runs a command: a patch that does not apply is found in a
+/// sandbox's workspace, whose cgroups (made on a thread beside it) the host refused. No
+/// verdict is written and nothing is left. As root the test drops to nobody, which has no
+/// cgroup delegated to it here (nor in the VM harness).
+#[test]
+fn a_refused_cgroup_layer_is_exit_69_even_when_the_patch_does_not_apply() {
+    need_root!();
+    let d = scratch("refused-cgroup");
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let runs = d.join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    std::fs::set_permissions(&runs, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out_dir = d.join("out");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(fork_bin())
+        .arg("evaluate")
+        .arg(repo().join("fixtures/patches/does-not-apply.diff"))
+        .arg("--runtime")
+        .arg(repo().join("fixtures/hermes-demo"))
+        .args(["--task", "tests", "--no-ledger", "--out"])
+        .arg(&out_dir)
+        .env("FORK_RUN_ROOT", &runs)
+        .env("HOME", &d)
+        .env("XDG_CONFIG_HOME", d.join("xdg"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("isolation layer") && err.contains("cgroup") && err.contains("Fix:"),
+        "{err}"
+    );
+    assert!(!out_dir.exists(), "a verdict was written: {err}");
+    let left: Vec<_> = std::fs::read_dir(&runs).unwrap().collect();
+    assert!(left.is_empty(), "left in the run root: {left:?}");
+}

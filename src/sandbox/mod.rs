@@ -20,6 +20,7 @@
 
 pub mod caps;
 pub mod cgroup;
+mod cgroup_ahead;
 mod disk;
 pub mod init;
 pub mod init_exe;
@@ -45,6 +46,7 @@ pub mod watchdog;
 use crate::ioerr::{IoContext, IoError};
 use crate::rundir::RunDir;
 use crate::trace;
+use cgroup_ahead::{CgroupAhead, CgroupSlot};
 use reclaim::chown_tree;
 pub use reclaim::reclaim_dir;
 use serde::{Deserialize, Serialize};
@@ -293,29 +295,8 @@ pub struct Sandbox {
     landlock_abi: Option<u32>,
     cgroup: CgroupSlot,
     /// `prepare` started the cgroups: the first run takes them (an optional layer that
-    /// failed is not tried, and warned about, again).
-    cgroup_tried: bool,
-}
-
-/// A sandbox's cgroup budgets, from `prepare` (made on a thread of their own while the
-/// caller goes on) to the runs that use them.
-enum CgroupSlot {
-    /// None: not wanted, or an optional layer that could not be made.
-    None,
-    /// Being made on a thread of its own.
-    Making(std::thread::JoinHandle<Result<Option<cgroup::SandboxCgroup>, SandboxError>>),
-    /// Made (or refused) without a thread, not yet taken.
-    Made(Result<Option<cgroup::SandboxCgroup>, SandboxError>),
-    Ready(cgroup::SandboxCgroup),
-}
-
-impl CgroupSlot {
-    fn ready(&self) -> Option<&cgroup::SandboxCgroup> {
-        match self {
-            CgroupSlot::Ready(cg) => Some(cg),
-            _ => None,
-        }
-    }
+    /// failed is not tried, and warned about, again at that run).
+    cgroup_started: bool,
 }
 
 fn is_root() -> bool {

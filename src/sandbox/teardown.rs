@@ -11,9 +11,11 @@ impl Sandbox {
 
     fn teardown(&mut self) -> Result<(), SandboxError> {
         let mut first_err = None;
-        // Cgroups still being made are waited for, and go like the others.
-        if matches!(self.cgroup, CgroupSlot::Making(_) | CgroupSlot::Made(_)) {
-            let _ = self.settle_cgroup();
+        // Cgroups still being made are waited for, and go like the others; a required
+        // layer the host refused is this teardown's error when no run reported it (a
+        // sandbox destroyed unused: a patch that did not apply).
+        if let Err(e) = self.take_cgroup() {
+            first_err = Some(e);
         }
         if let CgroupSlot::Ready(cg) = std::mem::replace(&mut self.cgroup, CgroupSlot::None) {
             if let Err(e) = cg.destroy() {

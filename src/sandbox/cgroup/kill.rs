@@ -224,7 +224,7 @@ pub fn remove_stale(is_stale: &dyn Fn(&str) -> bool) -> Result<Vec<PathBuf>, Cgr
 }
 
 /// For `fork gc`: removes the cgroups a dead supervisor's run directory recorded for
-/// `run_id` (see `RunDir::record_cgroups`), killing their tasks first, wherever they are
+/// `run_id` (see `rundir::record_cgroups`), killing their tasks first, wherever they are
 /// (on v2 beside the dead supervisor's own leaf, which `fork gc` cannot derive from its
 /// own cgroup). Every path is checked first (named `fork-<run_id>`, beneath a hierarchy
 /// fork uses, on a cgroup filesystem); one that fails is left alone and reported. On v2

@@ -11,8 +11,13 @@
 //! instruction, fails until the file is generated again:
 //!
 //! ```text
-//! FORK_BLESS=1 cargo test --lib shipped_programs_are_the_compilers_output
+//! FORK_BLESS=1 cargo test --lib shipped_programs_are_the_compilers_output   # writes it
+//! cargo test --lib shipped_programs_are_the_compilers_output                # checks it
 //! ```
+//!
+//! The generated file also records this build's compiler ([`COMPILER`]): a change to the
+//! compiler's sources or to the seccompiler release makes the built-in profile compile at
+//! run time again, as any other profile, until the file is generated anew.
 
 use super::super::sys::Insn;
 use super::Arch;
@@ -38,10 +43,26 @@ pub(super) fn programs(json: &[u8], arch: Arch) -> Option<Vec<Vec<Insn>>> {
     Some(filters.iter().map(|p| p.to_vec()).collect())
 }
 
-/// Whether `json` is the profile the shipped programs were compiled from.
+/// Whether `json` is the profile the shipped programs were compiled from, by the
+/// compiler of this build (see [`COMPILER`]).
 pub(super) fn matches(json: &[u8]) -> bool {
-    Sha256::digest(json).as_slice() == programs::JSON_SHA256
+    let check = || {
+        programs::COMPILER == COMPILER && Sha256::digest(json).as_slice() == programs::JSON_SHA256
+    };
+    // The built-in profile is asked about more than once per sandbox: its answer is kept.
+    static BUILTIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if json == super::super::spec::DEFAULT_SECCOMP.as_bytes() {
+        return *BUILTIN.get_or_init(check);
+    }
+    check()
 }
+
+/// This build's compiler of profiles: a hash (`build.rs`) of the sources that decide what
+/// a profile compiles to (`seccomp.rs`, `seccomp/tree.rs`) and of the seccompiler release
+/// in `Cargo.lock`. The shipped programs record the one they were generated with, so a
+/// build whose compiler changed compiles the built-in profile instead of serving programs
+/// another compiler made (and the test fails until they are generated again).
+const COMPILER: &str = env!("FORK_SECCOMP_COMPILER");
 
 #[cfg(test)]
 mod tests {
@@ -70,6 +91,7 @@ mod tests {
             .iter()
             .map(|b| format!("{b:#04x}"))
             .collect();
+        writeln!(out, "pub(super) const COMPILER: &str = \"{COMPILER}\";").unwrap();
         writeln!(out, "pub(super) const JSON_SHA256: [u8; 32] = [").unwrap();
         for chunk in digest.chunks(8) {
             writeln!(out, "    {},", chunk.join(", ")).unwrap();
@@ -103,16 +125,23 @@ mod tests {
         let file =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sandbox/seccomp/shipped_programs.rs");
         let want = render(&json);
-        if std::env::var_os("FORK_BLESS").is_some() {
-            std::fs::write(&file, &want).unwrap();
-        }
         let have = std::fs::read_to_string(&file).unwrap();
+        if have != want && std::env::var("FORK_BLESS").as_deref() == Ok("1") {
+            std::fs::write(&file, &want).unwrap();
+            panic!(
+                "{} generated again: build and run this test once more to check it",
+                file.display()
+            );
+        }
         assert!(
             have == want,
             "{} is not what the compiler makes of policies/seccomp/default.json: generate it again with `FORK_BLESS=1 cargo test --lib shipped_programs_are_the_compilers_output`",
             file.display()
         );
-        assert!(matches(&json));
+        assert!(
+            matches(&json),
+            "the shipped programs are not served for the shipped profile"
+        );
         for (arch, _) in ARCHES {
             let fresh = super::super::compile_for("default", "`default`", &json, arch).unwrap();
             assert_eq!(programs(&json, arch).unwrap(), fresh.programs.0, "{arch:?}");
@@ -131,17 +160,18 @@ mod tests {
         let reformatted = serde_json::to_vec(&value).unwrap();
         assert_ne!(reformatted, json);
         assert!(programs(&reformatted, Arch::X86_64).is_none());
-        // And through the public entry point: a profile with one rule fewer compiles to a
-        // different program than the shipped one.
+        // And through the entry point fork uses: a profile with one rule fewer gets what the
+        // compiler makes of it, not the shipped programs.
         let mut fewer = value.clone();
         fewer["successor"]["filter"]
             .as_array_mut()
             .unwrap()
             .remove(0);
         let fewer = serde_json::to_vec(&fewer).unwrap();
-        let a = super::super::compile_json_with("x", &fewer, super::super::Dispatch::BinarySearch)
-            .unwrap();
-        let shipped = super::super::compile_json("default", &json).unwrap();
-        assert_ne!(a.programs.0, shipped.programs.0);
+        let arch = Arch::current().unwrap();
+        let served = super::super::compile_json("fewer", &fewer).unwrap();
+        let fresh = super::super::compile_for("fewer", "`fewer`", &fewer, arch).unwrap();
+        assert_eq!(served.programs.0, fresh.programs.0);
+        assert_ne!(served.programs.0, programs(&json, arch).unwrap());
     }
 }
