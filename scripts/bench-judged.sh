@@ -23,7 +23,7 @@ need=(python3 git)
 . "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-judged.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$installed"' EXIT
 mkdir "$tmp/out" "$tmp/bare" "$tmp/ping"
 rt=$tmp/hermes-demo
 cp -r "$root/fixtures/hermes-demo" "$rt"

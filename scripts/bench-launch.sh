@@ -20,7 +20,7 @@ need=(python3 bwrap:bubblewrap)
 . "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-launch.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$installed"' EXIT
 
 # Both must work before we time them (a failure would otherwise be timed as a fast run).
 "$fork" run -- /bin/true || { echo "$0: '$fork run -- /bin/true' failed (run as root; see 'fork check')" >&2; exit 1; }

@@ -22,7 +22,7 @@ need=(python3)
 . "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-lifecycle.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$installed"' EXIT
 mkdir "$tmp/out" "$tmp/cp"
 
 # The runtime copy, with the no-op task placed first (and selected with --task noop).

@@ -27,7 +27,7 @@ need=(python3)
 . "$root/scripts/bench/common.sh"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-seq.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$installed"' EXIT
 export XDG_CONFIG_HOME=$tmp/config XDG_DATA_HOME=$tmp/data
 "$fork" keygen >/dev/null 2>&1
 # Self-reported evidence (the compress task) may APPROVE, as for patches written by people.

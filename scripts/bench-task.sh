@@ -12,7 +12,7 @@ need=(python3)
 # shellcheck source=scripts/bench/common.sh
 . "$root/scripts/bench/common.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-task.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$installed"' EXIT
 cp -r fixtures/hermes-demo "$tmp/rt"
 export FORK_RUN_ROOT=/tmp
 task="python3 bench/compress.py --sessions 100"

@@ -26,3 +26,17 @@ fi
 if [ -n "$(find src -newer "$fork" -name '*.rs' -print -quit)" ]; then
   echo "note: src/ is newer than $fork; run cargo build --release for current figures" >&2
 fi
+
+# Timed as installed: `cargo install` copies fork and fork-init, and the files the linker
+# left in target/release start about 7% slower on the development VM (README, Benchmarks),
+# so the scripts time a copy of both. Each script removes "$installed" on exit.
+installed=$(mktemp -d "${TMPDIR:-/tmp}/fork-bench-bin.XXXXXX")
+trap 'rm -rf "$installed"' EXIT
+chmod 755 "$installed"
+cp "$fork" "$installed/fork"
+cp "$(dirname "$fork")/fork-init" "$installed/fork-init" || {
+  echo "$0: no fork-init beside $fork: build both (cargo build --release)" >&2
+  rm -rf "$installed"
+  exit 69
+}
+fork=$installed/fork
