@@ -8,6 +8,15 @@ use common::*;
 use std::path::Path;
 use std::process::Command;
 
+/// `fork` run as nobody (uid and gid 65534, no supplementary groups), which has no cgroup
+/// delegated to it here nor in the VM harness.
+fn fork_as_nobody() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(fork_bin());
+    c
+}
+
 #[test]
 fn hiding_and_binding_keep_the_mount_flags_a_user_namespace_locks() {
     need_root!();
@@ -129,9 +138,7 @@ fn check_and_run_agree_on_cgroupns_without_a_sandbox_cgroup() {
     )
     .unwrap();
     let as_nobody = |args: &[&str]| {
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(fork_bin())
+        fork_as_nobody()
             .args(args)
             .env("FORK_RUN_ROOT", &d)
             .env("HOME", &d)
@@ -235,10 +242,7 @@ fn a_user_gets_the_capped_disk_in_a_namespace_of_its_own() {
     .unwrap();
     let report = runs.join("r.json");
     let mut cmd = if is_root() {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(fork_bin());
-        c
+        fork_as_nobody()
     } else {
         Command::new(fork_bin())
     };
@@ -347,9 +351,7 @@ fn a_refused_cgroup_layer_is_exit_69_even_when_the_patch_does_not_apply() {
     std::fs::create_dir(&runs).unwrap();
     std::fs::set_permissions(&runs, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let out_dir = d.join("out");
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(fork_bin())
+    let out = fork_as_nobody()
         .arg("evaluate")
         .arg(repo().join("fixtures/patches/does-not-apply.diff"))
         .arg("--runtime")
