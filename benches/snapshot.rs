@@ -6,12 +6,15 @@
 //! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
 //! updating random rows, one transaction per row, timing every commit and, apart, the time
 //! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
-//! copy`, `sha256sum DB` (the hash's peer) and five snapshot variants (the default one-image
+//! copy`, `sha256sum DB` (the hash's peer) and seven snapshot variants (the default one-image
 //! copy with `integrity_check` (rollback mode: the file's bytes copied by the kernel under
 //! the shared lock and hashed while copied, `raw_copy`; WAL mode: the database file and its
 //! `-wal` copied by the kernel under a held read transaction, then the WAL replayed into
-//! the copy by SQLite, `wal_file_copy`), the image through `sqlite3_serialize` in both modes, the default with `quick_check`, the
-//! page-by-page backup with the image off, and the backup in one step) in a
+//! the copy by SQLite, `wal_file_copy`; named by BLAKE3), the image through
+//! `sqlite3_serialize` in both modes, the default with `quick_check`, the default named by
+//! SHA-256 (`[state] digest = "sha256"`), the default without the check (what `fork
+//! evaluate` waits for), the page-by-page backup with the image off, and the backup in one
+//! step) in a
 //! rotating order (interleaved, so drift in the machine's load hits all alike). Printed per
 //! variant: the medians, the ratios to cp (total, the copy phase alone, CPU time), the hash
 //! against sha256sum, the restarts, the longest time the source was locked, and the
@@ -26,7 +29,9 @@
 //! FORK_BENCH_WAL_AUTOCHECKPOINT (the writer's `wal_autocheckpoint`, 1000; 0 lets the WAL
 //! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`).
 
-use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats};
+use fork::fork::snapshot::{
+    snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats, StateDigest,
+};
 use rusqlite::Connection;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -349,9 +354,25 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
     // the kernel under the shared lock and hashed while copied; WAL mode: the database file
     // and its -wal copied by the kernel under a held read transaction, then the WAL
     // replayed into the copy), the pager's image (`sqlite3_serialize`) in both modes, the
-    // default with quick_check, the page-by-page backup, and the backup in one step.
-    let variants: [(&str, SnapshotOptions); 5] = [
+    // default with quick_check, the default named by SHA-256 (the releases before BLAKE3),
+    // the default without the check (what `fork evaluate` waits for: its check runs
+    // beside the first sandbox), the page-by-page backup, and the backup in one step.
+    let variants: [(&str, SnapshotOptions); 7] = [
         ("image (default)", SnapshotOptions::default()),
+        (
+            "image, named by sha256 (`[state] digest = \"sha256\"`, the previous default)",
+            SnapshotOptions {
+                digest: StateDigest::Sha256,
+                ..SnapshotOptions::default()
+            },
+        ),
+        (
+            "image, no check (as `fork evaluate` waits for it; the check runs beside the sandbox)",
+            SnapshotOptions {
+                check: IntegrityCheck::Skip,
+                ..SnapshotOptions::default()
+            },
+        ),
         (
             "image via sqlite3_serialize (raw_copy and wal_file_copy off)",
             SnapshotOptions {
@@ -419,7 +440,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
                 per[op - 2].cpu.push(cpu(false) - c0);
                 let (s, n, wait) = w.mark();
                 commits += n;
-                assert!(st.integrity_ok);
+                assert!(st.integrity_ok || variants[op - 2].1.check == IntegrityCheck::Skip);
                 per[op - 2].push(&st, s, wait);
             }
             remove_copy(&copy);
@@ -449,7 +470,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         list(&sums),
         m_sum.as_secs_f64() / m_cp.as_secs_f64()
     );
-    for ((name, _), r) in variants.iter().zip(&per) {
+    for ((name, opts), r) in variants.iter().zip(&per) {
         let (m_snap, m_copy) = (median(&r.total), median(&r.copy));
         println!("snapshot, {name}:");
         println!(
@@ -473,7 +494,8 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         println!("  check                median {:>9}", ms(median(&r.check)));
         let m_hash = median(&r.hash);
         println!(
-            "  sha256               median {:>9}   ({:.2}x sha256sum of the same file)",
+            "  hash ({:<6})        median {:>9}   ({:.2}x sha256sum of the same file)",
+            opts.digest.name(),
             ms(m_hash),
             m_hash.as_secs_f64() / m_sum.as_secs_f64()
         );

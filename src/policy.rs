@@ -126,6 +126,16 @@ pub struct MeshPolicy {
     pub publish: Publish,
 }
 
+/// `[state]`: how the parent's state stores are named in `state_hash`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatePolicy {
+    /// The digest of each store's snapshot: `"blake3"` (the default) or `"sha256"` (the
+    /// releases before BLAKE3 became the default).
+    #[serde(default)]
+    pub digest: crate::fork::StateDigest,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPolicy {
@@ -139,6 +149,7 @@ struct RawPolicy {
     decision: Option<crate::verdict::decide::DecisionRules>,
     gateway: Option<crate::gateway::GatewayConfig>,
     mesh: Option<MeshPolicy>,
+    state: Option<StatePolicy>,
 }
 
 /// A loaded, validated policy.
@@ -161,6 +172,8 @@ pub struct Policy {
     pub gateway: Option<crate::gateway::GatewayConfig>,
     /// What a mesh node publishes (`[mesh]`).
     pub mesh: MeshPolicy,
+    /// How the state stores are named in `state_hash` (`[state]`).
+    pub state: StatePolicy,
 }
 
 /// Shortest policy value scrubbed as a secret ([`Policy::secret_values`]).
@@ -406,6 +419,7 @@ impl Policy {
             decision,
             gateway: raw.gateway,
             mesh: raw.mesh.unwrap_or_default(),
+            state: raw.state.unwrap_or_default(),
         })
     }
 }

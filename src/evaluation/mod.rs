@@ -149,7 +149,11 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 .state
                 .iter()
                 .map(|s| {
-                    let d = crate::fork::parent::state_sha256(&p.runtime, s)
+                    let d = crate::fork::parent::state_digest(
+                        &p.runtime,
+                        s,
+                        p.policy.state.digest,
+                    )
                         .unwrap_or_else(|_| "unreadable".into());
                     (s.display().to_string(), d)
                 })

@@ -81,7 +81,7 @@ pub fn snapshot_state(
     };
     let digests: Vec<(String, String)> = copies
         .iter()
-        .map(|c| (c.name.clone(), c.sha256.clone()))
+        .map(|c| (c.name.clone(), c.digest.clone()))
         .collect();
     Ok((
         snap_dir,
@@ -116,7 +116,8 @@ struct StoreCopy {
     source: PathBuf,
     /// Its copy.
     path: PathBuf,
-    sha256: String,
+    /// `<digest>:<hex>` of the copy (the policy's `[state] digest`).
+    digest: String,
 }
 
 impl StateCheck {
@@ -242,6 +243,7 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
         }
         let opts = SnapshotOptions {
             check: IntegrityCheck::Skip,
+            digest: p.policy.state.digest,
             ..SnapshotOptions::default()
         };
         let stats = snapshot(&p.runtime.join(s), &snap_dir.join(&name), &opts)
@@ -267,7 +269,7 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
             name: s.display().to_string(),
             source: p.runtime.join(s),
             path: snap_dir.join(&name),
-            sha256: stats.sha256.clone(),
+            digest: stats.digest.clone(),
         });
         check_interrupt()?;
     }

@@ -5,10 +5,9 @@
 //! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
-    check_and_hash, check_copy, io_err, open_source, retry_busy, sqlite_err, SnapshotError,
+    check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy, sqlite_err, SnapshotError,
     SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
-use sha2::{Digest, Sha256};
 use std::fs;
 use std::io;
 use std::path::Path;
@@ -74,9 +73,9 @@ pub(super) fn copy_image(
         if file_attempts > 0 {
             file_attempts -= 1;
             let max_wal = (bytes / 2).max(super::walcopy::WAL_ALWAYS);
-            let attempt = super::walcopy::copy_files(src, dest, max_wal)?;
-            let held = match attempt {
-                super::walcopy::Attempt::Copied(held) => held,
+            let attempt = super::walcopy::copy_files(src, dest, max_wal, opts.digest)?;
+            let (held, behind) = match attempt {
+                super::walcopy::Attempt::Copied(held, behind) => (held, behind),
                 super::walcopy::Attempt::Restarted(held) => {
                     source
                         .execute_batch("COMMIT")
@@ -99,10 +98,25 @@ pub(super) fn copy_image(
             let held_for = locked.elapsed();
             drop(source);
             drop(held);
+            // The pages the replay may rewrite, read from the copied `-wal` before it goes.
+            let behind = match behind {
+                Some(b) => super::walcopy::frame_pages(dest)?.map(|dirty| (b, dirty)),
+                None => None,
+            };
             let (pages, bytes) = super::walcopy::replay(dest)?;
             let copy_elapsed = started.elapsed();
-            let (integrity_ok, check_elapsed, sha256, hash_elapsed) =
-                check_and_hash(dest, opts.check)?;
+            let mut again = None;
+            let (integrity_ok, check_elapsed, digest, hash_elapsed) = match behind {
+                Some(((pieces, busy), dirty)) => {
+                    let (ok, checked, digest, rehashed) = check_beside(dest, opts.check, || {
+                        let (digest, n) = rehash(dest, bytes, pieces, dirty)?;
+                        again = Some(n);
+                        Ok(digest)
+                    })?;
+                    (ok, checked, digest, busy + rehashed)
+                }
+                None => check_and_hash(dest, opts.check, opts.digest)?,
+            };
             return Ok(Some(SnapshotStats {
                 bytes,
                 pages,
@@ -116,8 +130,9 @@ pub(super) fn copy_image(
                 check_elapsed,
                 hash_elapsed,
                 longest_step: held_for,
-                sha256,
+                digest,
                 integrity_ok,
+                pieces_hashed_again: again,
             }));
         }
         if restarts > 0 {
@@ -127,6 +142,25 @@ pub(super) fn copy_image(
             );
         }
         return serialize(src, source, dest, wal, opts, &image, restarts).map(Some);
+    }
+}
+
+/// The BLAKE3 of the replayed copy `dest` (`bytes` long) from the pieces hashed behind
+/// its copy: those in the `dirty` ranges (the pages of the copied WAL's frames) and those
+/// past the shorter of the two lengths hashed again, the rest as they were; and how many
+/// pieces were hashed again.
+fn rehash(
+    dest: &Path,
+    bytes: u64,
+    mut pieces: super::pieces::Pieces,
+    dirty: Vec<(u64, u64)>,
+) -> io::Result<(String, usize)> {
+    let f = fs::File::open(dest)?;
+    let again = pieces.rehash(&f, bytes, dirty)?;
+    match pieces.root() {
+        Some(root) => Ok((root, again)),
+        // One piece or less: its hash is not made from a chaining value.
+        None => Ok((super::sqlite::StateDigest::Blake3.of_file(&f, bytes)?, again)),
     }
 }
 
@@ -165,8 +199,7 @@ fn serialize(
     let (written, hash) = std::thread::scope(|s| {
         let hasher = s.spawn(|| {
             let t = Instant::now();
-            let digest = Sha256::digest(image);
-            (format!("sha256:{}", hex::encode(digest)), t.elapsed())
+            (opts.digest.of_bytes(image), t.elapsed())
         });
         let written = write_image(dest, image).and_then(|()| {
             let t = Instant::now();
@@ -198,8 +231,9 @@ fn serialize(
         check_elapsed,
         hash_elapsed: hash.1,
         longest_step: held,
-        sha256: hash.0,
+        digest: hash.0,
         integrity_ok,
+        pieces_hashed_again: None,
     })
 }
 

@@ -12,9 +12,11 @@
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
 pub mod copyback;
+pub mod digest;
 pub mod error;
 mod image;
 pub mod parent;
+mod pieces;
 mod raw;
 pub mod snapshot;
 #[cfg(test)]
@@ -25,7 +27,7 @@ mod walcopy;
 pub mod workspace;
 
 pub use snapshot::{
-    check_copy, file_sha256, snapshot, IntegrityCheck, SnapshotError, SnapshotMethod,
+    check_copy, snapshot, IntegrityCheck, StateDigest, SnapshotError, SnapshotMethod,
     SnapshotOptions, SnapshotStats,
 };
 pub use workspace::{

@@ -206,14 +206,17 @@ pub fn remove_copy(scratch: &Path) {
     }
 }
 
-/// `sha256:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
+/// `<digest>:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
 /// without following any link (a gate's REJECT hashes the live file as it stands).
-pub fn state_sha256(runtime: &Path, rel: &Path) -> std::io::Result<String> {
-    use sha2::{Digest, Sha256};
+pub fn state_digest(
+    runtime: &Path,
+    rel: &Path,
+    digest: super::digest::StateDigest,
+) -> std::io::Result<String> {
     let root = crate::fsx::open_dir(runtime, true).map_err(std::io::Error::other)?;
     let f = crate::fsx::open_beneath(&root, &rel.to_string_lossy(), u64::MAX)
         .map_err(std::io::Error::other)?;
-    let mut h = Sha256::new();
+    let mut h = digest.hasher();
     std::io::copy(&mut f.bounded(), &mut h)?;
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    Ok(h.finish())
 }

@@ -17,7 +17,6 @@ use super::sqlite::{
     check_copy, io_err, sqlite_err, SnapshotError, SnapshotOptions, SnapshotStats,
 };
 use rusqlite::Connection;
-use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -83,7 +82,7 @@ pub(super) fn copy_raw(
     let back = File::open(dest).map_err(io_err("open", dest))?;
     let (done_tx, done_rx) = mpsc::channel::<u64>();
     let (copied, held, copy_elapsed, checked, hash) = std::thread::scope(|s| {
-        let hasher = s.spawn(move || hash_behind(&back, done_rx, dest));
+        let hasher = s.spawn(move || hash_behind(&back, done_rx, dest, opts.digest));
         let copied = copy_chunks(&file, &out, image.bytes, &done_tx, src);
         // The lock goes as soon as the bytes are copied.
         let (ended, held) = end_read(source, file, image, src);
@@ -109,7 +108,7 @@ pub(super) fn copy_raw(
     });
     copied?;
     let (integrity_ok, check_elapsed) = checked?;
-    let (sha256, hashed, hash_elapsed) = hash?;
+    let (digest, hashed, hash_elapsed) = hash?;
     if hashed != image.bytes {
         return Err(SnapshotError::Io {
             action: "hash",
@@ -133,8 +132,9 @@ pub(super) fn copy_raw(
         check_elapsed,
         hash_elapsed,
         longest_step: held,
-        sha256,
+        digest,
         integrity_ok,
+        pieces_hashed_again: None,
     })
 }
 
@@ -159,7 +159,7 @@ fn end_read(
 /// chunk, telling `done` how far the copy has come after each chunk. `std::io::copy`
 /// between two files lets the kernel copy (`copy_file_range`), or reads and writes where
 /// the filesystem refuses that.
-fn copy_chunks(
+pub(super) fn copy_chunks(
     from: &File,
     to: &File,
     bytes: u64,
@@ -194,25 +194,35 @@ fn hash_behind(
     copy: &File,
     done: mpsc::Receiver<u64>,
     dest: &Path,
+    digest: super::sqlite::StateDigest,
 ) -> Result<(String, u64, Duration), SnapshotError> {
-    let mut h = Sha256::new();
+    let mut h = digest.hasher();
+    let (hashed, busy) = read_behind(copy, done, dest, |b| h.update(b))?;
+    Ok((h.finish(), hashed, busy))
+}
+
+/// Reads the copy back up to each offset the copier reports (into one reused buffer, from
+/// the page cache), giving `feed` the bytes in order; returns how many it read and the
+/// time it was busy.
+pub(super) fn read_behind(
+    copy: &File,
+    done: mpsc::Receiver<u64>,
+    dest: &Path,
+    mut feed: impl FnMut(&[u8]),
+) -> Result<(u64, Duration), SnapshotError> {
     let mut buf = vec![0u8; HASH_BUF];
-    let mut hashed: u64 = 0;
+    let mut read: u64 = 0;
     let mut busy = Duration::ZERO;
     for upto in done {
         let t = Instant::now();
-        while hashed < upto {
-            let n = (upto - hashed).min(HASH_BUF as u64) as usize;
-            copy.read_exact_at(&mut buf[..n], hashed)
+        while read < upto {
+            let n = (upto - read).min(HASH_BUF as u64) as usize;
+            copy.read_exact_at(&mut buf[..n], read)
                 .map_err(io_err("read", dest))?;
-            h.update(&buf[..n]);
-            hashed += n as u64;
+            feed(&buf[..n]);
+            read += n as u64;
         }
         busy += t.elapsed();
     }
-    Ok((
-        format!("sha256:{}", hex::encode(h.finalize())),
-        hashed,
-        busy,
-    ))
+    Ok((read, busy))
 }

@@ -50,7 +50,8 @@
 //!
 //! The source is opened read-only, and nothing is ever created or removed next to it, in
 //! any journal mode: a WAL-mode source is read as [`super::parent`] describes. After the copy, `PRAGMA integrity_check` (or
-//! `quick_check`) runs on the copy and must answer `ok`, and the copy's sha256 is taken.
+//! `quick_check`) runs on the copy and must answer `ok`, and the copy's digest is taken
+//! (BLAKE3 by default: `digest.rs`).
 
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
@@ -61,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use super::sqlite::{check_and_hash, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
-    check_copy, file_sha256, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions,
+    check_copy, IntegrityCheck, StateDigest, SnapshotError, SnapshotMethod, SnapshotOptions,
     SnapshotStats, IMAGE_MAX_BYTES, SQLITE_MAGIC,
 };
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
@@ -212,7 +213,8 @@ fn copy_check_hash(
     let copy_elapsed = started.elapsed();
 
     // The check and the hash both only read the copy: run them side by side.
-    let (integrity_ok, check_elapsed, sha256, hash_elapsed) = check_and_hash(dest, opts.check)?;
+    let (integrity_ok, check_elapsed, digest, hash_elapsed) =
+        check_and_hash(dest, opts.check, opts.digest)?;
     let bytes = fs::metadata(dest)
         .map_err(|source| SnapshotError::Io {
             action: "stat",
@@ -233,8 +235,9 @@ fn copy_check_hash(
         check_elapsed,
         hash_elapsed,
         longest_step: copy.longest_step,
-        sha256,
+        digest,
         integrity_ok,
+        pieces_hashed_again: None,
     })
 }
 
@@ -496,7 +499,7 @@ mod tests {
             let side = PathBuf::from(format!("{}{suffix}", dest.display()));
             assert!(!side.exists(), "{} left behind", side.display());
         }
-        assert_eq!(stats.sha256, file_sha256(&dest).unwrap());
+        assert_eq!(stats.digest, StateDigest::Blake3.of_path(&dest).unwrap());
         assert_eq!(stats.bytes, fs::metadata(&dest).unwrap().len());
 
         // The copy is one point in time: the counter matches the rows, and lies between
@@ -585,10 +588,49 @@ mod tests {
             };
             let st = snapshot(&src, &dest, &opts).unwrap();
             assert_eq!(st.steps == 1, steps_one, "bound {bound} of {size}: {st:?}");
-            assert_eq!(st.sha256, file_sha256(&dest).unwrap());
+            assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap());
             assert_eq!(st.bytes, size);
             assert!(st.integrity_ok);
         }
+    }
+
+    /// Every way of copying names the copy by the digest asked for, computed over the
+    /// copy's final bytes (the WAL replayed, the tail cut): BLAKE3 by default, SHA-256
+    /// when the options say so.
+    #[test]
+    fn every_copy_method_names_the_copy_by_the_digest_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for wal in [true, false] {
+            let src = dir.path().join(format!("s{wal}.db"));
+            make_db(&src, wal, 1000);
+            // A live parent with frames in its WAL (the file copy and replay path).
+            let parent = Connection::open(&src).unwrap();
+            parent
+                .execute_batch("PRAGMA wal_autocheckpoint = 0; UPDATE meta SET n = n + 1;")
+                .unwrap();
+            let shapes = [(true, IMAGE_MAX_BYTES), (false, IMAGE_MAX_BYTES), (true, 0)];
+            for (i, (fast, bound)) in shapes.into_iter().enumerate() {
+                for digest in [StateDigest::Blake3, StateDigest::Sha256] {
+                    let dest = dir.path().join(format!("c{wal}{i}{digest:?}.db"));
+                    let opts = SnapshotOptions {
+                        raw_copy: fast,
+                        wal_file_copy: fast,
+                        image_max_bytes: bound,
+                        digest,
+                        ..SnapshotOptions::default()
+                    };
+                    let st = snapshot(&src, &dest, &opts).unwrap();
+                    assert!(st.bytes > 2 << 20, "large enough to be split: {st:?}");
+                    assert!(st.digest.starts_with(&format!("{}:", digest.name())));
+                    assert_eq!(st.digest, digest.of_path(&dest).unwrap(), "{st:?}");
+                    seen.insert(format!("{:?}", st.method));
+                }
+            }
+            drop(parent);
+        }
+        let want = ["FileBytes", "Pages", "Serialize", "WalFiles"];
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), want);
     }
 
     /// The check runs on the written copy of the image: a database whose index disagrees
@@ -650,8 +692,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(fs::read(&raw).unwrap(), fs::read(&ser).unwrap());
-        assert_eq!(a.sha256, b.sha256);
-        assert_eq!(a.sha256, file_sha256(&raw).unwrap());
+        assert_eq!(a.digest, b.digest);
+        assert_eq!(a.digest, StateDigest::Blake3.of_path(&raw).unwrap());
         assert_eq!((a.bytes, a.pages, a.steps), (b.bytes, b.pages, 1));
         assert!(a.integrity_ok && !a.wal);
     }
@@ -661,10 +703,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("s.db");
         make_db(&src, false, 50);
-        let before = file_sha256(&src).unwrap();
+        let before = StateDigest::Blake3.of_path(&src).unwrap();
         let dest = dir.path().join("c.db");
         let stats = snapshot(&src, &dest, &SnapshotOptions::default()).unwrap();
-        assert_eq!(file_sha256(&src).unwrap(), before);
+        assert_eq!(StateDigest::Blake3.of_path(&src).unwrap(), before);
         assert_eq!(stats.restarts, 0);
         assert!(stats.integrity_ok);
         let c = Connection::open(&dest).unwrap();
@@ -715,14 +757,4 @@ mod tests {
         assert_eq!(fs::read(&dest).unwrap(), b"precious");
     }
 
-    #[test]
-    fn file_sha256_known_value() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        fs::write(&p, b"abc").unwrap();
-        assert_eq!(
-            file_sha256(&p).unwrap(),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
 }

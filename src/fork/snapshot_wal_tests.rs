@@ -7,7 +7,7 @@
 //! sets marks). Every snapshot must be one committed state: the integrity check passes,
 //! the transfers keep the balances' sum, the sequence has no gap and the ledger counts it.
 
-use super::snapshot::{snapshot, SnapshotMethod, SnapshotOptions};
+use super::snapshot::{snapshot, SnapshotMethod, SnapshotOptions, StateDigest};
 use rusqlite::{Connection, OpenFlags};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -205,6 +205,9 @@ fn hostile_parent(other_process: bool) {
         let dest = snaps.join(format!("copy-{i}.db"));
         let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
         assert!(st.integrity_ok && st.wal, "{st:?}");
+        // The digest is the copy's own (hashed behind the copy, its pieces the replay
+        // rewrote hashed again), whatever the checkpoints did to the file meanwhile.
+        assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap(), "{st:?}");
         methods.push(st.method);
         restarts += st.restarts;
         let n = check_invariants(&dest);
@@ -289,7 +292,7 @@ fn wal_files_equal_the_serialized_image() {
         (SnapshotMethod::WalFiles, SnapshotMethod::Serialize)
     );
     assert_eq!(std::fs::read(&files).unwrap(), std::fs::read(&ser).unwrap());
-    assert_eq!(a.sha256, b.sha256);
+    assert_eq!(a.digest, b.digest);
     assert_eq!((a.bytes, a.pages), (b.bytes, b.pages));
     assert_eq!(check_invariants(&files), 150);
     let wal_len = std::fs::metadata(super::parent::side(&db, "-wal"))
@@ -359,4 +362,70 @@ fn a_wal_cut_under_the_copy_is_not_replayed() {
     assert_eq!(check_invariants(&dest), 210, "{st:?}");
     assert_eq!(st.method, SnapshotMethod::WalFiles, "{st:?}");
     assert_eq!(st.restarts, 1, "the first copy was discarded: {st:?}");
+}
+
+/// The database file is hashed behind its copy and only the pieces the WAL's replay may
+/// rewrite are hashed again: the digest must still be the replayed copy's own, whether the
+/// WAL's commits rewrote pages in place, grew the database or shrank it (VACUUM), and
+/// SHA-256 (hashed whole after the replay) must name the same bytes.
+#[test]
+fn the_replayed_copy_is_named_by_its_own_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("g.db");
+    make_db(&db);
+    let parent = Connection::open(&db).unwrap();
+    // About 3 MiB in the database file itself, then commits left in the WAL.
+    let mut x = 5u64;
+    for _ in 0..RING {
+        transfer(&parent, &mut x);
+    }
+    parent
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA wal_autocheckpoint = 0")
+        .unwrap();
+    let shapes: [(&str, &str); 3] = [
+        ("in place", "UPDATE seq SET pad = randomblob(1500) WHERE n % 50 = 0"),
+        (
+            "grown",
+            "CREATE TABLE extra (k INTEGER PRIMARY KEY, b BLOB NOT NULL);
+             WITH RECURSIVE i(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM i WHERE x < 600)
+             INSERT INTO extra SELECT x, randomblob(3000) FROM i",
+        ),
+        (
+            "shrunk",
+            "DELETE FROM seq WHERE n < (SELECT max(n) FROM seq) - 300; DROP TABLE extra; VACUUM",
+        ),
+    ];
+    let mut size = std::fs::metadata(&db).unwrap().len();
+    for (i, (shape, sql)) in shapes.into_iter().enumerate() {
+        // Each shape's commits alone in the WAL (below the file copy's 4 MiB bound).
+        parent
+            .execute_batch(&format!("PRAGMA wal_checkpoint(TRUNCATE); {sql}"))
+            .unwrap();
+        for _ in 0..40 {
+            transfer(&parent, &mut x);
+        }
+        let dest = dir.path().join(format!("c{i}.db"));
+        let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
+        assert_eq!(st.method, SnapshotMethod::WalFiles, "{shape}: {st:?}");
+        let again = st.pieces_hashed_again.expect("hashed behind the copy");
+        let pieces = st.bytes.div_ceil(super::pieces::PIECE) as usize;
+        assert!(again > 0, "{shape}: the replay rewrote pages");
+        assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap(), "{shape}");
+        match shape {
+            "in place" => assert!(again < pieces / 2, "{shape}: {again} of {pieces}"),
+            "grown" => assert!(st.bytes > size, "{shape}: {} <= {size}", st.bytes),
+            _ => assert!(st.bytes < size / 2, "{shape}: {} of {size}", st.bytes),
+        }
+        size = st.bytes;
+        let sha = dir.path().join(format!("s{i}.db"));
+        let opts = SnapshotOptions {
+            digest: StateDigest::Sha256,
+            ..SnapshotOptions::default()
+        };
+        let b = snapshot(&db, &sha, &opts).unwrap();
+        assert_eq!(b.pieces_hashed_again, None);
+        assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(&sha).unwrap());
+        assert_eq!(b.digest, StateDigest::Sha256.of_path(&dest).unwrap());
+        check_invariants(&dest);
+    }
 }

@@ -3,10 +3,9 @@
 //! copy): options, statistics, errors, opening the source read-only, retrying while it is
 //! busy, checking the copy and hashing it.
 
+pub use super::digest::StateDigest;
 use rusqlite::{Connection, OpenFlags};
-use sha2::{Digest, Sha256};
-use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -66,6 +65,8 @@ pub struct SnapshotOptions {
     /// than 4 MiB), or a WAL restarted under each of a few attempts, falls back to
     /// `sqlite3_serialize`.
     pub wal_file_copy: bool,
+    /// The digest that names the copy ([`SnapshotStats::digest`]): BLAKE3 by default.
+    pub digest: StateDigest,
 }
 
 /// How a snapshot copied the database (`SnapshotStats::method`).
@@ -105,6 +106,7 @@ impl Default for SnapshotOptions {
             image_max_bytes: IMAGE_MAX_BYTES,
             raw_copy: true,
             wal_file_copy: true,
+            digest: StateDigest::Blake3,
         }
     }
 }
@@ -133,15 +135,19 @@ pub struct SnapshotStats {
     pub copy_elapsed: Duration,
     /// Time spent in the integrity check.
     pub check_elapsed: Duration,
-    /// Time spent hashing the copy.
+    /// Time spent hashing the copy (by the thread that finished last).
     pub hash_elapsed: Duration,
     /// The longest single step. In rollback-journal mode a step holds the source's shared
     /// lock throughout, so this is the longest a committing writer could have waited on us.
     pub longest_step: Duration,
-    /// `sha256:<hex>` of the copy's bytes.
-    pub sha256: String,
+    /// `<digest>:<hex>` of the copy's bytes (`blake3:` or `sha256:`, see
+    /// [`SnapshotOptions::digest`]).
+    pub digest: String,
     /// True when the integrity check ran and answered `ok` (false only with `Skip`).
     pub integrity_ok: bool,
+    /// WAL mode's file copy with BLAKE3: the copy's pieces hashed again after the WAL's
+    /// replay (the rest were hashed behind the copy). None: hashed whole, or while copied.
+    pub pieces_hashed_again: Option<usize>,
 }
 
 /// Why a snapshot failed. Each message names the file and what to do.
@@ -208,21 +214,6 @@ pub(super) fn sqlite_err<'a>(
             }
         }
     }
-}
-
-/// `sha256:<hex>` of a file's bytes, streamed.
-pub fn file_sha256(path: &Path) -> Result<String, io::Error> {
-    let mut file = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
 }
 
 /// Opens the source read-only, never following a link, through `uri` when given.
@@ -330,19 +321,30 @@ pub fn check_copy(dest: &Path, check: IntegrityCheck) -> Result<bool, SnapshotEr
 }
 
 /// The check and the hash of the finished copy, side by side (both only read it):
-/// `(integrity_ok, check time, sha256, hash time)`.
+/// `(integrity_ok, check time, digest, hash time)`.
 pub(super) fn check_and_hash(
     dest: &Path,
     check: IntegrityCheck,
+    digest: StateDigest,
+) -> Result<(bool, Duration, String, Duration), SnapshotError> {
+    check_beside(dest, check, || digest.of_path(dest))
+}
+
+/// The check of the finished copy on this thread while `hash` runs on another:
+/// `(integrity_ok, check time, digest, hash time)`.
+pub(super) fn check_beside(
+    dest: &Path,
+    check: IntegrityCheck,
+    hash: impl FnOnce() -> io::Result<String> + Send,
 ) -> Result<(bool, Duration, String, Duration), SnapshotError> {
     let (check, hash) = std::thread::scope(|s| {
         let hasher = s.spawn(|| {
             let t = Instant::now();
-            (file_sha256(dest), t.elapsed())
+            (hash(), t.elapsed())
         });
         let t = Instant::now();
         let check = (check_copy(dest, check), t.elapsed());
-        // A panic in the hashing thread is a bug (file_sha256 does not panic); report it
+        // A panic in the hashing thread is a bug (hashing does not panic); report it
         // as an I/O error rather than unwinding through the caller.
         let hash = hasher.join().unwrap_or_else(|_| {
             (
@@ -353,10 +355,10 @@ pub(super) fn check_and_hash(
         (check, hash)
     });
     let (integrity_ok, check_elapsed) = (check.0?, check.1);
-    let sha256 = hash.0.map_err(|source| SnapshotError::Io {
+    let digest = hash.0.map_err(|source| SnapshotError::Io {
         action: "hash",
         path: dest.to_path_buf(),
         source,
     })?;
-    Ok((integrity_ok, check_elapsed, sha256, hash.1))
+    Ok((integrity_ok, check_elapsed, digest, hash.1))
 }

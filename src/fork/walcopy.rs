@@ -72,7 +72,9 @@
 //! has ended and the source connection is closed: closing any descriptor of a file drops
 //! every POSIX lock the process holds on it (SQLite's own included).
 
-use super::sqlite::{io_err, sqlite_err, SnapshotError};
+use super::pieces::Pieces;
+use super::sqlite::{io_err, sqlite_err, SnapshotError, StateDigest};
+use std::sync::mpsc;
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{self, File};
 use std::io;
@@ -98,8 +100,9 @@ pub(super) const MAX_ATTEMPTS: u32 = 3;
 
 /// What one attempt under a held read transaction gave.
 pub(super) enum Attempt {
-    /// Both files copied; the descriptors to close once the read transaction has ended.
-    Copied(Held),
+    /// Both files copied; the descriptors to close once the read transaction has ended,
+    /// and (BLAKE3) the database file's copy hashed piece by piece.
+    Copied(Held, Option<(Pieces, std::time::Duration)>),
     /// The WAL was restarted or cut during the copy: the copy was discarded.
     Restarted(Held),
     /// The `-wal` is larger than the bound: copy the image through the pager instead.
@@ -143,7 +146,12 @@ pub(super) const WAL_ALWAYS: u64 = 4 << 20;
 /// least [`WAL_ALWAYS`]: measured with `benches/snapshot.rs`, a 100 MiB database's copy and
 /// replay took about as long as `sqlite3_serialize` with a 54 MiB `-wal` and grew past it,
 /// while with a 4 MiB one they took 1.2-1.3x `cp` against `sqlite3_serialize`'s 1.4-1.6x).
-pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attempt, SnapshotError> {
+pub(super) fn copy_files(
+    src: &Path,
+    dest: &Path,
+    max_wal: u64,
+    digest: StateDigest,
+) -> Result<Attempt, SnapshotError> {
     let wal_path = super::parent::side(src, "-wal");
     let dest_wal = super::parent::side(dest, "-wal");
     remove_sides(dest)?;
@@ -178,7 +186,7 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
             _wal: Some(wal),
         }));
     }
-    let mut out = fs::OpenOptions::new()
+    let out = fs::OpenOptions::new()
         .write(true)
         .truncate(true)
         .open(dest)
@@ -187,7 +195,7 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
     // copied as far as it reached when it was opened, after the read transaction began:
     // the WAL's frames up to that transaction's last are in that much, and whatever a
     // checkpoint writes into the database file beyond it comes from those frames.
-    io::copy(&mut io::Read::take(&db, ours.len()), &mut out).map_err(io_err("copy", src))?;
+    let pieces = copy_db(&db, &out, ours.len(), src, dest, digest)?;
     let mut wal_out = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -209,7 +217,7 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
             hook();
         }
     }
-    drop((out, wal_out));
+    drop(wal_out);
     if wal_bytes >= WAL_HEADER as u64 {
         let (mut copied, mut live) = ([0u8; WAL_HEADER], [0u8; WAL_HEADER]);
         File::open(&dest_wal)
@@ -228,10 +236,121 @@ pub(super) fn copy_files(src: &Path, dest: &Path, max_wal: u64) -> Result<Attemp
             }));
         }
     }
-    Ok(Attempt::Copied(Held {
-        _db: db,
-        _wal: Some(wal),
-    }))
+    Ok(Attempt::Copied(
+        Held {
+            _db: db,
+            _wal: Some(wal),
+        },
+        pieces,
+    ))
+}
+
+/// The database file's copy goes this far before the hasher behind it is told.
+const DB_CHUNK: u64 = 2 << 20;
+
+/// Copies the database file `db` into `out` (as far as `len`, or its end if a checkpoint
+/// cut it shorter meanwhile), chunk by chunk by the kernel. With BLAKE3 a second thread
+/// reads back each finished chunk and hashes it piece by piece (`pieces.rs`), so that
+/// once the WAL is replayed only the pieces the replay rewrote are hashed again; returns
+/// those pieces and the time the hasher was busy.
+fn copy_db(
+    db: &File,
+    out: &File,
+    len: u64,
+    src: &Path,
+    dest: &Path,
+    digest: StateDigest,
+) -> Result<Option<(Pieces, std::time::Duration)>, SnapshotError> {
+    let (mut from, mut to) = (db, out);
+    if digest != StateDigest::Blake3 {
+        io::copy(&mut io::Read::take(&mut from, len), &mut to).map_err(io_err("copy", src))?;
+        return Ok(None);
+    }
+    let back = File::open(dest).map_err(io_err("open", dest))?;
+    let (tx, rx) = mpsc::channel::<u64>();
+    let (copied, hashed) = std::thread::scope(|s| {
+        let hasher = s.spawn(move || {
+            let mut pieces = Pieces::new();
+            super::raw::read_behind(&back, rx, dest, |b| pieces.push(b))
+                .map(|(_, busy)| (pieces, busy))
+        });
+        let mut off = 0;
+        let copied = loop {
+            if off >= len {
+                break Ok(());
+            }
+            let want = DB_CHUNK.min(len - off);
+            match io::copy(&mut io::Read::take(&mut from, want), &mut to) {
+                Ok(n) => {
+                    off += n;
+                    // A closed channel means the hasher failed: its own error is reported.
+                    let _ = tx.send(off);
+                    if n < want {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(io_err("copy", src)(e)),
+            }
+        };
+        drop(tx);
+        (copied, hasher.join())
+    });
+    copied?;
+    let pieces = hashed.map_err(|_| SnapshotError::Io {
+        action: "hash",
+        path: dest.to_path_buf(),
+        source: io::Error::other("the hashing thread panicked"),
+    })??;
+    Ok(Some(pieces))
+}
+
+/// The byte ranges of the database file that the replay of the copied `dest-wal` may
+/// write: every page any frame of it names, whether or not the frame is valid (SQLite's
+/// recovery writes only pages of frames in its checksummed chain, a subset). None when
+/// the `-wal`'s header is not a WAL header: then the copy is hashed whole after the
+/// replay. Read before the replay, whose last close removes the `-wal`.
+pub(super) fn frame_pages(dest: &Path) -> Result<Option<Vec<(u64, u64)>>, SnapshotError> {
+    use std::io::{BufReader, Read};
+    let path = super::parent::side(dest, "-wal");
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(Vec::new())),
+        Err(e) => return Err(io_err("open", &path)(e)),
+    };
+    let len = f.metadata().map_err(io_err("stat", &path))?.len();
+    let mut r = BufReader::with_capacity(1 << 20, f);
+    let mut header = [0u8; WAL_HEADER];
+    match r.read_exact(&mut header) {
+        Ok(()) => {}
+        // Shorter than a header: SQLite replays nothing.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Some(Vec::new())),
+        Err(e) => return Err(io_err("read", &path)(e)),
+    }
+    let magic = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    let page = u64::from(u32::from_be_bytes([header[8], header[9], header[10], header[11]]));
+    if !matches!(magic, 0x377f_0682 | 0x377f_0683)
+        || !page.is_power_of_two()
+        || !(512..=65536).contains(&page)
+    {
+        return Ok(None);
+    }
+    let frame = 24 + page;
+    let mut ranges = Vec::new();
+    let mut at = WAL_HEADER as u64;
+    while at + 24 <= len {
+        let mut number = [0u8; 4];
+        r.read_exact(&mut number).map_err(io_err("read", &path))?;
+        let n = u64::from(u32::from_be_bytes(number));
+        if n > 0 {
+            ranges.push(((n - 1) * page, n * page));
+        }
+        at += frame;
+        if at + 24 <= len {
+            r.seek_relative(frame as i64 - 4)
+                .map_err(io_err("read", &path))?;
+        }
+    }
+    Ok(Some(ranges))
 }
 
 /// Step 4: SQLite's recovery replays the copied `-wal` into `dest`, which then holds the
