@@ -204,7 +204,7 @@ fn hash_behind(
 /// Reads the copy back up to each offset the copier reports (into one reused buffer, from
 /// the page cache), giving `feed` the bytes in order; returns how many it read and the
 /// time it was busy.
-pub(super) fn read_behind(
+fn read_behind(
     copy: &File,
     done: mpsc::Receiver<u64>,
     dest: &Path,

@@ -72,9 +72,8 @@
 //! has ended and the source connection is closed: closing any descriptor of a file drops
 //! every POSIX lock the process holds on it (SQLite's own included).
 
-use super::pieces::Pieces;
+use super::pieces::{Hashing, Pieces};
 use super::sqlite::{io_err, sqlite_err, SnapshotError, StateDigest};
-use std::sync::mpsc;
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{self, File};
 use std::io;
@@ -250,9 +249,10 @@ const DB_CHUNK: u64 = 2 << 20;
 
 /// Copies the database file `db` into `out` (as far as `len`, or its end if a checkpoint
 /// cut it shorter meanwhile), chunk by chunk by the kernel. With BLAKE3 a second thread
-/// reads back each finished chunk and hashes it piece by piece (`pieces.rs`), so that
-/// once the WAL is replayed only the pieces the replay rewrote are hashed again; returns
-/// those pieces and the time the hasher was busy.
+/// reads back each finished chunk and hashes it piece by piece, and this one joins it
+/// once the copy is done (`pieces.rs`, [`Hashing`]), so that once the WAL is replayed
+/// only the pieces the replay rewrote are hashed again; returns those pieces and the time
+/// from the copy's start to the last piece hashed.
 fn copy_db(
     db: &File,
     out: &File,
@@ -267,13 +267,10 @@ fn copy_db(
         return Ok(None);
     }
     let back = File::open(dest).map_err(io_err("open", dest))?;
-    let (tx, rx) = mpsc::channel::<u64>();
-    let (copied, hashed) = std::thread::scope(|s| {
-        let hasher = s.spawn(move || {
-            let mut pieces = Pieces::new();
-            super::raw::read_behind(&back, rx, dest, |b| pieces.push(b))
-                .map(|(_, busy)| (pieces, busy))
-        });
+    let hashing = Hashing::new();
+    let t = std::time::Instant::now();
+    let (copied, theirs, mine) = std::thread::scope(|s| {
+        let hasher = s.spawn(|| hashing.work(&back));
         let mut off = 0;
         let copied = loop {
             if off >= len {
@@ -283,8 +280,7 @@ fn copy_db(
             match io::copy(&mut io::Read::take(&mut from, want), &mut to) {
                 Ok(n) => {
                     off += n;
-                    // A closed channel means the hasher failed: its own error is reported.
-                    let _ = tx.send(off);
+                    hashing.copied(off);
                     if n < want {
                         break Ok(());
                     }
@@ -292,16 +288,25 @@ fn copy_db(
                 Err(e) => break Err(io_err("copy", src)(e)),
             }
         };
-        drop(tx);
-        (copied, hasher.join())
+        // Always told, so that the hasher never waits for more.
+        hashing.finish();
+        let mine = match &copied {
+            Ok(()) => hashing.work(&back),
+            Err(_) => Ok(Vec::new()),
+        };
+        (copied.map(|()| off), hasher.join(), mine)
     });
-    copied?;
-    let pieces = hashed.map_err(|_| SnapshotError::Io {
+    let copied = copied?;
+    let hash_err = |source| SnapshotError::Io {
         action: "hash",
         path: dest.to_path_buf(),
-        source: io::Error::other("the hashing thread panicked"),
-    })??;
-    Ok(Some(pieces))
+        source,
+    };
+    let theirs = theirs
+        .map_err(|_| hash_err(io::Error::other("the hashing thread panicked")))?
+        .map_err(hash_err)?;
+    let pieces = Hashing::pieces([theirs, mine.map_err(hash_err)?], copied).map_err(hash_err)?;
+    Ok(Some((pieces, t.elapsed())))
 }
 
 /// The byte ranges of the database file that the replay of the copied `dest-wal` may
