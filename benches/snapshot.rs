@@ -29,9 +29,7 @@
 //! FORK_BENCH_WAL_AUTOCHECKPOINT (the writer's `wal_autocheckpoint`, 1000; 0 lets the WAL
 //! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`).
 
-use fork::fork::snapshot::{
-    snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats, StateDigest,
-};
+use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats, StateDigest};
 use rusqlite::Connection;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

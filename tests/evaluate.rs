@@ -1774,7 +1774,13 @@ fn state_hash_names_each_store_by_the_policys_digest() {
     let old = evaluate(&env, &patch("noop-comment"), &rt, "sha", &args);
     assert_eq!(old.code, 0, "{}", old.ctx());
     assert_eq!(old.verdict["state_hash"], sha256.as_str());
-    let gate = evaluate(&env, &patch("touches-protected"), &rt, "gate", &["--no-ledger"]);
+    let gate = evaluate(
+        &env,
+        &patch("touches-protected"),
+        &rt,
+        "gate",
+        &["--no-ledger"],
+    );
     assert_eq!(gate.code, 1, "{}", gate.ctx());
     assert_eq!(gate.verdict["state_hash"], blake3.as_str());
     let mut args = vec!["--no-ledger", "--policy", policy_arg];

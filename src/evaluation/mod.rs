@@ -149,11 +149,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 .state
                 .iter()
                 .map(|s| {
-                    let d = crate::fork::parent::state_digest(
-                        &p.runtime,
-                        s,
-                        p.policy.state.digest,
-                    )
+                    let d = crate::fork::parent::state_digest(&p.runtime, s, p.policy.state.digest)
                         .unwrap_or_else(|_| "unreadable".into());
                     (s.display().to_string(), d)
                 })

@@ -51,7 +51,11 @@ impl StateDigest {
             StateDigest::Blake3 if bytes.len() as u64 >= SPLIT_MIN => {
                 let left = hazmat::left_subtree_len(bytes.len() as u64) as usize;
                 let (l, r) = std::thread::scope(|s| {
-                    let l = s.spawn(|| blake3::Hasher::new().update(&bytes[..left]).finalize_non_root());
+                    let l = s.spawn(|| {
+                        blake3::Hasher::new()
+                            .update(&bytes[..left])
+                            .finalize_non_root()
+                    });
                     let r = blake3::Hasher::new()
                         .set_input_offset(left as u64)
                         .update(&bytes[left..])
@@ -211,7 +215,11 @@ mod tests {
             assert_eq!(StateDigest::Blake3.of_bytes(bytes), want, "bytes, {len}");
             let p = dir.path().join(format!("f{len}"));
             std::fs::write(&p, bytes).unwrap();
-            assert_eq!(StateDigest::Blake3.of_path(&p).unwrap(), want, "file, {len}");
+            assert_eq!(
+                StateDigest::Blake3.of_path(&p).unwrap(),
+                want,
+                "file, {len}"
+            );
             // The first `len` bytes of a longer file.
             let f = File::open(dir.path().join(format!("f{len}"))).unwrap();
             assert_eq!(StateDigest::Blake3.of_file(&f, len as u64).unwrap(), want);

@@ -5,8 +5,8 @@
 //! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
-    check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy, sqlite_err, SnapshotError,
-    SnapshotMethod, SnapshotOptions, SnapshotStats,
+    check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy, sqlite_err,
+    SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
 use std::fs;
 use std::io;
@@ -160,7 +160,10 @@ fn rehash(
     match pieces.root() {
         Some(root) => Ok((root, again)),
         // One piece or less: its hash is not made from a chaining value.
-        None => Ok((super::sqlite::StateDigest::Blake3.of_file(&f, bytes)?, again)),
+        None => Ok((
+            super::sqlite::StateDigest::Blake3.of_file(&f, bytes)?,
+            again,
+        )),
     }
 }
 

@@ -6,8 +6,10 @@
 //!   database's image copied as the file's bytes by the kernel under the shared lock,
 //!   hashed while copied; `walcopy.rs`: a live WAL-mode parent's database file and `-wal`
 //!   copied by the kernel under a held read transaction, the WAL then replayed into the
-//!   copy by SQLite), `sqlite.rs` what both copies
-//!   share (options, statistics, errors, opening, checking and hashing).
+//!   copy by SQLite; `pieces.rs`: its BLAKE3 kept piece by piece, so that only what the
+//!   replay rewrote is hashed again), `sqlite.rs` what both copies share (options,
+//!   statistics, errors, opening, checking and hashing), `digest.rs` the digest that names
+//!   a copy (BLAKE3 by default, or SHA-256).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, the tree hash, and cleanup.
 
@@ -27,8 +29,8 @@ mod walcopy;
 pub mod workspace;
 
 pub use snapshot::{
-    check_copy, snapshot, IntegrityCheck, StateDigest, SnapshotError, SnapshotMethod,
-    SnapshotOptions, SnapshotStats,
+    check_copy, snapshot, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions,
+    SnapshotStats, StateDigest,
 };
 pub use workspace::{
     copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,

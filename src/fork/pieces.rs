@@ -269,7 +269,12 @@ mod tests {
     fn two_workers_behind_a_copy_hash_the_whole_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        for len in [0usize, 100, BLOCK as usize, 3 * BLOCK as usize + 5 * PIECE as usize + 3] {
+        for len in [
+            0usize,
+            100,
+            BLOCK as usize,
+            3 * BLOCK as usize + 5 * PIECE as usize + 3,
+        ] {
             let data = bytes(len, 3);
             std::fs::write(&path, &data).unwrap();
             let f = File::open(&path).unwrap();

@@ -62,8 +62,8 @@ use std::time::{Duration, Instant};
 
 use super::sqlite::{check_and_hash, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
-    check_copy, IntegrityCheck, StateDigest, SnapshotError, SnapshotMethod, SnapshotOptions,
-    SnapshotStats, IMAGE_MAX_BYTES, SQLITE_MAGIC,
+    check_copy, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
+    StateDigest, IMAGE_MAX_BYTES, SQLITE_MAGIC,
 };
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
@@ -756,5 +756,4 @@ mod tests {
         assert!(matches!(err, SnapshotError::DestExists { .. }), "{err}");
         assert_eq!(fs::read(&dest).unwrap(), b"precious");
     }
-
 }

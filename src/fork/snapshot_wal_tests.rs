@@ -207,7 +207,11 @@ fn hostile_parent(other_process: bool) {
         assert!(st.integrity_ok && st.wal, "{st:?}");
         // The digest is the copy's own (hashed behind the copy, its pieces the replay
         // rewrote hashed again), whatever the checkpoints did to the file meanwhile.
-        assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap(), "{st:?}");
+        assert_eq!(
+            st.digest,
+            StateDigest::Blake3.of_path(&dest).unwrap(),
+            "{st:?}"
+        );
         methods.push(st.method);
         restarts += st.restarts;
         let n = check_invariants(&dest);
@@ -383,7 +387,10 @@ fn the_replayed_copy_is_named_by_its_own_bytes() {
         .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA wal_autocheckpoint = 0")
         .unwrap();
     let shapes: [(&str, &str); 3] = [
-        ("in place", "UPDATE seq SET pad = randomblob(1500) WHERE n % 50 = 0"),
+        (
+            "in place",
+            "UPDATE seq SET pad = randomblob(1500) WHERE n % 50 = 0",
+        ),
         (
             "grown",
             "CREATE TABLE extra (k INTEGER PRIMARY KEY, b BLOB NOT NULL);
@@ -410,7 +417,11 @@ fn the_replayed_copy_is_named_by_its_own_bytes() {
         let again = st.pieces_hashed_again.expect("hashed behind the copy");
         let pieces = st.bytes.div_ceil(super::pieces::PIECE) as usize;
         assert!(again > 0, "{shape}: the replay rewrote pages");
-        assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap(), "{shape}");
+        assert_eq!(
+            st.digest,
+            StateDigest::Blake3.of_path(&dest).unwrap(),
+            "{shape}"
+        );
         match shape {
             "in place" => assert!(again < pieces / 2, "{shape}: {again} of {pieces}"),
             "grown" => assert!(st.bytes > size, "{shape}: {} <= {size}", st.bytes),

@@ -332,7 +332,9 @@ pub(super) fn frame_pages(dest: &Path) -> Result<Option<Vec<(u64, u64)>>, Snapsh
         Err(e) => return Err(io_err("read", &path)(e)),
     }
     let magic = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-    let page = u64::from(u32::from_be_bytes([header[8], header[9], header[10], header[11]]));
+    let page = u64::from(u32::from_be_bytes([
+        header[8], header[9], header[10], header[11],
+    ]));
     if !matches!(magic, 0x377f_0682 | 0x377f_0683)
         || !page.is_power_of_two()
         || !(512..=65536).contains(&page)
