@@ -209,6 +209,8 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let all = data(8 * mb + 1026);
+        let longer = dir.path().join("all");
+        std::fs::write(&longer, &all).unwrap();
         for len in lens {
             let bytes = &all[..len];
             let want = format!("blake3:{}", blake3::hash(bytes).to_hex());
@@ -221,8 +223,10 @@ mod tests {
                 "file, {len}"
             );
             // The first `len` bytes of a longer file.
-            let f = File::open(dir.path().join(format!("f{len}"))).unwrap();
+            let f = File::open(&longer).unwrap();
             assert_eq!(StateDigest::Blake3.of_file(&f, len as u64).unwrap(), want);
+            let sha = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
+            assert_eq!(StateDigest::Sha256.of_file(&f, len as u64).unwrap(), sha);
             let mut h = StateDigest::Blake3.hasher();
             for piece in bytes.chunks(70_001) {
                 h.write_all(piece).unwrap();

@@ -98,9 +98,14 @@ pub(super) fn copy_image(
             let held_for = locked.elapsed();
             drop(source);
             drop(held);
-            // The pages the replay may rewrite, read from the copied `-wal` before it goes.
+            // The database file's pieces, hashed beside the thread behind the copy now
+            // that the parent is let go; the pages the replay may rewrite, read from the
+            // copied `-wal` before it goes.
             let behind = match behind {
-                Some(b) => super::walcopy::frame_pages(dest)?.map(|dirty| (b, dirty)),
+                Some((b, len)) => {
+                    let pieces = b.finish(len).map_err(io_err("hash", dest))?;
+                    super::walcopy::frame_pages(dest)?.map(|dirty| (pieces, dirty))
+                }
                 None => None,
             };
             let (pages, bytes) = super::walcopy::replay(dest)?;

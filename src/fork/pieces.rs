@@ -16,7 +16,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The piece: 8 chunks, one pass of BLAKE3's 8-lane SIMD (measured: hashing 100 MiB as
 /// 8 KiB pieces took 1.07x one pass; 4 KiB pieces 1.48x).
@@ -89,11 +90,12 @@ impl Pieces {
 }
 
 /// The pieces of a file while it is copied, hashed by whoever is free: a thread behind the
-/// copier from the start, and the copier too once its copy is done (reading a finished
-/// chunk back and hashing it takes longer than the kernel's copy of it, so one hasher
-/// alone would still be hashing when the copy ends). The file is claimed a block at a
-/// time; a block is hashed once the copy has passed its end (or the copy has ended).
-pub(super) struct Hashing {
+/// copier from the start, and the copier's thread too once it calls
+/// [`Behind::finish`] (reading a finished chunk back and hashing it takes longer than the
+/// kernel's copy of it, so one hasher alone would still be hashing when the copy ends).
+/// The file is claimed a block at a time; a block is hashed once the copy has passed its
+/// end (or the copy has ended).
+struct Hashing {
     /// How far the copy has come, and whether it has ended.
     copied: Mutex<(u64, bool)>,
     moved: Condvar,
@@ -104,28 +106,10 @@ pub(super) struct Hashing {
 /// A claim: 128 pieces, read in one `pread`.
 const BLOCK: u64 = 128 * PIECE;
 
-/// One worker's blocks: (block index, its pieces' chaining values).
-pub(super) type Blocks = Vec<(u64, Vec<ChainingValue>)>;
+/// One worker's blocks (block index, its pieces' chaining values) and its busy time.
+type Blocks = (Vec<(u64, Vec<ChainingValue>)>, Duration);
 
 impl Hashing {
-    pub fn new() -> Hashing {
-        Hashing {
-            copied: Mutex::new((0, false)),
-            moved: Condvar::new(),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    /// The copier: the copy has reached `upto` bytes.
-    pub fn copied(&self, upto: u64) {
-        self.set(|c| c.0 = upto);
-    }
-
-    /// The copier: the copy has ended (done or failed); nothing more will come.
-    pub fn finish(&self) {
-        self.set(|c| c.1 = true);
-    }
-
     fn set(&self, f: impl FnOnce(&mut (u64, bool))) {
         let mut c = self.copied.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut c);
@@ -134,8 +118,9 @@ impl Hashing {
 
     /// Hashes claimed blocks of `file` as the copy passes them, until every block up to
     /// the copy's end is claimed; returns this worker's blocks.
-    pub fn work(&self, file: &File) -> io::Result<Blocks> {
+    fn work(&self, file: &File) -> io::Result<Blocks> {
         let mut mine = Vec::new();
+        let mut busy = Duration::ZERO;
         let mut buf = vec![0u8; BLOCK as usize];
         loop {
             let b = self.next.fetch_add(1, Ordering::Relaxed);
@@ -149,8 +134,9 @@ impl Hashing {
                 c.0.min(start + BLOCK)
             };
             if end <= start {
-                return Ok(mine);
+                return Ok((mine, busy));
             }
+            let t = Instant::now();
             let bytes = &mut buf[..(end - start) as usize];
             file.read_exact_at(bytes, start)?;
             let cvs = bytes
@@ -159,13 +145,64 @@ impl Hashing {
                 .map(|(i, p)| piece_cv(start + i as u64 * PIECE, p))
                 .collect();
             mine.push((b, cvs));
+            busy += t.elapsed();
+        }
+    }
+}
+
+/// The hashing of a copy under way (see [`Hashing`]): told how far the copy has come,
+/// then finished by the copier's thread, which hashes beside the thread behind it. Dropped
+/// unfinished, it tells that thread the copy has ended and joins it.
+pub(super) struct Behind {
+    hashing: Arc<Hashing>,
+    copy: Arc<File>,
+    thread: Option<std::thread::JoinHandle<io::Result<Blocks>>>,
+}
+
+impl Behind {
+    /// Starts hashing `copy` (opened for reading) behind its copier. Without a thread to
+    /// be had, [`finish`](Self::finish) hashes it all.
+    pub fn start(copy: File) -> Behind {
+        let hashing = Arc::new(Hashing {
+            copied: Mutex::new((0, false)),
+            moved: Condvar::new(),
+            next: AtomicU64::new(0),
+        });
+        let copy = Arc::new(copy);
+        let (h, f) = (Arc::clone(&hashing), Arc::clone(&copy));
+        let thread = std::thread::Builder::new()
+            .name("fork-hash-behind".into())
+            .spawn(move || h.work(&f))
+            .ok();
+        Behind {
+            hashing,
+            copy,
+            thread,
         }
     }
 
-    /// The pieces of the copy's `len` bytes from every worker's blocks.
-    pub fn pieces(parts: impl IntoIterator<Item = Blocks>, len: u64) -> io::Result<Pieces> {
-        let mut blocks: Vec<_> = parts.into_iter().flatten().collect();
+    /// The copier: the copy has reached `upto` bytes.
+    pub fn copied(&self, upto: u64) {
+        self.hashing.set(|c| c.0 = upto);
+    }
+
+    /// The copier, once the copy of `len` bytes has ended: hashes what is left beside the
+    /// thread behind it, joins it, and returns the pieces and the time both were busy.
+    pub fn finish(mut self, len: u64) -> io::Result<(Pieces, Duration)> {
+        self.hashing.set(|c| *c = (len, true));
+        let mine = self.hashing.work(&self.copy);
+        let theirs = match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| io::Error::other("the hashing thread panicked"))??,
+            None => (Vec::new(), Duration::ZERO),
+        };
+        let mine = mine?;
+        let mut blocks: Vec<_> = theirs.0.into_iter().chain(mine.0).collect();
         blocks.sort_unstable_by_key(|(b, _)| *b);
+        if blocks.iter().enumerate().any(|(i, (b, _))| *b != i as u64) {
+            return Err(io::Error::other("a block of the copy was not hashed"));
+        }
         let cvs: Vec<ChainingValue> = blocks.into_iter().flat_map(|(_, c)| c).collect();
         if cvs.len() as u64 != len.div_ceil(PIECE) {
             return Err(io::Error::other(format!(
@@ -173,7 +210,22 @@ impl Hashing {
                 cvs.len()
             )));
         }
-        Ok(Pieces { len, cvs })
+        Ok((Pieces { len, cvs }, theirs.1 + mine.1))
+    }
+}
+
+impl Drop for Behind {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.hashing.set(|c| c.1 = true);
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Pieces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pieces({} bytes, {} pieces)", self.len, self.cvs.len())
     }
 }
 
@@ -187,6 +239,7 @@ fn piece_cv(off: u64, bytes: &[u8]) -> ChainingValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     fn bytes(len: usize, salt: u8) -> Vec<u8> {
         (0..len)
@@ -268,37 +321,45 @@ mod tests {
     #[test]
     fn two_workers_behind_a_copy_hash_the_whole_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        for len in [
-            0usize,
-            100,
-            BLOCK as usize,
-            3 * BLOCK as usize + 5 * PIECE as usize + 3,
-        ] {
+        let k = PIECE as usize;
+        for len in [0usize, 100, BLOCK as usize, 3 * BLOCK as usize + 5 * k + 3] {
             let data = bytes(len, 3);
-            std::fs::write(&path, &data).unwrap();
-            let f = File::open(&path).unwrap();
-            let h = Hashing::new();
-            let (theirs, mine) = std::thread::scope(|s| {
-                let t = s.spawn(|| h.work(&f));
-                // The copy's progress, in steps that are not blocks.
-                let mut at = 0;
-                while at < len as u64 {
-                    at = (at + 300_000).min(len as u64);
-                    h.copied(at);
-                }
-                h.finish();
-                let mine = h.work(&f).unwrap();
-                (t.join().unwrap().unwrap(), mine)
-            });
-            let p = Hashing::pieces([theirs, mine], len as u64).unwrap();
+            let path = dir.path().join(format!("f{len}"));
+            let out = File::create(&path).unwrap();
+            let behind = Behind::start(File::open(&path).unwrap());
+            // The copy made while the thread behind waits for it, in steps that are not
+            // blocks, each written before it is told.
+            let mut at = 0;
+            while at < len {
+                let to = (at + 300_000).min(len);
+                out.write_all_at(&data[at..to], at as u64).unwrap();
+                behind.copied(to as u64);
+                at = to;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let (p, _) = behind.finish(len as u64).unwrap();
             match p.root() {
                 Some(root) => assert_eq!(root, format!("blake3:{}", blake3::hash(&data).to_hex())),
-                None => assert!(len as u64 <= PIECE),
+                None => assert!(len <= k),
             }
-            // A count that does not match the copy's length is an error, not a hash.
-            assert!(Hashing::pieces([vec![]], len as u64 + PIECE).is_err());
         }
+    }
+
+    #[test]
+    fn a_copy_shorter_than_said_or_dropped_is_no_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, bytes(BLOCK as usize, 1)).unwrap();
+        // Said to have copied two blocks where the file holds one: an error, not a hash.
+        let behind = Behind::start(File::open(&path).unwrap());
+        behind.copied(BLOCK);
+        let e = behind.finish(2 * BLOCK).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
+        // Dropped before the copy ended (an error on the way): the thread is told and
+        // joined, nothing hangs.
+        let behind = Behind::start(File::open(&path).unwrap());
+        behind.copied(BLOCK / 2);
+        drop(behind);
     }
 
     #[test]

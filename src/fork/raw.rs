@@ -83,7 +83,30 @@ pub(super) fn copy_raw(
     let (done_tx, done_rx) = mpsc::channel::<u64>();
     let (copied, held, copy_elapsed, checked, hash) = std::thread::scope(|s| {
         let hasher = s.spawn(move || hash_behind(&back, done_rx, dest, opts.digest));
-        let copied = copy_chunks(&file, &out, image.bytes, &done_tx, src);
+        // A closed channel means the hasher failed: its own error is reported.
+        let copied = copy_chunks(
+            &file,
+            &out,
+            image.bytes,
+            CHUNK,
+            |o| {
+                let _ = done_tx.send(o);
+            },
+            src,
+        )
+        .and_then(|n| {
+            if n == image.bytes {
+                return Ok(());
+            }
+            Err(SnapshotError::Io {
+                action: "copy",
+                path: src.to_path_buf(),
+                source: io::Error::other(format!(
+                    "the file ended at byte {n} of a {}-byte database",
+                    image.bytes
+                )),
+            })
+        });
         // The lock goes as soon as the bytes are copied.
         let (ended, held) = end_read(source, file, image, src);
         drop(done_tx);
@@ -155,41 +178,37 @@ fn end_read(
     (ended, held)
 }
 
-/// Copies the first `bytes` bytes of `from` into `to` (both at their start), chunk by
-/// chunk, telling `done` how far the copy has come after each chunk. `std::io::copy`
-/// between two files lets the kernel copy (`copy_file_range`), or reads and writes where
-/// the filesystem refuses that.
+/// Copies at most `bytes` bytes of `from` into `to` (both at their start), `chunk` bytes
+/// at a time, telling `progress` how far the copy has come after each chunk; returns how
+/// many bytes it copied (fewer only when `from` ended first). `std::io::copy` between two
+/// files lets the kernel copy (`copy_file_range`), or reads and writes where the
+/// filesystem refuses that.
 pub(super) fn copy_chunks(
     from: &File,
     to: &File,
     bytes: u64,
-    done: &mpsc::Sender<u64>,
+    chunk: u64,
+    mut progress: impl FnMut(u64),
     src: &Path,
-) -> Result<(), SnapshotError> {
+) -> Result<u64, SnapshotError> {
     let (mut from, mut to) = (from, to);
     let mut off: u64 = 0;
     while off < bytes {
-        let want = CHUNK.min(bytes - off);
+        let want = chunk.min(bytes - off);
         let n =
             io::copy(&mut io::Read::take(&mut from, want), &mut to).map_err(io_err("copy", src))?;
-        if n == 0 {
-            return Err(SnapshotError::Io {
-                action: "copy",
-                path: src.to_path_buf(),
-                source: io::Error::other(format!(
-                    "the file ended at byte {off} of a {bytes}-byte database"
-                )),
-            });
-        }
         off += n;
-        // A closed channel means the hasher failed: its own error is reported.
-        let _ = done.send(off);
+        progress(off);
+        if n < want {
+            break;
+        }
     }
-    Ok(())
+    Ok(off)
 }
 
-/// The hasher: reads the copy back up to each offset the copier reports, hashing as it
-/// goes; returns the hash, how many bytes it hashed, and its time.
+/// The hasher: reads the copy back up to each offset the copier reports (into one reused
+/// buffer, from the page cache), hashing as it goes; returns the hash, how many bytes it
+/// hashed, and its time.
 fn hash_behind(
     copy: &File,
     done: mpsc::Receiver<u64>,
@@ -197,32 +216,19 @@ fn hash_behind(
     digest: super::sqlite::StateDigest,
 ) -> Result<(String, u64, Duration), SnapshotError> {
     let mut h = digest.hasher();
-    let (hashed, busy) = read_behind(copy, done, dest, |b| h.update(b))?;
-    Ok((h.finish(), hashed, busy))
-}
-
-/// Reads the copy back up to each offset the copier reports (into one reused buffer, from
-/// the page cache), giving `feed` the bytes in order; returns how many it read and the
-/// time it was busy.
-fn read_behind(
-    copy: &File,
-    done: mpsc::Receiver<u64>,
-    dest: &Path,
-    mut feed: impl FnMut(&[u8]),
-) -> Result<(u64, Duration), SnapshotError> {
     let mut buf = vec![0u8; HASH_BUF];
-    let mut read: u64 = 0;
+    let mut hashed: u64 = 0;
     let mut busy = Duration::ZERO;
     for upto in done {
         let t = Instant::now();
-        while read < upto {
-            let n = (upto - read).min(HASH_BUF as u64) as usize;
-            copy.read_exact_at(&mut buf[..n], read)
+        while hashed < upto {
+            let n = (upto - hashed).min(HASH_BUF as u64) as usize;
+            copy.read_exact_at(&mut buf[..n], hashed)
                 .map_err(io_err("read", dest))?;
-            feed(&buf[..n]);
-            read += n as u64;
+            h.update(&buf[..n]);
+            hashed += n as u64;
         }
         busy += t.elapsed();
     }
-    Ok((read, busy))
+    Ok((h.finish(), hashed, busy))
 }

@@ -624,6 +624,9 @@ mod tests {
                     assert!(st.bytes > 2 << 20, "large enough to be split: {st:?}");
                     assert!(st.digest.starts_with(&format!("{}:", digest.name())));
                     assert_eq!(st.digest, digest.of_path(&dest).unwrap(), "{st:?}");
+                    // BLAKE3 over a WAL file copy: hashed behind the copy, then in part.
+                    let behind = st.method == SnapshotMethod::WalFiles && digest.name() == "blake3";
+                    assert_eq!(st.pieces_hashed_again.is_some(), behind, "{st:?}");
                     seen.insert(format!("{:?}", st.method));
                 }
             }

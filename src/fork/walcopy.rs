@@ -72,7 +72,7 @@
 //! has ended and the source connection is closed: closing any descriptor of a file drops
 //! every POSIX lock the process holds on it (SQLite's own included).
 
-use super::pieces::{Hashing, Pieces};
+use super::pieces::Behind;
 use super::sqlite::{io_err, sqlite_err, SnapshotError, StateDigest};
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{self, File};
@@ -100,8 +100,9 @@ pub(super) const MAX_ATTEMPTS: u32 = 3;
 /// What one attempt under a held read transaction gave.
 pub(super) enum Attempt {
     /// Both files copied; the descriptors to close once the read transaction has ended,
-    /// and (BLAKE3) the database file's copy hashed piece by piece.
-    Copied(Held, Option<(Pieces, std::time::Duration)>),
+    /// and (BLAKE3) the database file's copy being hashed piece by piece, with its length
+    /// (finished by the caller after the read transaction).
+    Copied(Held, Option<(Behind, u64)>),
     /// The WAL was restarted or cut during the copy: the copy was discarded.
     Restarted(Held),
     /// The `-wal` is larger than the bound: copy the image through the pager instead.
@@ -249,10 +250,10 @@ const DB_CHUNK: u64 = 2 << 20;
 
 /// Copies the database file `db` into `out` (as far as `len`, or its end if a checkpoint
 /// cut it shorter meanwhile), chunk by chunk by the kernel. With BLAKE3 a second thread
-/// reads back each finished chunk and hashes it piece by piece, and this one joins it
-/// once the copy is done (`pieces.rs`, [`Hashing`]), so that once the WAL is replayed
-/// only the pieces the replay rewrote are hashed again; returns those pieces and the time
-/// from the copy's start to the last piece hashed.
+/// reads back each finished chunk and hashes it piece by piece (`pieces.rs`), so that
+/// once the WAL is replayed only the pieces the replay rewrote are hashed again; returns
+/// that hashing, under way, and the bytes copied. The caller finishes it (this thread
+/// then hashes beside the one behind) once the read transaction has ended.
 fn copy_db(
     db: &File,
     out: &File,
@@ -260,53 +261,14 @@ fn copy_db(
     src: &Path,
     dest: &Path,
     digest: StateDigest,
-) -> Result<Option<(Pieces, std::time::Duration)>, SnapshotError> {
-    let (mut from, mut to) = (db, out);
+) -> Result<Option<(Behind, u64)>, SnapshotError> {
     if digest != StateDigest::Blake3 {
-        io::copy(&mut io::Read::take(&mut from, len), &mut to).map_err(io_err("copy", src))?;
+        super::raw::copy_chunks(db, out, len, DB_CHUNK, |_| {}, src)?;
         return Ok(None);
     }
-    let back = File::open(dest).map_err(io_err("open", dest))?;
-    let hashing = Hashing::new();
-    let t = std::time::Instant::now();
-    let (copied, theirs, mine) = std::thread::scope(|s| {
-        let hasher = s.spawn(|| hashing.work(&back));
-        let mut off = 0;
-        let copied = loop {
-            if off >= len {
-                break Ok(());
-            }
-            let want = DB_CHUNK.min(len - off);
-            match io::copy(&mut io::Read::take(&mut from, want), &mut to) {
-                Ok(n) => {
-                    off += n;
-                    hashing.copied(off);
-                    if n < want {
-                        break Ok(());
-                    }
-                }
-                Err(e) => break Err(io_err("copy", src)(e)),
-            }
-        };
-        // Always told, so that the hasher never waits for more.
-        hashing.finish();
-        let mine = match &copied {
-            Ok(()) => hashing.work(&back),
-            Err(_) => Ok(Vec::new()),
-        };
-        (copied.map(|()| off), hasher.join(), mine)
-    });
-    let copied = copied?;
-    let hash_err = |source| SnapshotError::Io {
-        action: "hash",
-        path: dest.to_path_buf(),
-        source,
-    };
-    let theirs = theirs
-        .map_err(|_| hash_err(io::Error::other("the hashing thread panicked")))?
-        .map_err(hash_err)?;
-    let pieces = Hashing::pieces([theirs, mine.map_err(hash_err)?], copied).map_err(hash_err)?;
-    Ok(Some((pieces, t.elapsed())))
+    let behind = Behind::start(File::open(dest).map_err(io_err("open", dest))?);
+    let copied = super::raw::copy_chunks(db, out, len, DB_CHUNK, |o| behind.copied(o), src)?;
+    Ok(Some((behind, copied)))
 }
 
 /// The byte ranges of the database file that the replay of the copied `dest-wal` may
