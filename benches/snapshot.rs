@@ -505,8 +505,14 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         );
         if let Some(st) = &r.last {
             println!(
-                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}",
-                st.pages, st.steps, st.busy_retries, st.wal, st.method
+                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}, pieces hashed again {:?} of {}",
+                st.pages,
+                st.steps,
+                st.busy_retries,
+                st.wal,
+                st.method,
+                st.pieces_hashed_again,
+                st.bytes.div_ceil(8192)
             );
         }
         println!(
