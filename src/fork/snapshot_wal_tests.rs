@@ -440,3 +440,51 @@ fn the_replayed_copy_is_named_by_its_own_bytes() {
         check_invariants(&dest);
     }
 }
+
+/// The pages the replay may write, read from the copied `-wal`'s frame headers: every
+/// frame (valid or not) at any page size; no `-wal` or one shorter than a header names
+/// none; a header that is not a WAL header gives None (then the copy is hashed whole).
+#[test]
+fn frame_pages_names_every_frames_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("c.db");
+    let wal = super::parent::side(&dest, "-wal");
+    assert_eq!(super::walcopy::frame_pages(&dest).unwrap(), Some(vec![]));
+    for page in [512u64, 4096, 65536] {
+        let mut w = vec![0u8; 32];
+        w[..4].copy_from_slice(&0x377f_0682u32.to_be_bytes());
+        w[8..12].copy_from_slice(&(page as u32).to_be_bytes());
+        for n in [3u32, 1, 0, 70_000] {
+            let mut frame = vec![0xA5u8; 24 + page as usize];
+            frame[..4].copy_from_slice(&n.to_be_bytes());
+            w.extend_from_slice(&frame);
+        }
+        // A torn last frame: its header alone.
+        w.extend_from_slice(&7u32.to_be_bytes());
+        w.extend_from_slice(&[0u8; 20]);
+        std::fs::write(&wal, &w).unwrap();
+        let want: Vec<(u64, u64)> = [3u64, 1, 70_000, 7]
+            .iter()
+            .map(|n| ((n - 1) * page, n * page))
+            .collect();
+        assert_eq!(
+            super::walcopy::frame_pages(&dest).unwrap(),
+            Some(want),
+            "{page}"
+        );
+    }
+    std::fs::write(&wal, [0u8; 20]).unwrap();
+    assert_eq!(super::walcopy::frame_pages(&dest).unwrap(), Some(vec![]));
+    let mut bad = vec![0u8; 32 + 4120];
+    bad[..4].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    std::fs::write(&wal, &bad).unwrap();
+    assert_eq!(super::walcopy::frame_pages(&dest).unwrap(), None);
+    bad[..4].copy_from_slice(&0x377f_0683u32.to_be_bytes());
+    bad[8..12].copy_from_slice(&1000u32.to_be_bytes());
+    std::fs::write(&wal, &bad).unwrap();
+    assert_eq!(
+        super::walcopy::frame_pages(&dest).unwrap(),
+        None,
+        "not a power of two"
+    );
+}
