@@ -488,3 +488,24 @@ fn frame_pages_names_every_frames_page() {
         "not a power of two"
     );
 }
+
+/// A WAL database of one piece or less (8 KiB: two 4 KiB pages) copied as files: its
+/// BLAKE3 is not made from a chaining value, so the replayed copy is hashed in one pass.
+#[test]
+fn a_wal_database_of_one_piece_is_hashed_in_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("tiny.db");
+    let parent = Connection::open(&db).unwrap();
+    parent
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0;
+             CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1), (2);",
+        )
+        .unwrap();
+    let dest = dir.path().join("copy.db");
+    let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
+    assert_eq!(st.method, SnapshotMethod::WalFiles, "{st:?}");
+    assert!(st.bytes <= super::pieces::PIECE, "{st:?}");
+    assert!(st.pieces_hashed_again.is_some(), "{st:?}");
+    assert_eq!(st.digest, StateDigest::Blake3.of_path(&dest).unwrap());
+}
