@@ -1453,3 +1453,7 @@ fn without_the_stewards_approval_propose_steward_fails_at_the_timeout() {
     let reasons = s.report["not_approved"].to_string();
     assert!(reasons.contains("not the reviewed"), "{}", s.ctx());
 }
+
+// Declared after the helpers and their macros, which a module sees only above it.
+#[path = "mesh/streams.rs"]
+mod streams;

@@ -34,6 +34,9 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub const MAX_DELIVER: i64 = 4;
 /// Room for the NATS headers on top of a message's payload.
 const HEADER_ROOM: usize = 4 << 10;
+/// How many times a stream is looked up (and created when missing) before its
+/// creation's refusal is final; with [`backoff`] between them, about 11 s in all.
+const STREAM_ATTEMPTS: usize = 8;
 /// Largest backoff between connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -41,6 +44,40 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub fn backoff(attempt: usize) -> Duration {
     let exp = attempt.saturating_sub(1).min(16) as u32;
     Duration::from_millis(100u64.saturating_mul(1u64 << exp)).min(MAX_BACKOFF)
+}
+
+/// Whether a refusal to create a stream can be outdated by the time it arrives (see
+/// [`Bus::stream`]).
+fn transient(e: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::context::CreateStreamErrorKind as K;
+    use jetstream::ErrorCode as C;
+    match e.kind() {
+        K::JetStream(err) => matches!(
+            err.error_code(),
+            C::STREAM_SUBJECT_OVERLAP | C::STREAM_NAME_EXIST | C::CLUSTER_NOT_AVAILABLE
+        ),
+        K::TimedOut => true,
+        _ => false,
+    }
+}
+
+/// What to do about a stream that could not be created.
+fn stream_fix(e: &jetstream::context::CreateStreamError, subjects: &[String]) -> String {
+    use jetstream::context::CreateStreamErrorKind as K;
+    use jetstream::ErrorCode as C;
+    match e.kind() {
+        K::JetStream(err) if err.error_code() == C::STREAM_SUBJECT_OVERLAP => format!(
+            "another stream on this server takes subjects overlapping {}: \
+             remove it (`nats stream ls`) or give fork a server of its own",
+            subjects.join(", ")
+        ),
+        K::JetStream(err) if err.error_code() == C::STREAM_NAME_EXIST => {
+            "a stream of this name exists with another configuration: \
+             fork never reconfigures it; remove it (`nats stream rm`) and fork makes it again"
+                .into()
+        }
+        _ => "is JetStream enabled on the server, `nats-server -js`?".into(),
+    }
 }
 
 fn nats_err(action: impl Into<String>) -> impl FnOnce(String) -> MeshError {
@@ -154,8 +191,7 @@ impl Bus {
                 .min(i32::MAX as usize) as i32
         };
         let proposals = self
-            .js
-            .get_or_create_stream(stream::Config {
+            .stream(stream::Config {
                 name: self.subjects.proposals_stream(),
                 description: Some("fork mesh: patches proposed for re-verification".into()),
                 subjects: vec![self.subjects.all_proposals()],
@@ -170,19 +206,10 @@ impl Bus {
                 num_replicas: 1,
                 ..Default::default()
             })
-            .await
-            .map_err(|e| {
-                nats_err(format!(
-                    "create the stream {}",
-                    self.subjects.proposals_stream()
-                ))(format!(
-                    "{e} (is JetStream enabled on the server, `nats-server -js`?)"
-                ))
-            })?;
+            .await?;
         let proposals = self.add_proposals_subject(proposals).await?;
         let verdicts = self
-            .js
-            .get_or_create_stream(stream::Config {
+            .stream(stream::Config {
                 name: self.subjects.verdicts_stream(),
                 description: Some("fork mesh: the nodes' signed verdicts".into()),
                 subjects: vec![self.subjects.all_verdicts()],
@@ -197,16 +224,37 @@ impl Bus {
                 num_replicas: 1,
                 ..Default::default()
             })
-            .await
-            .map_err(|e| {
-                nats_err(format!(
-                    "create the stream {}",
-                    self.subjects.verdicts_stream()
-                ))(format!(
-                    "{e} (is JetStream enabled on the server, `nats-server -js`?)"
-                ))
-            })?;
+            .await?;
         Ok((proposals, verdicts))
+    }
+
+    /// The stream `config` names, created when missing.
+    ///
+    /// Looking a stream up and creating it are two requests, and the answer to the first
+    /// can be out of date by the second: another node or proposer created it in between,
+    /// or a server that has just restarted was still recovering its streams from disk
+    /// when it answered "not found" (its refusal is then "subjects overlap" or "name
+    /// already in use"). Those refusals, and a server saying JetStream is briefly
+    /// unavailable, are asked again, up to [`STREAM_ATTEMPTS`] times; every other
+    /// refusal is final at once.
+    async fn stream(&self, config: stream::Config) -> Result<stream::Stream, MeshError> {
+        let name = config.name.clone();
+        let mut attempt = 1;
+        loop {
+            match self.js.get_or_create_stream(config.clone()).await {
+                Ok(s) => return Ok(s),
+                Err(e) if attempt < STREAM_ATTEMPTS && transient(&e) => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    return Err(nats_err(format!("create the stream {name}"))(format!(
+                        "{e} ({})",
+                        stream_fix(&e, &config.subjects)
+                    )))
+                }
+            }
+        }
     }
 
     /// A proposals stream made by an earlier fork listens on `<prefix>.v1.proposals` only:
@@ -341,6 +389,53 @@ pub fn consumer_name(node: &PublicKey, runtime: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refusal(code: usize, err_code: u64, what: &str) -> jetstream::context::CreateStreamError {
+        let e: jetstream::Error = serde_json::from_value(serde_json::json!({
+            "code": code, "err_code": err_code, "description": what
+        }))
+        .unwrap();
+        e.into()
+    }
+
+    #[test]
+    fn only_refusals_a_second_look_can_outdate_are_asked_again() {
+        use jetstream::context::{CreateStreamError, CreateStreamErrorKind as K};
+        // Created by someone else between the lookup and the creation, or briefly unable.
+        assert!(transient(&refusal(400, 10065, "subjects overlap")));
+        assert!(transient(&refusal(
+            400,
+            10058,
+            "stream name already in use"
+        )));
+        assert!(transient(&refusal(
+            503,
+            10008,
+            "JetStream cluster not available"
+        )));
+        assert!(transient(&CreateStreamError::new(K::TimedOut)));
+        // Final at once: no JetStream, a bad configuration, a full store.
+        assert!(!transient(&refusal(503, 10076, "JetStream not enabled")));
+        assert!(!transient(&refusal(
+            400,
+            10052,
+            "stream configuration invalid"
+        )));
+        assert!(!transient(&refusal(500, 10077, "stream store failed")));
+        assert!(!transient(&CreateStreamError::new(K::JetStreamUnavailable)));
+    }
+
+    #[test]
+    fn a_refused_stream_names_its_fix() {
+        let subjects = ["fork.v1.proposals.>".to_string()];
+        let overlap = stream_fix(&refusal(400, 10065, "subjects overlap"), &subjects);
+        assert!(overlap.contains("another stream"), "{overlap}");
+        assert!(overlap.contains("fork.v1.proposals.>"), "{overlap}");
+        let exists = stream_fix(&refusal(400, 10058, "in use"), &subjects);
+        assert!(exists.contains("nats stream rm"), "{exists}");
+        let off = stream_fix(&refusal(503, 10076, "JetStream not enabled"), &subjects);
+        assert!(off.contains("nats-server -js"), "{off}");
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
