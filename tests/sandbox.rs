@@ -1195,3 +1195,7 @@ fn a_broken_seccomp_profile_is_exit_65_naming_it_and_leaves_nothing() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(d.to_str().unwrap()), "a mount is left");
 }
+
+// Declared after the helpers and their macros, which a module sees only above it.
+#[path = "sandbox/run_root.rs"]
+mod run_root;

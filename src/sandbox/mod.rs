@@ -79,7 +79,8 @@ pub enum SandboxError {
     },
     #[error("sandbox setup failed at {stage}: {message}")]
     Setup { stage: String, message: String },
-    /// The run root (`$FORK_RUN_ROOT`, else the system temp dir) lies beneath a directory
+    /// The sandboxes' run root (`$FORK_RUN_ROOT`, else see
+    /// [`crate::rundir::sandbox_base_dir`]) lies beneath a directory
     /// the sandbox's unprivileged uid cannot search: a setting to change, not a fault.
     #[error("the run root {}: {} (mode {mode:o}) is not searchable by others, so the sandbox's unprivileged uid cannot reach its run directory. Fix: {RUN_ROOT_FIX}", .base.display(), .dir.display())]
     RunRootUnreachable {
@@ -103,7 +104,7 @@ pub enum SandboxError {
 }
 
 /// The fix for [`SandboxError::RunRootUnreachable`] (`fork check` names it too).
-pub const RUN_ROOT_FIX: &str = "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (o+x), or leave it unset (the default, the system temp dir, is)";
+pub const RUN_ROOT_FIX: &str = "set FORK_RUN_ROOT to a writable directory every directory above which is searchable by others (o+x), or leave it unset (the defaults, the system temp dir or /dev/shm, are)";
 
 /// Why the cgroup namespace is missing when the cgroup layer is (`fork check` says the same).
 pub const CGROUPNS_NEEDS_CGROUP: &str = "no sandbox cgroup to root the cgroup namespace at";
@@ -424,7 +425,7 @@ impl Sandbox {
         // run root too would name it in the mount table. Otherwise it is covered.
         let mut hide = spec.hide.clone();
         if !is_root() {
-            hide.push(crate::rundir::base_dir());
+            hide.extend(crate::rundir::run_roots());
         }
         let ops = mounts::plan(&mounts::RootPlan {
             mode: spec.root,

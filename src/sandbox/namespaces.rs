@@ -139,6 +139,15 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
     Ok(r)
 }
 
+/// What the private mount namespace the init is copied from leaves out: every run root
+/// (the other sandboxes' disks and roots, the evaluations' staging areas) and the host's
+/// cgroup mounts.
+pub(super) fn detached_in_private_mounts() -> Vec<PathBuf> {
+    let mut d = crate::rundir::run_roots();
+    d.push(PathBuf::from("/sys/fs/cgroup"));
+    d
+}
+
 /// Builds the private copy (see [`with_private_mounts`]) and returns a handle on it; leaves
 /// the calling thread inside it (the caller returns it to its own).
 fn build_template(detach: &[PathBuf]) -> Result<std::fs::File, String> {
@@ -155,14 +164,14 @@ fn build_template(detach: &[PathBuf]) -> Result<std::fs::File, String> {
     .map_err(|e| format!("make the private mount namespace private: {e}"))?;
     let table = std::fs::read_to_string("/proc/thread-self/mountinfo")
         .map_err(|e| format!("read the mount table: {e}"))?;
-    let run_root = crate::rundir::base_dir();
+    let run_roots = crate::rundir::run_roots();
     let mut points: Vec<PathBuf> = table
         .lines()
         .filter_map(|l| l.split(' ').nth(4).map(super::reclaim::unescape_mountinfo))
         .filter(|p| {
-            // At or beneath, but a mount holding the run root (the run root itself when it
-            // is a tmpfs, say) holds the sandbox's root directory and stays.
-            (detach.iter().any(|d| p.starts_with(d)) && !run_root.starts_with(p))
+            // At or beneath, but a mount holding a run root (the run root itself when it
+            // is a tmpfs, `/dev/shm` say) holds the sandbox's root directory and stays.
+            (detach.iter().any(|d| p.starts_with(d)) && !run_roots.iter().any(|r| r.starts_with(p)))
                 || p.components()
                     .any(|c| crate::rundir::is_run_dir_name(&c.as_os_str().to_string_lossy()))
         })
@@ -235,7 +244,7 @@ mod tests {
             eprintln!("skipped: building the private mount namespace needs root");
             return;
         }
-        let base = tempfile::tempdir_in(crate::rundir::base_dir()).unwrap();
+        let base = tempfile::tempdir_in(crate::rundir::sandbox_base_dir()).unwrap();
         let before = base
             .path()
             .join(format!("fork-{}", crate::rundir::new_run_id()));
@@ -244,7 +253,7 @@ mod tests {
             .join(format!("fork-{}", crate::rundir::new_run_id()));
         let _before = tmpfs_at(&before);
         // What the supervisor passes (see supervisor::spawn_init).
-        let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
+        let detach = detached_in_private_mounts();
         let (first, ns_first, _held) = seen_by_a_clone(&detach);
         let _after = tmpfs_at(&after);
         let (second, ns_second, _) = seen_by_a_clone(&detach);

@@ -105,7 +105,7 @@ impl Sandbox {
         if own_uid() {
             // The init runs as an unprivileged uid and must reach its mount points beneath
             // the run root: every directory above them has to be searchable by others.
-            let base = crate::rundir::base_dir();
+            let base = crate::rundir::sandbox_base_dir();
             let mut dir = Some(base.as_path());
             while let Some(d) = dir {
                 use std::os::unix::fs::PermissionsExt;

@@ -143,7 +143,7 @@ pub(super) fn spawn_init(
     // As root, the init's mount namespace is copied from a private one of this thread in
     // which fork's run directories and the host's cgroup mounts are detached.
     let cloned = if is_root() {
-        let detach = [crate::rundir::base_dir(), PathBuf::from("/sys/fs/cgroup")];
+        let detach = namespaces::detached_in_private_mounts();
         namespaces::with_private_mounts(&detach, clone).map_err(|message| SandboxError::Setup {
             stage: "mount namespace".into(),
             message,
