@@ -413,7 +413,12 @@ mod tests {
 
     #[test]
     fn sandboxes_run_from_dev_shm_only_as_root_off_a_disk_temp_dir() {
-        let f = |tmpfs, shared_sticky| Some(FsFacts { tmpfs, shared_sticky });
+        let f = |tmpfs, shared_sticky| {
+            Some(FsFacts {
+                tmpfs,
+                shared_sticky,
+            })
+        };
         let shm = Some(PathBuf::from("/dev/shm"));
         // Root, a disk /tmp, root's 1777 tmpfs on /dev/shm.
         assert_eq!(sandbox_root_for(true, f(false, true), f(true, true)), shm);

@@ -441,6 +441,76 @@ fn the_replayed_copy_is_named_by_its_own_bytes() {
     }
 }
 
+/// At SQLite's smallest and largest page sizes (512 B: 16 pages to a piece; 64 KiB: 8
+/// pieces to a page) the replayed copy is still named by its own bytes, holds what the
+/// parent committed, and only pieces the frames name are hashed again.
+#[test]
+fn the_replayed_copy_is_named_by_its_own_bytes_at_every_page_size_bound() {
+    for page in [512u32, 65536] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("p.db");
+        let parent = Connection::open(&db).unwrap();
+        parent
+            .execute_batch(&format!(
+                "PRAGMA page_size = {page}; PRAGMA journal_mode = WAL;
+                 CREATE TABLE t (k INTEGER PRIMARY KEY, b BLOB NOT NULL);
+                 WITH RECURSIVE i(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM i WHERE x < 3000)
+                 INSERT INTO t SELECT x, randomblob(700) FROM i;
+                 PRAGMA wal_checkpoint(TRUNCATE); PRAGMA wal_autocheckpoint = 0;"
+            ))
+            .unwrap();
+        let got: u32 = parent
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(got, page);
+        // Commits left in the WAL: three rows rewritten at a time here and there (a few
+        // frames each, so that even at 64 KiB the WAL stays below the copy's bound).
+        for round in 0..20 {
+            parent
+                .execute(
+                    "UPDATE t SET b = randomblob(700) WHERE k BETWEEN ?1 AND ?1 + 2",
+                    [round * 150 + 1],
+                )
+                .unwrap();
+        }
+        let want: (i64, i64) = parent
+            .query_row("SELECT count(*), sum(length(b)) FROM t", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        let wal = std::fs::metadata(dir.path().join("p.db-wal"))
+            .unwrap()
+            .len();
+        assert!(wal > 0, "{page}: commits left in the WAL");
+        let dest = dir.path().join("c.db");
+        let st = snapshot(&db, &dest, &SnapshotOptions::default()).unwrap();
+        assert_eq!(st.method, SnapshotMethod::WalFiles, "{page}: {st:?}");
+        let pieces = st.bytes.div_ceil(super::pieces::PIECE) as usize;
+        let again = st.pieces_hashed_again.expect("hashed behind the copy");
+        assert!(again > 0 && again < pieces, "{page}: {again} of {pieces}");
+        assert_eq!(
+            st.digest,
+            StateDigest::Blake3.of_path(&dest).unwrap(),
+            "{page}"
+        );
+        let c = Connection::open_with_flags(
+            super::parent::file_uri(&dest, "mode=ro&immutable=1"),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .unwrap();
+        let copied: (i64, i64) = c
+            .query_row("SELECT count(*), sum(length(b)) FROM t", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(copied, want, "{page}");
+        let ok: String = c
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok", "{page}");
+    }
+}
+
 /// The pages the replay may write, read from the copied `-wal`'s frame headers: every
 /// frame (valid or not) at any page size; no `-wal` or one shorter than a header names
 /// none; a header that is not a WAL header gives None (then the copy is hashed whole).
