@@ -64,12 +64,19 @@ pub fn collect() -> GcReport {
     let runs = crate::rundir::list_runs();
     // Only runs known to be dead: cgroups are global, run directories are per run root,
     // so a cgroup whose run directory we cannot see may belong to a live supervisor.
+    // An id that also names a live run (two run roots can hold the same name) is not
+    // dead: neither its directories nor its cgroups are touched.
+    let live: HashSet<&str> = runs
+        .iter()
+        .filter(|r| !r.stale)
+        .map(|r| r.id.as_str())
+        .collect();
     let stale: HashSet<String> = runs
         .iter()
-        .filter(|r| r.stale)
+        .filter(|r| r.stale && !live.contains(r.id.as_str()))
         .map(|r| r.id.clone())
         .collect();
-    for r in runs.iter().filter(|r| r.stale) {
+    for r in runs.iter().filter(|r| stale.contains(&r.id)) {
         reclaim_run(r, &mut rep);
     }
     remove_cgroups(&|id: &str| stale.contains(id), &mut rep);

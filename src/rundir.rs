@@ -72,9 +72,8 @@ fn run_root_setting() -> Option<PathBuf> {
 ///
 /// A sandbox's run directory holds a lock, two small records and two mount points (its
 /// data is on the sandbox's own capped filesystem), and is made and removed at every
-/// launch: on a disk filesystem its directory operations are journaled, which cost a
-/// launch more than all of its own mounts (about 0.6 ms of a `fork run -- /bin/true`
-/// with an ext4 `/tmp`).
+/// launch: on a disk filesystem its directory operations are journaled (about 0.5 ms of
+/// a `fork run -- /bin/true` with an ext4 `/tmp`).
 pub fn sandbox_base_dir() -> PathBuf {
     if let Some(p) = run_root_setting() {
         return p;
@@ -169,28 +168,36 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates and locks `<base>/fork-<id>` (a sandbox's run directory).
+    /// Creates and locks `<base>/fork-<id>` (a sandbox's run directory), in
+    /// [`sandbox_base_dir`] when `capped_disk` (the sandbox's data will be on its own
+    /// capped disk, never in the run directory itself), else in [`base_dir`].
     ///
     /// Its `meta.json` is written once the sandbox's init exists ([`RunDir::write_meta`]):
     /// before that there is no process for `fork gc` to kill.
-    pub fn create(id: &str) -> Result<RunDir, RunDirError> {
-        Self::create_at(id, format!("fork-{id}"), false)
+    pub fn create(id: &str, capped_disk: bool) -> Result<RunDir, RunDirError> {
+        Self::create_at(id, format!("fork-{id}"), false, capped_disk)
     }
 
     /// Creates and locks `<base>/fork-eval-<id>`: an evaluation's own run directory (its
     /// staging area), distinct from the run directories of the sandboxes it starts (and,
     /// unlike theirs, without the `root` and `disk` mount points).
     pub fn create_evaluation(id: &str) -> Result<RunDir, RunDirError> {
-        Self::create_at(&format!("eval-{id}"), format!("fork-eval-{id}"), true)
+        Self::create_at(
+            &format!("eval-{id}"),
+            format!("fork-eval-{id}"),
+            true,
+            false,
+        )
     }
 
-    fn create_at(id: &str, name: String, evaluation: bool) -> Result<RunDir, RunDirError> {
+    fn create_at(
+        id: &str,
+        name: String,
+        evaluation: bool,
+        fast: bool,
+    ) -> Result<RunDir, RunDirError> {
         let mut live = live();
-        let base = if evaluation {
-            base_dir()
-        } else {
-            sandbox_base_dir()
-        };
+        let base = if fast { sandbox_base_dir() } else { base_dir() };
         let path = base.join(name);
         let mk = |p: &Path| {
             std::fs::DirBuilder::new()
@@ -355,6 +362,17 @@ pub struct FoundRun {
     pub stale: bool,
 }
 
+/// Whether `p` itself (not a symlink's target) is a directory (`dir`) or a regular file
+/// owned by this process's user and not writable by its group or others.
+fn owned_by_us(p: &Path, dir: bool) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| {
+        (if dir { m.is_dir() } else { m.is_file() })
+            && m.uid() == nix::unistd::geteuid().as_raw()
+            && m.mode() & 0o022 == 0
+    })
+}
+
 /// Lists every `fork-*` run directory under the run roots ([`run_roots`]).
 pub fn list_runs() -> Vec<FoundRun> {
     let mut out = Vec::new();
@@ -379,7 +397,10 @@ fn list_runs_in(base: &Path, out: &mut Vec<FoundRun>) {
         }
         let path = e.path();
         let lock_path = path.join("lock");
-        if !lock_path.is_file() {
+        // Only what this user made: a real directory and lock file of its own, writable
+        // by nobody else (a run root is shared with other users: one of them could plant
+        // a `fork-<id>` naming a live run of ours, to have gc reclaim it).
+        if !owned_by_us(&path, true) || !owned_by_us(&lock_path, false) {
             continue;
         }
         let stale = match File::open(&lock_path) {
@@ -441,7 +462,7 @@ mod tests {
         // SAFETY of the test: FORK_RUN_ROOT is only read by this module's functions.
         std::env::set_var("FORK_RUN_ROOT", tmp.path());
         let id = new_run_id();
-        let rd = RunDir::create(&id).unwrap();
+        let rd = RunDir::create(&id, true).unwrap();
         let runs = list_runs();
         let r = runs.iter().find(|r| r.id == id).unwrap();
         assert!(!r.stale, "a locked run is live");
@@ -469,6 +490,37 @@ mod tests {
         drop(rd);
         let runs = list_runs();
         assert!(runs.iter().find(|r| r.id == id).unwrap().stale);
+
+        // Planted by someone else in a shared run root: never listed, so gc never
+        // reclaims a live run's id through it. Writable by others, a symlink, a lock
+        // that is a symlink, another owner.
+        use std::os::unix::fs::PermissionsExt;
+        let plant = |name: &str| {
+            let d = tmp.path().join(format!("fork-{name}"));
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("lock"), b"").unwrap();
+            d
+        };
+        let open = plant("00000000000000a1");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let target = plant("00000000000000a2");
+        std::os::unix::fs::symlink(&target, tmp.path().join("fork-00000000000000a3")).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let linked = tmp.path().join("fork-00000000000000a4");
+        std::fs::create_dir(&linked).unwrap();
+        std::os::unix::fs::symlink(target.join("lock"), linked.join("lock")).unwrap();
+        let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
+        for bad in ["00000000000000a1", "00000000000000a3", "00000000000000a4"] {
+            assert!(!ids.iter().any(|i| i == bad), "{bad} listed: {ids:?}");
+        }
+        // The one real directory of ours (0700, our lock) is.
+        assert!(ids.iter().any(|i| i == "00000000000000a2"), "{ids:?}");
+        if nix::unistd::geteuid().is_root() {
+            let theirs = plant("00000000000000a5");
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
+            assert!(!ids.iter().any(|i| i == "00000000000000a5"), "{ids:?}");
+        }
         std::env::remove_var("FORK_RUN_ROOT");
     }
 }

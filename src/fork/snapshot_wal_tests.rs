@@ -468,8 +468,8 @@ fn the_replayed_copy_is_named_by_its_own_bytes_at_every_page_size_bound() {
         for round in 0..20 {
             parent
                 .execute(
-                    "UPDATE t SET b = randomblob(700) WHERE k BETWEEN ?1 AND ?1 + 2",
-                    [round * 150 + 1],
+                    "UPDATE t SET b = randomblob(701 + ?2) WHERE k BETWEEN ?1 AND ?1 + 2",
+                    [round * 150 + 1, round],
                 )
                 .unwrap();
         }

@@ -35,7 +35,9 @@ pub const MAX_DELIVER: i64 = 4;
 /// Room for the NATS headers on top of a message's payload.
 const HEADER_ROOM: usize = 4 << 10;
 /// How many times a stream is looked up (and created when missing) before its
-/// creation's refusal is final; with [`backoff`] between them, about 11 s in all.
+/// creation's refusal is final; with [`backoff`] between them, about 11 s of waiting in
+/// all (plus each request's own time-out when the server does not answer); an interrupt
+/// (SIGINT, SIGTERM) ends it at once.
 const STREAM_ATTEMPTS: usize = 8;
 /// Largest backoff between connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -243,7 +245,14 @@ impl Bus {
         loop {
             match self.js.get_or_create_stream(config.clone()).await {
                 Ok(s) => return Ok(s),
-                Err(e) if attempt < STREAM_ATTEMPTS && transient(&e) => {
+                Err(e)
+                    if attempt < STREAM_ATTEMPTS
+                        && transient(&e)
+                        && !crate::sandbox::signals::interrupted() =>
+                {
+                    if attempt == 1 {
+                        tracing::warn!("creating the stream {name}: {e}; asking again");
+                    }
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
                 }

@@ -105,7 +105,11 @@ impl Sandbox {
         if own_uid() {
             // The init runs as an unprivileged uid and must reach its mount points beneath
             // the run root: every directory above them has to be searchable by others.
-            let base = crate::rundir::sandbox_base_dir();
+            let base = if spec.layers.get(Layer::Disk) == Requirement::Required {
+                crate::rundir::sandbox_base_dir()
+            } else {
+                crate::rundir::base_dir()
+            };
             let mut dir = Some(base.as_path());
             while let Some(d) = dir {
                 use std::os::unix::fs::PermissionsExt;
@@ -121,7 +125,10 @@ impl Sandbox {
                 dir = d.parent();
             }
         }
-        let rundir = RunDir::create(run_id)?;
+        // The fast run root only when the sandbox's data will be on its capped disk (with
+        // the disk off, the workspace is the run directory's own `disk/`).
+        let capped = spec.layers.get(Layer::Disk) == Requirement::Required;
+        let rundir = RunDir::create(run_id, capped)?;
         let cgroup = cgroup.go(&rundir.path);
         trace::mark("sandbox: run dir created");
         let mut sb = Sandbox {
