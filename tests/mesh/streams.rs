@@ -61,3 +61,50 @@ fn a_foreign_stream_on_the_proposals_subjects_is_named_with_its_fix() {
         assert!(js.get_stream("FORK_PROPOSALS").await.is_err());
     });
 }
+
+/// A refusal that goes away is asked again and then succeeds: while another stream holds
+/// the subjects, a node and a proposer started together keep asking; once it is removed
+/// (a second later, as a stream made in a race is found on the next look), both make or
+/// find fork's streams and the proposal is approved.
+#[test]
+fn a_refusal_that_goes_away_is_asked_again_and_the_proposal_goes_through() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-refusal-goes");
+    let nats = Nats::start(&dir.0);
+    let blocker = async_nats::jetstream::stream::Config {
+        name: "IN_THE_WAY".into(),
+        subjects: vec!["fork.v1.>".into()],
+        ..Default::default()
+    };
+    runtime().block_on(async {
+        let c = async_nats::connect(nats.url()).await.unwrap();
+        async_nats::jetstream::new(c)
+            .create_stream(blocker)
+            .await
+            .unwrap();
+    });
+    let mut node = Node::new(&dir.0, "node");
+    node.start(&nats.url());
+    let key = node.key.clone();
+    let child = propose_in_background(
+        &node,
+        &nats.url(),
+        "swap-compressor",
+        &[key.as_str()],
+        &dir.0.join("out"),
+        &["--min-nodes", "1", "--timeout", "60s"],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    runtime().block_on(async {
+        let c = async_nats::connect(nats.url()).await.unwrap();
+        async_nats::jetstream::new(c)
+            .delete_stream("IN_THE_WAY")
+            .await
+            .unwrap();
+    });
+    let p = wait_proposed(child, Duration::from_secs(90));
+    assert_eq!(p.code, 0, "{}", p.ctx());
+    assert_eq!(p.consensus()["approvals"], 1, "{}", p.ctx());
+    assert!(p.stderr.contains("asking again"), "{}", p.stderr);
+    assert!(node.alive(), "{}", node.logs());
+}

@@ -64,6 +64,17 @@ fn default_roots_cmd(tmpdir: &Path) -> Command {
     c
 }
 
+/// `fork gc --json` with the default run roots: its report (exit 0 asserted).
+fn gc(tmpdir: &Path) -> serde_json::Value {
+    let out = default_roots_cmd(tmpdir)
+        .args(["gc", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("gc --json: {e}: {stderr}"))
+}
+
 /// The run directories in `dir` whose `meta.json` names `supervisor` (none when that
 /// supervisor has written none yet).
 fn runs_of(dir: &Path, supervisor: u32) -> Vec<PathBuf> {
@@ -146,6 +157,30 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
         "the disk is mounted in the run directory"
     );
 
+    // A stale directory of the same name in the other run root (the temp dir) does not
+    // make the live run dead: gc reclaims neither it nor the live run's cgroups.
+    let twin = tmpdir.join(format!("fork-{id}"));
+    std::fs::create_dir(&twin).unwrap();
+    std::fs::write(twin.join("lock"), b"").unwrap();
+    let cgroups = cgroup_dirs(&id);
+    assert!(!cgroups.is_empty(), "the live run has cgroups");
+    let rep = gc(&tmpdir);
+    assert!(
+        !rep["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == id.as_str()),
+        "gc took a live run's id for dead: {rep}"
+    );
+    assert_eq!(cgroup_dirs(&id), cgroups, "{rep}");
+    assert!(
+        !processes_starting(&needle).is_empty(),
+        "the live run was killed"
+    );
+    assert!(dir.exists() && twin.exists());
+    std::fs::remove_dir_all(&twin).unwrap();
+
     sup.kill().unwrap(); // SIGKILL: no cleanup code runs.
     sup.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -157,17 +192,7 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(dir.exists(), "a killed supervisor leaves its run directory");
-    let out = default_roots_cmd(&tmpdir)
-        .args(["gc", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rep = gc(&tmpdir);
     assert!(
         rep["runs"]
             .as_array()
