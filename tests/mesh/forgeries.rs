@@ -1,0 +1,299 @@
+//! A dishonest trusted node (a test-side publisher that signs APPROVE without evaluating)
+//! is outvoted by honest NEEDS_REVISION votes; an untrusted key, a duplicated message, a
+//! path-escaping bundle and replayed verdicts are refused.
+
+use super::*;
+
+/// The proposals' plan (the one task they name), each task with its hash, as `fork
+/// evaluate` computes them.
+fn demo_plan() -> Vec<(String, String)> {
+    let m = fork::manifest::load(&demo()).unwrap();
+    m.plan(&[MESH_TASK.to_string()])
+        .unwrap()
+        .into_iter()
+        .map(|(name, spec)| {
+            let doc = serde_json::to_vec(&(&name.to_string(), spec)).unwrap();
+            (name.to_string(), fork::verdict::sha256_digest(&doc))
+        })
+        .collect()
+}
+
+/// The hash of the proposals' plan, as `fork evaluate` computes it.
+fn task_hash() -> String {
+    let plan = demo_plan();
+    fork::verdict::plan::plan_hash(plan.iter().map(|(n, h)| (n.as_str(), h.as_str())))
+}
+
+/// A verdict bundle signed by `node_key` (through a fresh ephemeral key), claiming APPROVE
+/// for `p`, without any evaluation: what a dishonest node would publish.
+fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
+    use fork::verdict::*;
+    let v = Verdict {
+        header: Header::new(),
+        verdict: VerdictKind::Approve,
+        confidence: 0.99,
+        patch_hash: p.patch_hash.clone(),
+        task_hash: task_hash(),
+        state_hash: sha256_digest(b"made up state"),
+        source_hash: sha256_digest(b"made up source"),
+        patched_tree_hash: None,
+        evaluation_summary: "Test suite passed (29/29).".into(),
+        caveats: vec![],
+        tests: TestCounts {
+            passed: 29,
+            ..Default::default()
+        },
+        metrics: vec![],
+        budget: BudgetReport::default(),
+        isolation: serde_json::json!({}),
+        artifacts: vec![],
+        successor_key: String::new(),
+        run_id: fork::rundir::new_run_id(),
+        task: plan::plan_name(demo_plan().iter().map(|(n, _)| n.as_str())),
+        patch_gate: None,
+        proposal_id: Some(p.proposal_id.clone()),
+        provenance: None,
+        plan: demo_plan()
+            .into_iter()
+            .map(|(task, task_hash)| plan::TaskVerdict {
+                task,
+                task_hash,
+                verdict: Some(VerdictKind::Approve),
+                confidence: Some(0.99),
+                summary: "Test suite passed (29/29).".into(),
+                provenance: None,
+                tests: TestCounts::default(),
+                metrics: vec![],
+                budget: None,
+            })
+            .collect(),
+    };
+    let node = fork::identity::load_node_key(node_key).unwrap();
+    let eph = fork::identity::EphemeralKey::generate();
+    write_bundle(dir, &v, &[], &eph, &node).unwrap();
+    eph.destroy();
+}
+
+fn message_for(proposal_id: &str, node_key: &Path, bundle: &Path) -> Vec<u8> {
+    let public = fork::identity::load_node_key(node_key).unwrap().public();
+    VerdictMessage::from_bundle(proposal_id, &public, bundle, fork::policy::Publish::Bundle)
+        .unwrap()
+        .to_json()
+        .unwrap()
+}
+
+/// A test-side publisher listening to proposals: for each one, `answer` returns the
+/// messages to publish on its verdict subject; each answered proposal is reported on the
+/// returned channel (after its messages are flushed).
+struct FakeNode {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    answered: mpsc::Receiver<String>,
+}
+
+impl FakeNode {
+    fn start(
+        url: &str,
+        mut answer: impl FnMut(&Proposal) -> Vec<Vec<u8>> + Send + 'static,
+    ) -> FakeNode {
+        use futures_util::StreamExt;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (tx, answered) = mpsc::channel();
+        let (s, url) = (stop.clone(), url.to_string());
+        let thread = std::thread::spawn(move || {
+            runtime().block_on(async move {
+                let subjects = Subjects::new(false);
+                let c = async_nats::connect(url).await.unwrap();
+                let mut sub = c.subscribe(subjects.proposals(DEMO_RUNTIME)).await.unwrap();
+                c.flush().await.unwrap();
+                ready_tx.send(()).unwrap();
+                while !s.load(Ordering::SeqCst) {
+                    let Ok(Some(m)) =
+                        tokio::time::timeout(Duration::from_millis(200), sub.next()).await
+                    else {
+                        continue;
+                    };
+                    let p = decode_proposal(&m.payload).unwrap();
+                    for payload in answer(&p) {
+                        let h = headers_of(&payload);
+                        c.publish_with_headers(
+                            subjects.verdicts(&p.proposal_id),
+                            h,
+                            payload.into(),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                    c.flush().await.unwrap();
+                    let _ = tx.send(p.proposal_id.clone());
+                }
+            })
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the fake node subscribed");
+        FakeNode {
+            stop,
+            thread: Some(thread),
+            answered,
+        }
+    }
+
+    fn wait_answered(&self) -> String {
+        self.answered
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the fake node answered a proposal")
+    }
+}
+
+impl Drop for FakeNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-dishonest");
+    let nats = Nats::start(&dir.0);
+    let mut h1 = Node::new(&dir.0, "honest1");
+    let mut h2 = Node::new(&dir.0, "honest2");
+    let liar = Node::new(&dir.0, "liar");
+    let stranger = Node::new(&dir.0, "stranger");
+    let out = dir.0.join("out");
+    let forged = dir.0.join("forged");
+    std::fs::create_dir_all(&forged).unwrap();
+
+    // What the fake publisher does, per proposal: the first gets a forged APPROVE from the
+    // trusted liar (twice: a duplicate), one from an untrusted key, and a bundle with a
+    // path-escaping file name; the second gets replays of the first's verdicts.
+    let first: Arc<Mutex<Option<(String, PathBuf)>>> = Arc::new(Mutex::new(None));
+    let honest1_bundle: Arc<Mutex<Option<PathBuf>>> = Arc::new(Mutex::new(None));
+    let (liar_key, stranger_key) = (liar.key_file(), stranger.key_file());
+    let (f, hb, fdir) = (first.clone(), honest1_bundle.clone(), forged.clone());
+    let fake = FakeNode::start(&nats.url(), move |p| {
+        let mut first = f.lock().unwrap();
+        match first.as_ref() {
+            None => {
+                let lie = fdir.join("liar");
+                forge_bundle(&lie, &liar_key, p);
+                let strange = fdir.join("stranger");
+                forge_bundle(&strange, &stranger_key, p);
+                *first = Some((p.proposal_id.clone(), lie.clone()));
+                let lie_msg = message_for(&p.proposal_id, &liar_key, &lie);
+                let mut escaping: Value = serde_json::from_slice(&lie_msg).unwrap();
+                escaping["header"]["message_id"] = uuid::Uuid::new_v4().to_string().into();
+                escaping["files"]["../../escaped.txt"] = "eA==".into();
+                vec![
+                    lie_msg.clone(),
+                    lie_msg,
+                    message_for(&p.proposal_id, &stranger_key, &strange),
+                    serde_json::to_vec(&escaping).unwrap(),
+                ]
+            }
+            Some((first_id, lie)) => {
+                let h1_old = hb.lock().unwrap().clone().expect("honest bundle known");
+                vec![
+                    // The liar's old bundle, re-sent as an answer to this proposal.
+                    message_for(&p.proposal_id, &liar_key, lie),
+                    // An honest node's old bundle, re-sent likewise.
+                    message_for(&p.proposal_id, &liar_key, &h1_old),
+                    // The old message as it was, on this proposal's subject.
+                    message_for(first_id, &liar_key, &h1_old),
+                ]
+            }
+        }
+    });
+
+    let keys = [h1.key.clone(), h2.key.clone(), liar.key.clone()];
+    let trust = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+    // The honest nodes start after the forgeries are on the bus (they still get the
+    // proposal: it waits in their durable consumers), so every message is counted.
+    let child = propose_in_background(
+        &h1,
+        &nats.url(),
+        "breaks-test",
+        &trust,
+        &out,
+        &["--timeout", "60s"],
+    );
+    let id1 = fake.wait_answered();
+    h1.start(&nats.url());
+    h2.start(&nats.url());
+    let p = wait_proposed(child, Duration::from_secs(70));
+    assert_eq!(p.id(), id1);
+    assert_eq!(p.code, 1, "{}", p.ctx());
+    let c = p.consensus();
+    assert_eq!(c["approved"], false, "{}", p.ctx());
+    assert_eq!(c["responders"], 3, "{}", p.ctx());
+    assert_eq!(
+        c["approvals"],
+        1,
+        "the liar's vote counts, once: {}",
+        p.ctx()
+    );
+    let votes = p.votes();
+    assert!(
+        votes.contains(&(liar.key.clone(), "APPROVE".into())),
+        "{}",
+        p.ctx()
+    );
+    for h in [&h1, &h2] {
+        assert!(
+            votes.contains(&(h.key.clone(), "NEEDS_REVISION".into())),
+            "{}",
+            p.ctx()
+        );
+    }
+    assert_eq!(p.refused_reasons(), vec!["untrusted"], "{}", p.ctx());
+    let refused = p.refused_messages();
+    assert_eq!(refused.len(), 2, "{}", p.ctx());
+    assert!(
+        refused.iter().any(|r| r.contains("duplicate")),
+        "{}",
+        p.ctx()
+    );
+    assert!(
+        refused.iter().any(|r| r.contains("escaped.txt")),
+        "{}",
+        p.ctx()
+    );
+    assert!(!out.join("escaped.txt").exists() && !dir.0.join("escaped.txt").exists());
+
+    // Replays: the second proposal's only answers from the liar are its old bundle and an
+    // honest node's old bundle; neither counts.
+    *honest1_bundle.lock().unwrap() = Some(out.join(&id1).join(format!("{}-1", h1.key_id())));
+    h1.stop();
+    h2.stop();
+    let child = propose_in_background(
+        &h1,
+        &nats.url(),
+        "breaks-test",
+        &trust,
+        &out,
+        &["--timeout", "60s"],
+    );
+    let id2 = fake.wait_answered();
+    assert_ne!(id1, id2);
+    h1.start(&nats.url());
+    h2.start(&nats.url());
+    let p = wait_proposed(child, Duration::from_secs(70));
+    assert_eq!(p.code, 1, "{}", p.ctx());
+    let c = p.consensus();
+    assert_eq!(c["approvals"], 0, "{}", p.ctx());
+    assert_eq!(c["responders"], 2, "{}", p.ctx());
+    assert_eq!(
+        p.refused_reasons(),
+        vec!["replayed", "replayed"],
+        "{}",
+        p.ctx()
+    );
+    let refused = p.refused_messages();
+    assert_eq!(refused.len(), 1, "{}", p.ctx());
+    assert!(refused[0].contains(&id1), "{}", p.ctx());
+}
