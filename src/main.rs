@@ -24,6 +24,7 @@ fn main() {
             std::process::exit(code);
         }
     };
+    fork::trace::mark("cli: parsed");
     let code = fork::cli::dispatch(cli);
     fork::cli::print_trace();
     std::process::exit(code);

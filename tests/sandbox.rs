@@ -1197,5 +1197,7 @@ fn a_broken_seccomp_profile_is_exit_65_naming_it_and_leaves_nothing() {
 }
 
 // Declared after the helpers and their macros, which a module sees only above it.
+#[path = "sandbox/cgroup_join.rs"]
+mod cgroup_join;
 #[path = "sandbox/run_root.rs"]
 mod run_root;

@@ -6,9 +6,11 @@ use crate::policy::Policy;
 use clap::Args;
 use std::path::{Path, PathBuf};
 
-/// Budget overrides shared by `run` and `evaluate`. Every value is taken as text (a
-/// negative-looking one too: `--wall -5` is a value, not a flag) and checked by fork's one
-/// budget pipeline, so a bad value gets fork's own error naming the field.
+// Budget overrides shared by `run` and `evaluate`. Every value is taken as text (a
+// negative-looking one too: `--wall -5` is a value, not a flag) and checked by fork's one
+// budget pipeline, so a bad value gets fork's own error naming the field. (A plain comment:
+// the subcommands' arguments are built late (`defer`), and a doc comment here would become
+// the about text of `fork run --help` and `fork evaluate --help`.)
 #[derive(Debug, Clone, Default, Args)]
 pub struct BudgetArgs {
     /// Wall-clock budget, e.g. 30s, 10m, 1h.

@@ -12,8 +12,12 @@ pub(super) enum CgroupSlot {
     /// None: not wanted, not made yet at a later run, or an optional layer that could not
     /// be made.
     None,
-    /// Being made on a thread of their own.
-    Making(std::thread::JoinHandle<Made>),
+    /// Being made on a thread of their own, which tells their version as soon as it has
+    /// read the hierarchies' layout.
+    Making {
+        thread: std::thread::JoinHandle<Made>,
+        version: Receiver<cgroup::CgroupVersion>,
+    },
     /// Made (or refused) without a thread, not yet taken.
     Made(Made),
     /// Taken by a run: what the runs use.
@@ -57,18 +61,21 @@ impl CgroupAhead {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let (layers, limits, id) = (spec.layers.clone(), spec.limits.clone(), run_id.to_string());
+        let (told, version) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("fork-cgroup".into())
             .spawn(move || {
                 trace::mark("cgroup thread: started");
-                let made = make_cgroup(&layers, &limits, &id, RecordIn::Later(rx));
+                let made = make_cgroup(&layers, &limits, &id, RecordIn::Later(rx), Some(told));
                 if matches!(made, Ok(Some(_))) {
                     trace::mark("cgroup thread: made");
                 }
                 made
             });
         CgroupAhead {
-            started: spawned.ok().map(|h| (tx, CgroupSlot::Making(h))),
+            started: spawned
+                .ok()
+                .map(|thread| (tx, CgroupSlot::Making { thread, version })),
         }
     }
 
@@ -89,8 +96,8 @@ impl Drop for CgroupAhead {
         if let Some((tx, slot)) = self.started.take() {
             // The thread, told so (its receiver fails), makes nothing.
             drop(tx);
-            if let CgroupSlot::Making(h) = slot {
-                let _ = h.join();
+            if let CgroupSlot::Making { thread, .. } = slot {
+                let _ = thread.join();
             }
         }
     }
@@ -106,7 +113,7 @@ impl Sandbox {
         }
         let rd = self.rundir();
         let dir = RecordIn::Dir(rd.path.clone());
-        let made = make_cgroup(&self.spec.layers, &self.spec.limits, &rd.id, dir);
+        let made = make_cgroup(&self.spec.layers, &self.spec.limits, &rd.id, dir, None);
         self.cgroup = CgroupSlot::Made(made);
     }
 
@@ -115,7 +122,7 @@ impl Sandbox {
     /// required layer's error otherwise.
     pub(super) fn take_cgroup(&mut self) -> Result<(), SandboxError> {
         let made = match std::mem::replace(&mut self.cgroup, CgroupSlot::None) {
-            CgroupSlot::Making(h) => h.join().unwrap_or_else(|_| {
+            CgroupSlot::Making { thread, .. } => thread.join().unwrap_or_else(|_| {
                 Err(SandboxError::Setup {
                     stage: "cgroup".into(),
                     message: "the thread making the cgroup panicked".into(),
@@ -131,6 +138,16 @@ impl Sandbox {
             self.cgroup = CgroupSlot::Ready(cg);
         }
         Ok(())
+    }
+
+    /// Whether this run's cgroups are being made on their thread and are v1 ones (told by
+    /// the thread as soon as it has read the layout, waited for until then): the clone
+    /// need not wait for them to be made (the init joins v1 cgroups itself at its
+    /// release, see `supervisor::PendingInit::release`). A thread that ends without
+    /// telling (a layout it could not read) says no.
+    pub(super) fn cgroup_v1_in_the_making(&self) -> bool {
+        matches!(&self.cgroup, CgroupSlot::Making { version, .. }
+            if version.recv().ok() == Some(cgroup::CgroupVersion::V1))
     }
 
     /// The cgroup budgets for a run: at the first, those `prepare` started; at a later one
@@ -152,7 +169,13 @@ impl Sandbox {
 /// process's list of live runs, which the interrupt watcher holds from its teardown to the
 /// process's end: a run it tears down was either recorded and made before (and is
 /// removed) or is never made.
-fn make_cgroup(layers: &Layers, limits: &spec::Limits, id: &str, dir: RecordIn) -> Made {
+fn make_cgroup(
+    layers: &Layers,
+    limits: &spec::Limits,
+    id: &str,
+    dir: RecordIn,
+    version: Option<Sender<cgroup::CgroupVersion>>,
+) -> Made {
     let limits = cgroup::CgroupLimits {
         memory_bytes: Some(limits.memory_bytes),
         cpu_percent: Some(limits.cpu_percent),
@@ -162,9 +185,12 @@ fn make_cgroup(layers: &Layers, limits: &spec::Limits, id: &str, dir: RecordIn) 
     let mut gave_up = false;
     let mut recorded = false;
     let mut held = None;
-    let created = cgroup::SandboxCgroup::create_recorded(id, &limits, &mut |paths| {
+    let created = cgroup::SandboxCgroup::create_recorded(id, &limits, &mut |v, paths| {
         if ahead {
             trace::mark("cgroup thread: layout found");
+        }
+        if let Some(tx) = &version {
+            let _ = tx.send(v);
         }
         let dir = match &dir {
             RecordIn::Dir(d) => d.clone(),
@@ -250,7 +276,7 @@ mod tests {
         let ahead = CgroupAhead::start(&spec, &id);
         assert!(matches!(
             ahead.started.as_ref().map(|(_, s)| s),
-            Some(CgroupSlot::Making(_))
+            Some(CgroupSlot::Making { .. })
         ));
         // Time for the thread to read the layout: it waits for the run directory.
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -260,10 +286,17 @@ mod tests {
 
         let dir = tempfile::tempdir_in(crate::rundir::base_dir()).unwrap();
         let id = crate::rundir::new_run_id();
-        let CgroupSlot::Making(h) = CgroupAhead::start(&spec, &id).go(dir.path()) else {
+        let CgroupSlot::Making { thread, version } = CgroupAhead::start(&spec, &id).go(dir.path())
+        else {
             panic!("not made ahead");
         };
-        let cg = h.join().unwrap().unwrap().expect("the cgroups are made");
+        let cg = thread
+            .join()
+            .unwrap()
+            .unwrap()
+            .expect("the cgroups are made");
+        // The thread told the version it found before making them.
+        assert_eq!(version.recv().ok(), Some(cg.version()));
         let recorded: std::collections::BTreeSet<PathBuf> =
             crate::rundir::recorded_cgroups(dir.path())
                 .into_iter()

@@ -457,9 +457,17 @@ impl Sandbox {
         });
         // cgroup budgets, beneath our own cgroup (started by `prepare`, made meanwhile on a
         // thread of their own; again after a failure of an optional layer at an earlier
-        // run).
-        self.ensure_cgroup()?;
-        if self.cgroup.ready().is_none() && cgroupns {
+        // run). As root, required v1 ones still being made are waited for after the clone,
+        // before the init's release (it joins them itself then); any others before it (on
+        // v2 the clone places the init in them; an optional layer the host refuses turns
+        // the cgroup namespace off before the init is made).
+        let join_later = is_root()
+            && layers.get(Layer::Cgroup) == Requirement::Required
+            && self.cgroup_v1_in_the_making();
+        if !join_later {
+            self.ensure_cgroup()?;
+        }
+        if !join_later && self.cgroup.ready().is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
             require_missing(
                 layers,
@@ -497,16 +505,15 @@ impl Sandbox {
 
         trace::mark("sandbox: mounts planned");
         let start = Instant::now();
-        let mut child = match spawn_init(
+        let pending = match spawn_init(
             &cfg,
             ns_flags as u64,
             self.host_uid,
             self.host_gid,
             self.cgroup.ready(),
             &io,
-            &door_addrs,
         ) {
-            Ok(c) => c,
+            Ok(p) => p,
             Err(e) => {
                 // Which namespace is missing? Name it (exit 69) rather than a bare errno.
                 let probes = probe::probe_namespaces();
@@ -523,6 +530,18 @@ impl Sandbox {
                 return Err(e);
             }
         };
+        if join_later {
+            // Required: made, or the layer's error (exit 69); either way before the init is
+            // let go (an error drops the pending init, which kills it).
+            self.ensure_cgroup()?;
+            if self.cgroup.ready().is_none() {
+                return Err(SandboxError::Setup {
+                    stage: "cgroup".into(),
+                    message: "the required cgroup layer was not made".into(),
+                });
+            }
+        }
+        let mut child = pending.release(self.cgroup.ready(), &door_addrs)?;
         // The init holds its copies now: ours go, so the far ends see EOF when it ends.
         drop(io);
         drop((stdin, stdout, pass_fds, mount_fds));

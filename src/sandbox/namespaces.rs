@@ -80,50 +80,15 @@ static TEMPLATE: std::sync::Mutex<Option<Template>> = std::sync::Mutex::new(None
 /// detach, like dropping the copy, waits for an RCU grace period of the kernel (which
 /// under load costs milliseconds each).
 pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Result<R, String> {
-    let own = std::fs::File::open("/proc/thread-self/ns/mnt")
-        .map_err(|e| format!("open this thread's mount namespace: {e}"))?;
+    let own = own_mount_ns()?;
     let cwd = nix::fcntl::open(
         ".",
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| format!("open the working directory: {e}"))?;
-    let template = {
-        let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh = slot
-            .as_ref()
-            .is_some_and(|t| t.detach == detach && t.built.elapsed() < TEMPLATE_TTL);
-        if !fresh {
-            // The old copy (if any) goes when the last clone made from it has let it go.
-            *slot = None;
-            let ns = build_template(detach);
-            // Back in our own namespace whatever happened.
-            nix::sched::setns(&own, CloneFlags::CLONE_NEWNS)
-                .map_err(|e| format!("return to the supervisor's mount namespace: {e}"))?;
-            let built = std::time::Instant::now();
-            *slot = Some(Template {
-                ns: ns?,
-                detach: detach.to_vec(),
-                built,
-            });
-            // Let go of it once it is stale, even if no clone comes to replace it (then
-            // dropping it, and its grace period, happens on that thread, not on a launch).
-            let _ = std::thread::Builder::new()
-                .name("fork-mounts-expiry".into())
-                .spawn(move || {
-                    std::thread::sleep(TEMPLATE_TTL);
-                    let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
-                    if slot.as_ref().is_some_and(|t| t.built == built) {
-                        *slot = None;
-                    }
-                });
-        }
-        slot.as_ref()
-            .map(|t| t.ns.try_clone())
-            .transpose()
-            .map_err(|e| format!("hold the private mount namespace: {e}"))?
-            .ok_or_else(|| "no private mount namespace".to_string())?
-    };
+    let template = template(detach, &own)?;
+    crate::trace::mark("sandbox: mount template ready");
     // A thread sharing its root and working directory with others (any thread it has
     // started, the expiry thread above included) may not change its mount namespace.
     nix::sched::unshare(CloneFlags::CLONE_FS)
@@ -137,6 +102,75 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
         .map_err(|e| format!("return to the supervisor's mount namespace: {e}"))?;
     nix::unistd::fchdir(&cwd).map_err(|e| format!("return to the working directory: {e}"))?;
     Ok(r)
+}
+
+/// As root, when no fresh private mount namespace is at hand: builds it on a thread of its
+/// own, beside the rest of `prepare` (building it is a launch's longest step before the
+/// clone: a copy of the whole mount table, and detaches that wait for the kernel). The
+/// clone's [`with_private_mounts`] waits for it; if the thread cannot be had or fails,
+/// the clone builds it itself (and reports what failed).
+pub fn build_template_ahead(detach: Vec<PathBuf>) {
+    {
+        let slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|t| t.is_fresh_for(&detach)) {
+            return;
+        }
+    }
+    let _ = std::thread::Builder::new()
+        .name("fork-mounts".into())
+        .spawn(move || {
+            if let Ok(own) = own_mount_ns() {
+                let _ = template(&detach, &own);
+            }
+        });
+}
+
+impl Template {
+    fn is_fresh_for(&self, detach: &[PathBuf]) -> bool {
+        self.detach == detach && self.built.elapsed() < TEMPLATE_TTL
+    }
+}
+
+fn own_mount_ns() -> Result<std::fs::File, String> {
+    std::fs::File::open("/proc/thread-self/ns/mnt")
+        .map_err(|e| format!("open this thread's mount namespace: {e}"))
+}
+
+/// A handle on the private mount namespace (see [`with_private_mounts`]): the fresh one
+/// at hand, or one built now (the calling thread back in `own` afterwards). The slot's
+/// lock is held while building: a clone waits for a build under way on another thread.
+fn template(detach: &[PathBuf], own: &std::fs::File) -> Result<std::fs::File, String> {
+    let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+    if !slot.as_ref().is_some_and(|t| t.is_fresh_for(detach)) {
+        // The old copy (if any) goes when the last clone made from it has let it go.
+        *slot = None;
+        let ns = build_template(detach);
+        // Back in our own namespace whatever happened.
+        nix::sched::setns(own, CloneFlags::CLONE_NEWNS)
+            .map_err(|e| format!("return to the supervisor's mount namespace: {e}"))?;
+        let built = std::time::Instant::now();
+        *slot = Some(Template {
+            ns: ns?,
+            detach: detach.to_vec(),
+            built,
+        });
+        // Let go of it once it is stale, even if no clone comes to replace it (then
+        // dropping it, and its grace period, happens on that thread, not on a launch).
+        let _ = std::thread::Builder::new()
+            .name("fork-mounts-expiry".into())
+            .spawn(move || {
+                std::thread::sleep(TEMPLATE_TTL);
+                let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.as_ref().is_some_and(|t| t.built == built) {
+                    *slot = None;
+                }
+            });
+    }
+    slot.as_ref()
+        .map(|t| t.ns.try_clone())
+        .transpose()
+        .map_err(|e| format!("hold the private mount namespace: {e}"))?
+        .ok_or_else(|| "no private mount namespace".to_string())
 }
 
 /// What the private mount namespace the init is copied from leaves out: every run root

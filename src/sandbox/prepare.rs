@@ -18,6 +18,11 @@ impl Sandbox {
         // the first run waits for them, right before the clone.
         let run_id = crate::rundir::new_run_id();
         let cgroup = CgroupAhead::start(spec, &run_id);
+        // As root, the private mount namespace the init is cloned from, likewise.
+        if is_root() {
+            namespaces::build_template_ahead(namespaces::detached_in_private_mounts());
+        }
+        trace::mark("sandbox: cgroup and mount threads spawned");
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
         trace::mark("sandbox: init checked");

@@ -30,6 +30,17 @@ pub(super) fn cstr(s: &str) -> Result<CString, SandboxError> {
     })
 }
 
+/// A cloned init waiting for its go ([`PendingInit::release`]); dropped without it, the
+/// init is killed and reaped.
+pub(super) struct PendingInit {
+    child: Option<InitChild>,
+    uid: u32,
+    gid: u32,
+    become_root: bool,
+}
+
+/// Clones the init into its namespaces (on cgroup v2, with `cg` given, straight into its
+/// cgroup); it waits for [`PendingInit::release`] before anything else.
 pub(super) fn spawn_init(
     cfg: &InitConfig,
     ns_flags: u64,
@@ -37,8 +48,7 @@ pub(super) fn spawn_init(
     gid: u32,
     cg: Option<&cgroup::SandboxCgroup>,
     io: &Stdio<'_>,
-    door_addrs: &[std::net::SocketAddr],
-) -> Result<InitChild, SandboxError> {
+) -> Result<PendingInit, SandboxError> {
     use nix::fcntl::OFlag;
     // Redirected (any of the three given): what is not given is /dev/null. Otherwise the
     // init and the command share the supervisor's stdio.
@@ -77,7 +87,13 @@ pub(super) fn spawn_init(
         .ctx("write config", Path::new("memfd"))?;
     f.rewind().ctx("rewind config", Path::new("memfd"))?;
     let cfg_fd: OwnedFd = f.into();
-    let (sync_rd, sync_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    let (sync_rd, sync_wr) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Stream,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(sys_err("socketpair"))?;
     let (status_rd, status_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
     // The small init binary of this build (checked once per process), not this binary.
     let exe = init_exe::open()?;
@@ -88,38 +104,23 @@ pub(super) fn spawn_init(
         cstr(&status_wr.as_raw_fd().to_string())?,
     ];
     // Joining the cgroup: on v2 the kernel places the child at clone (CLONE_INTO_CGROUP); on
-    // v1 the child moves itself by writing "0" to each hierarchy's `tasks` (opened here, by
-    // us). Both avoid the RCU grace period a supervisor-side write to cgroup.procs waits for.
-    let mut cg_dir: Option<OwnedFd> = None;
-    let mut cg_tasks: Vec<OwnedFd> = Vec::new();
-    if let Some(cg) = cg {
-        match cg.version() {
-            cgroup::CgroupVersion::V2 => {
-                if let Some(dir) = cg.paths().first() {
-                    cg_dir = Some(
-                        nix::fcntl::open(
-                            dir,
-                            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                            nix::sys::stat::Mode::empty(),
-                        )
-                        .map_err(sys_err("open the sandbox cgroup"))?,
-                    );
-                }
-            }
-            cgroup::CgroupVersion::V1 => {
-                for dir in cg.paths() {
-                    cg_tasks.push(
-                        nix::fcntl::open(
-                            &dir.join("tasks"),
-                            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-                            nix::sys::stat::Mode::empty(),
-                        )
-                        .map_err(sys_err("open the sandbox cgroup's tasks file"))?,
-                    );
-                }
-            }
-        }
-    }
+    // v1 the child moves itself by writing "0" to each hierarchy's `tasks`, which the go
+    // message brings it (see `release`). Both avoid the RCU grace period a supervisor-side
+    // write to cgroup.procs waits for.
+    let cg_dir = match cg {
+        Some(cg) if cg.version() == cgroup::CgroupVersion::V2 => match cg.paths().first() {
+            Some(dir) => Some(
+                nix::fcntl::open(
+                    dir,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(sys_err("open the sandbox cgroup"))?,
+            ),
+            None => None,
+        },
+        _ => None,
+    };
     // The init becomes uid 0 of its namespace, mapped to the run's own uid (as root, or a
     // user with subordinate ids); else it keeps the user's uid, mapped to 0.
     let become_root = is_root() || super::rootless::distinct_uids();
@@ -130,7 +131,6 @@ pub(super) fn spawn_init(
         sys::clone_init(&sys::InitClone {
             ns_flags,
             cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
-            cgroup_tasks: &cg_tasks,
             sync_rd: sync_rd.as_fd(),
             sync_wr: sync_wr.as_fd(),
             become_root,
@@ -155,39 +155,71 @@ pub(super) fn spawn_init(
         "clone3 (new user, pid, mount, net, ipc, uts namespaces)",
     ))?;
     trace::mark("sandbox: clone returned");
-    let pid = pid.as_raw();
-    drop(sync_rd);
-    drop(status_wr);
-    drop(cfg_fd);
-    drop(cg_tasks);
-    drop(cg_dir);
-    let mut child = InitChild {
-        pid,
-        pidfd,
-        status: status_rd,
-        _sync: sync_wr,
-        listeners: Vec::new(),
-    };
-    let release = |child: &mut InitChild| -> Result<(), SandboxError> {
+    Ok(PendingInit {
+        child: Some(InitChild {
+            pid: pid.as_raw(),
+            pidfd,
+            status: status_rd,
+            _sync: sync_wr,
+            listeners: Vec::new(),
+        }),
+        uid,
+        gid,
+        become_root,
+    })
+}
+
+impl PendingInit {
+    /// The go: the doors' listeners made in the init's network namespace, its uid/gid maps
+    /// written, and the message that lets it go on, carrying the `tasks` files of `cg`
+    /// when it is a v1 cgroup (a v2 one was given to the clone). On failure the init is
+    /// killed and reaped.
+    pub(super) fn release(
+        mut self,
+        cg: Option<&cgroup::SandboxCgroup>,
+        door_addrs: &[std::net::SocketAddr],
+    ) -> Result<InitChild, SandboxError> {
+        let gone = || SandboxError::Setup {
+            stage: "release init".into(),
+            message: "the init is no longer held".into(),
+        };
+        let child = self.child.as_mut().ok_or_else(gone)?;
+        let pid = child.pid;
         // The doors exist before the command does: it may connect at once.
         child.listeners =
             net::listeners_in_netns(pid, door_addrs).map_err(|e| SandboxError::Setup {
                 stage: "doors".into(),
                 message: e.to_string(),
             })?;
-        namespaces::write_id_maps(pid, uid, gid, !become_root)?;
-        nix::unistd::write(&child._sync, &[1u8]).map_err(sys_err("release init"))?;
-        Ok(())
-    };
-    if let Err(e) = release(&mut child) {
-        let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitid(
-            nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
-            nix::sys::wait::WaitPidFlag::WEXITED,
-        );
-        return Err(e);
+        let mut tasks: Vec<OwnedFd> = Vec::new();
+        if let Some(cg) = cg.filter(|c| c.version() == cgroup::CgroupVersion::V1) {
+            for dir in cg.paths() {
+                tasks.push(
+                    nix::fcntl::open(
+                        &dir.join("tasks"),
+                        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    )
+                    .map_err(sys_err("open the sandbox cgroup's tasks file"))?,
+                );
+            }
+        }
+        namespaces::write_id_maps(pid, self.uid, self.gid, !self.become_root)?;
+        sys::release_init(child._sync.as_fd(), &tasks).map_err(sys_err("release init"))?;
+        self.child.take().ok_or_else(gone)
     }
-    Ok(child)
+}
+
+impl Drop for PendingInit {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = sys::pidfd_send_signal(child.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitid(
+                nix::sys::wait::Id::PIDFd(child.pidfd.as_fd()),
+                nix::sys::wait::WaitPidFlag::WEXITED,
+            );
+        }
+    }
 }
 
 /// Turns the plan's binds of host paths into the disk and the read-only binds into

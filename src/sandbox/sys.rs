@@ -187,11 +187,11 @@ pub(crate) struct InitClone<'a> {
     pub ns_flags: u64,
     /// A cgroup v2 directory the kernel places the child in (CLONE_INTO_CGROUP).
     pub cgroup_dir: Option<BorrowedFd<'a>>,
-    /// cgroup v1 `tasks` files the child writes "0" to, joining each hierarchy.
-    pub cgroup_tasks: &'a [OwnedFd],
-    /// The child blocks on this until the supervisor has mapped its ids (EOF: it died).
+    /// The child's end of the sync socket (a stream socketpair): it blocks on it until
+    /// the supervisor's go, one byte carrying the cgroup v1 `tasks` files the child writes
+    /// "0" to, joining each hierarchy (see [`release_init`]); EOF: the supervisor died.
     pub sync_rd: BorrowedFd<'a>,
-    /// The supervisor's end of the sync pipe, which the child closes.
+    /// The supervisor's end of the sync socket, which the child closes.
     pub sync_wr: BorrowedFd<'a>,
     /// Become uid/gid 0 of the new user namespace and drop supplementary groups.
     pub become_root: bool,
@@ -225,6 +225,20 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     let stdio = c
         .stdio
         .map(|(i, o, e)| (i.as_raw_fd(), o.as_raw_fd(), e.as_raw_fd()));
+    // The go message, received into buffers made here: one byte, and at most
+    // MAX_CGROUP_TASKS descriptors.
+    let mut go = 0u8;
+    let mut iov = libc::iovec {
+        iov_base: &mut go as *mut u8 as *mut libc::c_void,
+        iov_len: 1,
+    };
+    let mut control = vec![0u8; cmsg_space(MAX_CGROUP_TASKS)];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = control.len() as _;
     let mut pidfd: RawFd = -1;
     let args = CloneArgs {
         flags: c.ns_flags
@@ -256,15 +270,29 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
         // the clone (argv_p, envp and `empty` outlive the call; execveat or _exit ends it).
         unsafe {
             libc::close(sync_wr);
-            let mut b = 0u8;
-            // Wait for the supervisor to map ids and place us in the cgroup. EOF means it died.
-            if libc::read(sync_rd, &mut b as *mut u8 as *mut libc::c_void, 1) != 1 {
+            // Wait for the supervisor to map ids and send the cgroups to join. EOF means it
+            // died.
+            if libc::recvmsg(sync_rd, &mut msg, libc::MSG_CMSG_CLOEXEC) != 1 {
                 libc::_exit(125);
             }
-            for fd in c.cgroup_tasks {
-                if libc::write(fd.as_raw_fd(), b"0".as_ptr() as *const libc::c_void, 1) != 1 {
-                    libc::_exit(122);
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                libc::_exit(122);
+            }
+            // Join each v1 hierarchy: "0" to its `tasks` (this thread, no threadgroup lock).
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    let fds = libc::CMSG_DATA(cmsg) as *const libc::c_int;
+                    for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                        let fd = std::ptr::read_unaligned(fds.add(i));
+                        if libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                            libc::_exit(122);
+                        }
+                        libc::close(fd);
+                    }
                 }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
             }
             if c.become_root {
                 // Our host credentials (root) are unmapped in the new namespace: become its
@@ -315,6 +343,32 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     // SAFETY: the kernel stored a fresh pidfd at `pidfd` (CLONE_PIDFD), owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     Ok((Pid::from_raw(ret as i32), pidfd))
+}
+
+/// At most this many cgroup v1 hierarchies are joined (one `tasks` file each).
+pub(crate) const MAX_CGROUP_TASKS: usize = 16;
+
+/// Room for `n` descriptors in a control message.
+fn cmsg_space(n: usize) -> usize {
+    // SAFETY: CMSG_SPACE is arithmetic on its argument.
+    unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<libc::c_int>()) as u32) as usize }
+}
+
+/// The supervisor's go to the child [`clone_init`] made: one byte on the sync socket,
+/// with the cgroup v1 `tasks` files it is to join (at most [`MAX_CGROUP_TASKS`]).
+pub(crate) fn release_init(sync: BorrowedFd<'_>, cgroup_tasks: &[OwnedFd]) -> nix::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    if cgroup_tasks.len() > MAX_CGROUP_TASKS {
+        return Err(Errno::E2BIG);
+    }
+    let fds: Vec<RawFd> = cgroup_tasks.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsgs = [ControlMessage::ScmRights(&fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsgs };
+    let iov = [std::io::IoSlice::new(&[1u8])];
+    match sendmsg::<()>(sync.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)? {
+        1 => Ok(()),
+        _ => Err(Errno::EIO),
+    }
 }
 
 // ---------------------------------------------------------------------------------------

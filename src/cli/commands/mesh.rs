@@ -10,8 +10,12 @@ use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `fork mesh <serve|propose|approve>`.
+// `fork mesh <serve|propose|approve>`. (Plain comments on the argument types: with their
+// arguments built late (`defer`), a doc comment would become their help's about text.)
 #[derive(Debug, Subcommand)]
+// Each subcommand's arguments are built only when it is the one invoked (or its help is
+// asked for): building all of them took about 0.2 ms of every start (FORK_TRACE).
+#[command(defer = true)]
 pub enum MeshCommand {
     /// Be a mesh node: re-verify proposed patches and publish signed verdicts.
     Serve(ServeArgs),
@@ -21,7 +25,7 @@ pub enum MeshCommand {
     Approve(ApproveArgs),
 }
 
-/// `fork mesh approve`.
+// `fork mesh approve`.
 #[derive(Debug, Clone, Args)]
 pub struct ApproveArgs {
     /// The patch you reviewed: only verdicts about this patch are approved.
@@ -59,7 +63,7 @@ pub struct ApproveArgs {
     pub staging: bool,
 }
 
-/// `fork mesh serve`.
+// `fork mesh serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The NATS server (JetStream on).

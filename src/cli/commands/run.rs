@@ -38,6 +38,7 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
             "interrupted before the sandbox was made: nothing ran",
         ));
     }
+    crate::trace::mark("run: interrupt watch started");
     let policy = load_policy(a.policy.as_deref(), &a.budget)?;
     crate::trace::mark("run: policy loaded");
     let limits = policy.budgets.clone();

@@ -353,7 +353,7 @@ mod tests {
         let id = unique("recorded");
         let other = SandboxCgroup::create(&unique("other"), &CgroupLimits::default()).unwrap();
         let mut recorded = Vec::new();
-        let cg = SandboxCgroup::create_recorded(&id, &CgroupLimits::default(), &mut |p| {
+        let cg = SandboxCgroup::create_recorded(&id, &CgroupLimits::default(), &mut |_, p| {
             recorded = p.to_vec();
             Ok(())
         })

@@ -195,20 +195,23 @@ pub struct SandboxCgroup {
     done: bool,
 }
 
+/// What [`SandboxCgroup::create_recorded`] tells before it creates anything.
+pub type Recorder<'a> = dyn FnMut(CgroupVersion, &[PathBuf]) -> Result<(), IoError> + 'a;
+
 impl SandboxCgroup {
     /// Creates `fork-<run_id>` beneath this process's own cgroup in each hierarchy that has a
     /// controller we need, and applies the limits. On any error nothing is left behind.
     pub fn create(run_id: &str, limits: &CgroupLimits) -> Result<Self, CgroupError> {
-        Self::create_recorded(run_id, limits, &mut |_| Ok(()))
+        Self::create_recorded(run_id, limits, &mut |_, _| Ok(()))
     }
 
-    /// [`Self::create`], handing the absolute paths it is about to create to `record` first
-    /// (the run directory keeps them for `fork gc`, see [`remove_recorded`]); a failing
-    /// `record` creates nothing.
+    /// [`Self::create`], handing the hierarchies' version and the absolute paths it is
+    /// about to create to `record` first (the run directory keeps them for `fork gc`, see
+    /// [`remove_recorded`]); a failing `record` creates nothing.
     pub fn create_recorded(
         run_id: &str,
         limits: &CgroupLimits,
-        record: &mut dyn FnMut(&[PathBuf]) -> Result<(), IoError>,
+        record: &mut Recorder<'_>,
     ) -> Result<Self, CgroupError> {
         validate_run_id(run_id)?;
         let quota = limits::validate(limits)?;
@@ -224,7 +227,7 @@ impl SandboxCgroup {
             }
         }
         let targets: Vec<PathBuf> = layout.dirs.iter().map(|d| d.own_dir.join(&name)).collect();
-        record(&targets)?;
+        record(layout.version, &targets)?;
         if layout.version == CgroupVersion::V2 {
             // Single hierarchy: enable controllers for children of our own cgroup only (not
             // cgroups-rs's `Cgroup::create`, which writes at the hierarchy root; see
