@@ -27,7 +27,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 // Each subcommand's arguments are built only when it is the one invoked (or its help is
-// asked for): building all of them took about 0.2 ms of every start (FORK_TRACE).
+// asked for): building all of them took 0.2 to 0.3 ms of every start (FORK_TRACE).
 #[command(defer = true)]
 pub enum Command {
     /// Run one command in the sandbox, with every isolation layer and budget in force.
