@@ -1,8 +1,9 @@
 //! A sandbox's cgroup budgets, made beside the rest of the sandbox: from `prepare`'s start
 //! on a thread of their own (the hierarchies' layout read at once; the cgroups recorded in
-//! the run directory and made as soon as it exists), taken by the first run right before
-//! the clone of the init, which needs them. A later run makes them again here if an
-//! optional layer could not be made the first time.
+//! the run directory and made as soon as it exists), taken by the first run: right before
+//! the clone of the init, or, for required v1 ones as root, right after it and before the
+//! init's release (the init joins them itself then). A later run makes them again here if
+//! an optional layer could not be made the first time.
 
 use super::*;
 use std::sync::mpsc::{Receiver, Sender};
@@ -17,6 +18,8 @@ pub(super) enum CgroupSlot {
     Making {
         thread: std::thread::JoinHandle<Made>,
         version: Receiver<cgroup::CgroupVersion>,
+        /// What `version` said, once asked (it says it once).
+        told: std::cell::OnceCell<Option<cgroup::CgroupVersion>>,
     },
     /// Made (or refused) without a thread, not yet taken.
     Made(Made),
@@ -73,9 +76,17 @@ impl CgroupAhead {
                 made
             });
         CgroupAhead {
-            started: spawned
-                .ok()
-                .map(|thread| (tx, CgroupSlot::Making { thread, version })),
+            started: spawned.ok().map(|thread| {
+                let told = std::cell::OnceCell::new();
+                (
+                    tx,
+                    CgroupSlot::Making {
+                        thread,
+                        version,
+                        told,
+                    },
+                )
+            }),
         }
     }
 
@@ -146,8 +157,12 @@ impl Sandbox {
     /// release, see `supervisor::PendingInit::release`). A thread that ends without
     /// telling (a layout it could not read) says no.
     pub(super) fn cgroup_v1_in_the_making(&self) -> bool {
-        matches!(&self.cgroup, CgroupSlot::Making { version, .. }
-            if version.recv().ok() == Some(cgroup::CgroupVersion::V1))
+        match &self.cgroup {
+            CgroupSlot::Making { version, told, .. } => {
+                *told.get_or_init(|| version.recv().ok()) == Some(cgroup::CgroupVersion::V1)
+            }
+            _ => false,
+        }
     }
 
     /// The cgroup budgets for a run: at the first, those `prepare` started; at a later one
@@ -286,7 +301,9 @@ mod tests {
 
         let dir = tempfile::tempdir_in(crate::rundir::base_dir()).unwrap();
         let id = crate::rundir::new_run_id();
-        let CgroupSlot::Making { thread, version } = CgroupAhead::start(&spec, &id).go(dir.path())
+        let CgroupSlot::Making {
+            thread, version, ..
+        } = CgroupAhead::start(&spec, &id).go(dir.path())
         else {
             panic!("not made ahead");
         };

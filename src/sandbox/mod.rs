@@ -510,7 +510,11 @@ impl Sandbox {
             ns_flags as u64,
             self.host_uid,
             self.host_gid,
-            self.cgroup.ready(),
+            match (join_later, self.cgroup.ready()) {
+                (true, _) => supervisor::CgroupJoin::V1Later,
+                (false, Some(cg)) => supervisor::CgroupJoin::Made(cg),
+                (false, None) => supervisor::CgroupJoin::None,
+            },
             &io,
         ) {
             Ok(p) => p,

@@ -8,14 +8,15 @@ impl Sandbox {
     /// seccomp profile, creates the run directory and the size-capped disk holding `/tmp`
     /// and the workspace, and starts the cgroups, made on a thread of their own while the
     /// rest is made and the caller goes on (the first run takes them, and reports a
-    /// required cgroup layer the host refused, before its clone). The built-in profile
+    /// required cgroup layer the host refused, before its init runs anything). The built-in profile
     /// comes compiled; another is compiled on a second thread while the rest is made, and
     /// a broken one fails `prepare` (everything made is removed), before anything runs.
     pub fn prepare(spec: &Spec) -> Result<Sandbox, SandboxError> {
         trace::mark("sandbox: prepare");
         // The cgroups are made on a thread of their own from here on (recorded in the run
         // directory once it exists), while the rest is made here and the caller goes on:
-        // the first run waits for them, right before the clone.
+        // the first run waits for them, right before the clone (v1 ones as root: after it,
+        // before the init's release).
         let run_id = crate::rundir::new_run_id();
         let cgroup = CgroupAhead::start(spec, &run_id);
         // As root, the private mount namespace the init is cloned from, likewise.

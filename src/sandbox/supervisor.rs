@@ -37,16 +37,31 @@ pub(super) struct PendingInit {
     uid: u32,
     gid: u32,
     become_root: bool,
+    /// The init expects v1 `tasks` files with its go (and exits without them).
+    join_v1: bool,
 }
 
-/// Clones the init into its namespaces (on cgroup v2, with `cg` given, straight into its
-/// cgroup); it waits for [`PendingInit::release`] before anything else.
+/// How the init joins its cgroups.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CgroupJoin<'a> {
+    /// No cgroups for this run.
+    None,
+    /// Made already: a v2 cgroup the clone places the init in, or v1 ones it joins at its
+    /// release.
+    Made(&'a cgroup::SandboxCgroup),
+    /// v1 cgroups still being made: given to [`PendingInit::release`], which refuses to
+    /// let the init go without them.
+    V1Later,
+}
+
+/// Clones the init into its namespaces (into its v2 cgroup straight away); it waits for
+/// [`PendingInit::release`] before anything else.
 pub(super) fn spawn_init(
     cfg: &InitConfig,
     ns_flags: u64,
     uid: u32,
     gid: u32,
-    cg: Option<&cgroup::SandboxCgroup>,
+    join: CgroupJoin<'_>,
     io: &Stdio<'_>,
 ) -> Result<PendingInit, SandboxError> {
     use nix::fcntl::OFlag;
@@ -74,7 +89,8 @@ pub(super) fn spawn_init(
         )),
         _ => None,
     };
-    // Everything the child needs is prepared here, before the clone.
+    // Everything the child needs is prepared here, before the clone (but the v1 cgroups'
+    // `tasks` files, which come with its go).
     let cfg_json = serde_json::to_vec(cfg).map_err(|e| SandboxError::Setup {
         stage: "config".into(),
         message: e.to_string(),
@@ -107,18 +123,25 @@ pub(super) fn spawn_init(
     // v1 the child moves itself by writing "0" to each hierarchy's `tasks`, which the go
     // message brings it (see `release`). Both avoid the RCU grace period a supervisor-side
     // write to cgroup.procs waits for.
-    let cg_dir = match cg {
-        Some(cg) if cg.version() == cgroup::CgroupVersion::V2 => match cg.paths().first() {
-            Some(dir) => Some(
-                nix::fcntl::open(
-                    dir,
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                    nix::sys::stat::Mode::empty(),
-                )
-                .map_err(sys_err("open the sandbox cgroup"))?,
-            ),
-            None => None,
-        },
+    let join_v1 = match join {
+        CgroupJoin::None => false,
+        CgroupJoin::Made(cg) => cg.version() == cgroup::CgroupVersion::V1,
+        CgroupJoin::V1Later => true,
+    };
+    let cg_dir = match join {
+        CgroupJoin::Made(cg) if cg.version() == cgroup::CgroupVersion::V2 => {
+            match cg.paths().first() {
+                Some(dir) => Some(
+                    nix::fcntl::open(
+                        dir,
+                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                        nix::sys::stat::Mode::empty(),
+                    )
+                    .map_err(sys_err("open the sandbox cgroup"))?,
+                ),
+                None => None,
+            }
+        }
         _ => None,
     };
     // The init becomes uid 0 of its namespace, mapped to the run's own uid (as root, or a
@@ -133,6 +156,7 @@ pub(super) fn spawn_init(
             cgroup_dir: cg_dir.as_ref().map(|f| f.as_fd()),
             sync_rd: sync_rd.as_fd(),
             sync_wr: sync_wr.as_fd(),
+            join_v1,
             become_root,
             stdio,
             keep: &keep,
@@ -166,6 +190,7 @@ pub(super) fn spawn_init(
         uid,
         gid,
         become_root,
+        join_v1,
     })
 }
 
@@ -192,7 +217,14 @@ impl PendingInit {
                 message: e.to_string(),
             })?;
         let mut tasks: Vec<OwnedFd> = Vec::new();
-        if let Some(cg) = cg.filter(|c| c.version() == cgroup::CgroupVersion::V1) {
+        let v1 = cg.filter(|c| c.version() == cgroup::CgroupVersion::V1);
+        if self.join_v1 != v1.is_some() {
+            return Err(SandboxError::Setup {
+                stage: "cgroup".into(),
+                message: "the init's cgroups are not the ones it was cloned to join".into(),
+            });
+        }
+        if let Some(cg) = v1 {
             for dir in cg.paths() {
                 tasks.push(
                     nix::fcntl::open(

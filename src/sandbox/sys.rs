@@ -193,6 +193,9 @@ pub(crate) struct InitClone<'a> {
     pub sync_rd: BorrowedFd<'a>,
     /// The supervisor's end of the sync socket, which the child closes.
     pub sync_wr: BorrowedFd<'a>,
+    /// The go must carry at least one cgroup v1 `tasks` file (the run has v1 cgroups);
+    /// otherwise it must carry none. The child exits 122 on any other go.
+    pub join_v1: bool,
     /// Become uid/gid 0 of the new user namespace and drop supplementary groups.
     pub become_root: bool,
     /// (stdin, stdout, stderr) for the init, when they are redirected.
@@ -205,7 +208,7 @@ pub(crate) struct InitClone<'a> {
 }
 
 /// clone3(2) of the sandbox init into new namespaces (and, on cgroup v2, straight into its
-/// cgroup), with CLONE_PIDFD. The child waits for the supervisor's go on the sync pipe,
+/// cgroup), with CLONE_PIDFD. The child waits for the supervisor's go on the sync socket,
 /// joins the v1 cgroups, becomes root of its user namespace, sets PDEATHSIG, and execs
 /// `exe argv` with an empty environment; it exits 122..=127 if a step fails. Returns the
 /// child's pid and pidfd.
@@ -232,13 +235,15 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
         iov_base: &mut go as *mut u8 as *mut libc::c_void,
         iov_len: 1,
     };
-    let mut control = vec![0u8; cmsg_space(MAX_CGROUP_TASKS)];
+    // u64s: a control message's header is read in place, at its type's alignment.
+    let mut control = vec![0u64; cmsg_space(MAX_CGROUP_TASKS).div_ceil(8)];
     // SAFETY: msghdr is plain data; all-zero is a valid empty header, filled in below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = control.len() as _;
+    msg.msg_controllen = (control.len() * 8) as _;
+    let join_v1 = c.join_v1;
     let mut pidfd: RawFd = -1;
     let args = CloneArgs {
         flags: c.ns_flags
@@ -255,9 +260,9 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     };
     // SAFETY: clone3 without CLONE_VM and without a stack behaves like fork: the child
     // gets a copy of the address space. In the child we only call async-signal-safe
-    // syscalls (read, write, setgroups, setresgid, setresuid, prctl, poll, dup2, fcntl,
-    // close, execveat, _exit) on data prepared above, so no lock held by another
-    // supervisor thread at clone time can be touched.
+    // syscalls (recvmsg, write, setgroups, setresgid, setresuid, prctl, poll, dup2, fcntl,
+    // close, execveat, _exit) and the CMSG_* arithmetic on data prepared above, so no lock
+    // held by another supervisor thread at clone time can be touched.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -267,9 +272,15 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     };
     if ret == 0 {
         // SAFETY: raw async-signal-safe syscalls on descriptors and pointers prepared before
-        // the clone (argv_p, envp and `empty` outlive the call; execveat or _exit ends it).
+        // the clone (argv_p, envp, `empty`, `msg` and the buffers it points to outlive the
+        // call; execveat or _exit ends it). The control buffer is u64-aligned, so the
+        // headers CMSG_FIRSTHDR/NXTHDR return are aligned; the descriptors after them are
+        // read unaligned.
         unsafe {
             libc::close(sync_wr);
+            // Die with the supervisor while waiting for its go (set again after the
+            // credential change below, which clears it).
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
             // Wait for the supervisor to map ids and send the cgroups to join. EOF means it
             // died.
             if libc::recvmsg(sync_rd, &mut msg, libc::MSG_CMSG_CLOEXEC) != 1 {
@@ -278,6 +289,8 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             if msg.msg_flags & libc::MSG_CTRUNC != 0 {
                 libc::_exit(122);
             }
+            // The go byte is 1 + the number of `tasks` files it carries.
+            let mut joined = 0usize;
             // Join each v1 hierarchy: "0" to its `tasks` (this thread, no threadgroup lock).
             let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
             while !cmsg.is_null() {
@@ -286,13 +299,20 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
                     let fds = libc::CMSG_DATA(cmsg) as *const libc::c_int;
                     for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
                         let fd = std::ptr::read_unaligned(fds.add(i));
-                        if libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1 {
+                        if !join_v1 || libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) != 1
+                        {
                             libc::_exit(122);
                         }
                         libc::close(fd);
+                        joined += 1;
                     }
                 }
                 cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+            // (Read through the pointer recvmsg wrote through.)
+            let got = std::ptr::read_volatile((*msg.msg_iov).iov_base as *const u8);
+            if got as usize != 1 + joined || (join_v1 && joined == 0) {
+                libc::_exit(122);
             }
             if c.become_root {
                 // Our host credentials (root) are unmapped in the new namespace: become its
@@ -307,7 +327,7 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
                 }
             }
             // Die with the supervisor. Set after the credential change, which clears it;
-            // exec keeps it. If the supervisor is already gone, its end of the sync pipe is.
+            // exec keeps it. If the supervisor is already gone, its end of the sync socket is.
             // (nix's wrapper is the bare prctl(2) plus an errno read: async-signal-safe.)
             let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
             let mut pfd = libc::pollfd {
@@ -345,6 +365,10 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
     Ok((Pid::from_raw(ret as i32), pidfd))
 }
 
+#[cfg(test)]
+#[path = "sys_go_tests.rs"]
+mod go_tests;
+
 /// At most this many cgroup v1 hierarchies are joined (one `tasks` file each).
 pub(crate) const MAX_CGROUP_TASKS: usize = 16;
 
@@ -364,7 +388,9 @@ pub(crate) fn release_init(sync: BorrowedFd<'_>, cgroup_tasks: &[OwnedFd]) -> ni
     let fds: Vec<RawFd> = cgroup_tasks.iter().map(|f| f.as_raw_fd()).collect();
     let cmsgs = [ControlMessage::ScmRights(&fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsgs };
-    let iov = [std::io::IoSlice::new(&[1u8])];
+    // The byte tells how many files come with it (the child checks).
+    let go = [1 + fds.len() as u8];
+    let iov = [std::io::IoSlice::new(&go)];
     match sendmsg::<()>(sync.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)? {
         1 => Ok(()),
         _ => Err(Errno::EIO),
