@@ -104,27 +104,6 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
     Ok(r)
 }
 
-/// As root, when no fresh private mount namespace is at hand: builds it on a thread of its
-/// own, beside the rest of `prepare` (building it is a launch's longest step before the
-/// clone: a copy of the whole mount table, and detaches that wait for the kernel). The
-/// clone's [`with_private_mounts`] waits for it; if the thread cannot be had or fails,
-/// the clone builds it itself (and reports what failed).
-pub fn build_template_ahead(detach: Vec<PathBuf>) {
-    {
-        let slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.as_ref().is_some_and(|t| t.is_fresh_for(&detach)) {
-            return;
-        }
-    }
-    let _ = std::thread::Builder::new()
-        .name("fork-mounts".into())
-        .spawn(move || {
-            if let Ok(own) = own_mount_ns() {
-                let _ = template(&detach, &own);
-            }
-        });
-}
-
 impl Template {
     fn is_fresh_for(&self, detach: &[PathBuf]) -> bool {
         self.detach == detach && self.built.elapsed() < TEMPLATE_TTL
@@ -137,8 +116,7 @@ fn own_mount_ns() -> Result<std::fs::File, String> {
 }
 
 /// A handle on the private mount namespace (see [`with_private_mounts`]): the fresh one
-/// at hand, or one built now (the calling thread back in `own` afterwards). The slot's
-/// lock is held while building: a clone waits for a build under way on another thread.
+/// at hand, or one built now (the calling thread back in `own` afterwards).
 fn template(detach: &[PathBuf], own: &std::fs::File) -> Result<std::fs::File, String> {
     let mut slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
     if !slot.as_ref().is_some_and(|t| t.is_fresh_for(detach)) {

@@ -19,11 +19,7 @@ impl Sandbox {
         // before the init's release).
         let run_id = crate::rundir::new_run_id();
         let cgroup = CgroupAhead::start(spec, &run_id);
-        // As root, the private mount namespace the init is cloned from, likewise.
-        if is_root() {
-            namespaces::build_template_ahead(namespaces::detached_in_private_mounts());
-        }
-        trace::mark("sandbox: cgroup and mount threads spawned");
+        trace::mark("sandbox: cgroup thread spawned");
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
         trace::mark("sandbox: init checked");
