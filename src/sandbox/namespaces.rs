@@ -90,7 +90,8 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
     let template = template(detach, &own)?;
     crate::trace::mark("sandbox: mount template ready");
     // A thread sharing its root and working directory with others (any thread it has
-    // started, the expiry thread above included) may not change its mount namespace.
+    // started, the expiry thread `template` starts included) may not change its mount
+    // namespace.
     nix::sched::unshare(CloneFlags::CLONE_FS)
         .map_err(|e| format!("unshare(CLONE_FS) in the supervising thread: {e}"))?;
     nix::sched::setns(&template, CloneFlags::CLONE_NEWNS)
