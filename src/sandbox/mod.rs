@@ -629,6 +629,11 @@ impl Sandbox {
                 }
             }
         }
+        if !(budget.is_some() || interrupted || cancelled) && msgs.is_empty() {
+            if let Some(e) = pre_exec_failure(exit) {
+                return Err(e);
+            }
+        }
         let (exit_code, signal) = match (budget.is_some() || interrupted || cancelled, exited) {
             (false, Some((Some(c), _))) => (c, None),
             (false, Some((None, Some(s)))) => (128 + s, Some(s)),
@@ -653,6 +658,22 @@ impl Sandbox {
             exec_error,
         })
     }
+}
+
+/// The init's child side ended before it executed `fork-init` (`sys::clone_init`'s
+/// exit codes 122 to 124, which neither the init nor, through it, the command ever
+/// exits with unreported): a setup error naming the step, not a result of the command.
+fn pre_exec_failure(exit: InitExit) -> Option<SandboxError> {
+    let step = match exit {
+        InitExit::Code(122) => "joining its cgroups (or a go message it refused)",
+        InitExit::Code(123) => "taking its standard input and output",
+        InitExit::Code(124) => "becoming root of its user namespace",
+        _ => return None,
+    };
+    Some(SandboxError::Setup {
+        stage: "init".into(),
+        message: format!("the sandbox init ended before it ran, at {step}: nothing ran"),
+    })
 }
 
 fn require_missing(
@@ -721,5 +742,22 @@ mod tests {
         assert!(s.contains("\"msg\":\"exited\""), "{s}");
         let back: InitMsg = serde_json::from_str(&s).unwrap();
         assert!(matches!(back, InitMsg::Exited { code: Some(3), .. }));
+    }
+
+    /// The child side's own exit codes, said by no message, are setup errors; any other
+    /// end (a command's code the init failed to report, a signal) is not taken for one.
+    #[test]
+    fn an_init_that_ended_before_its_exec_is_a_setup_error() {
+        for code in [122, 123, 124] {
+            let e = pre_exec_failure(InitExit::Code(code)).expect("a setup error");
+            assert!(e.to_string().contains("nothing ran"), "{code}: {e}");
+        }
+        assert!(pre_exec_failure(InitExit::Code(122))
+            .unwrap()
+            .to_string()
+            .contains("cgroups"));
+        for exit in [InitExit::Code(0), InitExit::Code(125), InitExit::Signal(9)] {
+            assert!(pre_exec_failure(exit).is_none(), "{exit:?}");
+        }
     }
 }
