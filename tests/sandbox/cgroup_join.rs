@@ -5,7 +5,7 @@
 //! budgets with names the run's `fork-<id>` cgroup, and the budgets hold from the first
 //! instruction. (That the v1 cgroups are taken after the clone, as root, is
 //! `fork_trace_prints_the_launch_phases_in_order_and_nothing_without_it` in
-//! tests/sandbox.rs.)
+//! tests/sandbox/launch.rs.)
 
 use crate::common::*;
 use crate::need_default_policy;

@@ -1,0 +1,94 @@
+//! No privilege inside: seccomp refuses the dangerous syscalls (harmless calls still work),
+//! and the command has no capability, no new privileges and namespaces of its own.
+
+use super::*;
+
+#[test]
+fn seccomp_refuses_the_dangerous_syscalls() {
+    need_default_policy!();
+    for probe in [
+        "ptrace",
+        "process_vm_readv",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "chroot",
+        "unshare-user",
+        "unshare-net",
+        "setns",
+        "clone-newuser",
+        "bpf",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "reboot",
+        "swapon",
+        "swapoff",
+        "mknod-char",
+        "tiocsti",
+        "tioclinux",
+        "personality-noaslr",
+        "open_by_handle_at",
+    ] {
+        assert_denied(&[probe], EPERM);
+    }
+    // clone3's flags cannot be inspected: it gets ENOSYS so libc falls back to clone.
+    assert_denied(&["clone3"], ENOSYS);
+}
+
+#[test]
+fn harmless_calls_still_work() {
+    need_default_policy!();
+    for probe in ["mknod-fifo", "personality-query"] {
+        let p = probe_ok(probe);
+        assert_eq!(
+            p["succeeded"], true,
+            "{probe} should work in the sandbox: {p}"
+        );
+    }
+    let r = run(&[], &["python3", "-c", "import threading,subprocess; t=threading.Thread(target=print,args=('t',)); t.start(); t.join(); print(subprocess.run(['sh','-c','echo sub'],capture_output=True).stdout.decode().strip())"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("sub"), "{}", r.stdout);
+}
+
+#[test]
+fn no_privileges_inside() {
+    need_root!();
+    let r = probe(&[], &["getuid"]);
+    let p = r.probe();
+    let st = &p["status"];
+    for k in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        assert_eq!(st[k], "0000000000000000", "{k} must be empty: {p}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1");
+    assert_eq!(st["Seccomp"], "2");
+    // uid 0 inside maps to an unprivileged host uid, never host root.
+    let host_uid = r.report["isolation"]["host_uid"].as_u64().unwrap();
+    assert_ne!(host_uid, 0);
+    let iso = &r.report["isolation"];
+    for k in [
+        "userns", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns",
+    ] {
+        assert_eq!(iso[k], true, "{k}: {iso}");
+    }
+    // Everything the policy asks of Landlock needs ABI 6 (TCP rules 4, scoping 6); an older
+    // kernel's ruleset is partially enforced, as documented ("Host shapes").
+    let abi = iso["landlock_abi"].as_u64().unwrap();
+    assert!(abi >= 1);
+    let expected = if abi >= 6 {
+        "fully_enforced"
+    } else {
+        "partially_enforced"
+    };
+    assert_eq!(iso["landlock_enforced"], expected, "{iso}");
+    assert_eq!(iso["seccomp"], "default");
+    assert!(iso["cgroup"] == "v1" || iso["cgroup"] == "v2");
+}
