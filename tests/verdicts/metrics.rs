@@ -1,0 +1,200 @@
+//! Metrics over sequential pairs, decided only when the data can: swap-compressor's gains
+//! significant, a no-op unchanged, a slowed compressor a significant p99 regression. Items
+//! 1-3 of the proof list in tests/verdicts.rs.
+
+use super::*;
+
+fn read_metrics(p: &Path) -> BTreeMap<String, f64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        xs[n / 2 - 1] / 2.0 + xs[n / 2] / 2.0
+    }
+}
+
+/// The pairs the task ran (every metric records the same count) and why it stopped.
+fn pairs_run(e: &Eval) -> (usize, String) {
+    let metrics = e.verdict["metrics"].as_array().unwrap();
+    let n = metrics[0]["samples"].as_u64().unwrap() as usize;
+    let stopped = metrics[0]["stopped"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for m in metrics {
+        assert_eq!(m["samples"].as_u64(), Some(n as u64), "{m}");
+        assert_eq!(m["stopped"].as_str(), Some(stopped.as_str()), "{m}");
+        assert!(m["order_seed"].as_u64().is_some(), "{m}");
+    }
+    (n, stopped)
+}
+
+/// A verdict that is not APPROVE only because a timing metric was inconclusive says so,
+/// names it with its interval, and claims no regression.
+fn approve_or_inconclusive(e: &Eval) {
+    if e.code == 0 {
+        return;
+    }
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    let s = e.summary();
+    assert!(
+        s.contains("inconclusive for") && s.contains("interval"),
+        "{}",
+        e.ctx()
+    );
+    assert!(!s.contains("regressed"), "{}", e.ctx());
+    for m in e.verdict["metrics"].as_array().unwrap() {
+        if m["class"] == "inconclusive" {
+            assert!(s.contains(m["name"].as_str().unwrap()), "{}", e.ctx());
+        }
+    }
+}
+
+#[test]
+fn swap_compressor_gains_are_significant() {
+    need_root!();
+    let env = Env::new("vd-swap");
+    let e = evaluate(
+        &env,
+        &patch("swap-compressor"),
+        &demo(),
+        "swap",
+        &["--task", "compress"],
+    );
+    approve_or_inconclusive(&e);
+    assert_eq!(e.verdict["task"], "compress");
+    // repeat = 20 with a baseline: at most 20 pairs, one patched and one baseline sandbox
+    // each, stopped as soon as every metric was decided.
+    let (n, stopped) = pairs_run(&e);
+    assert!((3..=20).contains(&n), "{n} pairs: {}", e.ctx());
+    assert_eq!(e.sandboxes.len(), 2 * n, "{:?}", e.sandboxes);
+    if n < 20 {
+        assert!(stopped.contains("every metric decided"), "{stopped}");
+    }
+    for name in ["compressed_bytes", "ratio"] {
+        let m = e.metric(name);
+        assert_eq!(m["class"], "improved", "{name}: {m}");
+        assert_eq!(m["significant"], true, "{name}: {m}");
+        let (change, lo, hi) = (f(&m["change"]), f(&m["ci_low"]), f(&m["ci_high"]));
+        assert!(change < -0.01, "{name} must go down: {m}");
+        assert!(
+            lo <= change && change <= hi,
+            "{name}: change outside its CI: {m}"
+        );
+        assert!(hi < 0.0, "{name}: the CI must lie entirely below 0: {m}");
+        assert!(f(&m["patched"]) < f(&m["baseline"]), "{m}");
+        assert!(m["p_value"].as_f64().is_some(), "{m}");
+    }
+    assert!(
+        e.summary().contains("compressed_bytes improved"),
+        "{}",
+        e.ctx()
+    );
+    // The medians are those of the per-run metrics the bundle carries.
+    let runs = |side: &str, first: &str| -> Vec<BTreeMap<String, f64>> {
+        let mut v = vec![read_metrics(&e.artifact(first))];
+        for r in 2..=n {
+            v.push(read_metrics(
+                &e.artifact(&format!("{side}.r{r}-metrics.json")),
+            ));
+        }
+        v
+    };
+    let patched = runs("patched", "metrics.json");
+    let baseline = runs("baseline", "baseline-metrics.json");
+    for m in e.verdict["metrics"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let med = |side: &[BTreeMap<String, f64>]| median(side.iter().map(|r| r[name]).collect());
+        // Within a rounding step: with an even number of pairs the median is a mean of two
+        // parsed values.
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+        assert!(close(f(&m["patched"]), med(&patched)), "{name}: {m}");
+        assert!(close(f(&m["baseline"]), med(&baseline)), "{name}: {m}");
+    }
+}
+
+#[test]
+fn noop_patch_changes_nothing_significantly() {
+    need_root!();
+    let env = Env::new("vd-noop");
+    let policy = env.dir.join("human.toml");
+    std::fs::write(&policy, "[decision]\nself_reported = \"accept\"\n").unwrap();
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "noop",
+        &["--task", "compress", "--policy", policy.to_str().unwrap()],
+    );
+    approve_or_inconclusive(&e);
+    let metrics = e.verdict["metrics"].as_array().unwrap();
+    assert_eq!(metrics.len(), 4, "{}", e.ctx());
+    for m in metrics {
+        assert!(
+            m["class"] == "equivalent" || m["class"] == "inconclusive",
+            "a no-op patch changed {}: {}",
+            m["name"],
+            e.ctx()
+        );
+        assert_eq!(m["significant"], false, "{m}");
+    }
+    // The compression itself is deterministic: exactly no change, decided exactly.
+    for name in ["compressed_bytes", "ratio"] {
+        let m = e.metric(name);
+        assert_eq!(f(&m["change"]), 0.0, "{}", e.ctx());
+        assert_eq!(m["class"], "equivalent", "{m}");
+    }
+    let s = e.summary();
+    assert!(!s.contains("improved") && !s.contains("regressed"), "{s}");
+    // "unchanged" only when every compared metric was shown inside its band.
+    if s.contains("unchanged") {
+        assert!(metrics.iter().all(|m| m["class"] == "equivalent"), "{s}");
+    }
+}
+
+#[test]
+fn slow_compressor_is_a_significant_p99_regression() {
+    need_root!();
+    let env = Env::new("vd-slow");
+    // The slowed compressor takes ~15 ms per session and run: the same compress task on
+    // 5 sessions instead of 100 keeps the runs within seconds (p99 = the slowest).
+    let rt = env.runtime("hermes-demo", "");
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let fewer = toml.replace(r#""--sessions", "100""#, r#""--sessions", "5""#);
+    assert_ne!(fewer, toml, "the compress task's --sessions");
+    std::fs::write(rt.join("fork.toml"), fewer).unwrap();
+    let e = evaluate(
+        &env,
+        &patch("slows-compressor"),
+        &rt,
+        "slow",
+        &["--task", "compress"],
+    );
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert_eq!(e.verdict["verdict"], "NEEDS_REVISION");
+    let m = e.metric("p99_ms");
+    assert_eq!(m["class"], "regressed", "{m}");
+    assert_eq!(m["significant"], true, "{m}");
+    let (change, lo) = (f(&m["change"]), f(&m["ci_low"]));
+    assert!(change > 0.10, "p99_ms must go up: {m}");
+    assert!(lo > 0.10, "the CI must lie above the 10% band: {m}");
+    assert!(f(&m["patched"]) > f(&m["baseline"]), "{m}");
+    // A regression settles the verdict: no need to run to the cap.
+    let (n, stopped) = pairs_run(&e);
+    assert!(n < 20, "{n} pairs: {stopped}");
+    let s = e.summary();
+    assert!(s.contains("p99_ms") && s.contains("regressed"), "{s}");
+    // The compression output is unchanged: only the time regressed.
+    assert!(!s.contains("compressed_bytes"), "{s}");
+    assert_eq!(e.metric("compressed_bytes")["class"], "equivalent");
+}
