@@ -4,6 +4,7 @@
 //! rows in one unbroken chain, gc touches no live run, and nothing remains.
 
 mod common;
+use common::gc_report;
 use common::lifecycle::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -34,14 +35,7 @@ fn four_evaluations_at_once_with_gc_beside_them() {
     let mut gcs = 0;
     let t = Instant::now();
     while gcs < 5 || (t.elapsed() < Duration::from_secs(2)) {
-        let o = env.cmd().args(["gc", "--json"]).output().unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let rep = gc_report(env.cmd());
         assert_eq!(
             rep["runs"],
             serde_json::json!([]),

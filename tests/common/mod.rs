@@ -148,6 +148,15 @@ pub fn fork_cmd(run_root: &Path) -> Command {
     c
 }
 
+/// `fork gc --json` run by `cmd` (a `fork` command with its run roots and environment set,
+/// such as [`fork_cmd`]'s or `Env::cmd`'s): its report, exit 0 asserted (with fork's stderr).
+pub fn gc_report(mut cmd: Command) -> Value {
+    let out = cmd.args(["gc", "--json"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("gc --json: {e}: {stderr}"))
+}
+
 /// `fork run [flags] -- cmd...` with a report; asserts nothing is left behind afterwards.
 pub fn run(flags: &[&str], cmd: &[&str]) -> Run {
     let run_root = scratch("runs");

@@ -94,14 +94,7 @@ fn killed_supervisor_is_reclaimed_by_gc_and_by_the_next_evaluate() {
 
     // fork gc reclaims it.
     let id = kill_supervisor_mid_run(&env, &rt, "slow1", &m1);
-    let o = env.cmd().args(["gc", "--json"]).output().unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let rep: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rep = gc_report(env.cmd());
     assert!(
         rep["runs"]
             .as_array()
@@ -161,8 +154,7 @@ fn killed_supervisor_leaves_no_staging_directory() {
         &format!("\n[tasks.slow]\ncommand = [\"sleep\", \"{m}\"]\n"),
     );
     let id = kill_supervisor_mid_run(&env, &rt, "slow", &m);
-    let o = env.cmd().args(["gc", "--json"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(0));
+    gc_report(env.cmd());
     let e = evaluate(
         &env,
         &patch("noop-comment"),

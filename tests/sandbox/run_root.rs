@@ -64,17 +64,6 @@ fn default_roots_cmd(tmpdir: &Path) -> Command {
     c
 }
 
-/// `fork gc --json` with the default run roots: its report (exit 0 asserted).
-fn gc(tmpdir: &Path) -> serde_json::Value {
-    let out = default_roots_cmd(tmpdir)
-        .args(["gc", "--json"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("gc --json: {e}: {stderr}"))
-}
-
 /// The run directories in `dir` whose `meta.json` names `supervisor` (none when that
 /// supervisor has written none yet).
 fn runs_of(dir: &Path, supervisor: u32) -> Vec<PathBuf> {
@@ -164,7 +153,7 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
     std::fs::write(twin.join("lock"), b"").unwrap();
     let cgroups = cgroup_dirs(&id);
     assert!(!cgroups.is_empty(), "the live run has cgroups");
-    let rep = gc(&tmpdir);
+    let rep = gc_report(default_roots_cmd(&tmpdir));
     assert!(
         !rep["runs"]
             .as_array()
@@ -192,7 +181,7 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(dir.exists(), "a killed supervisor leaves its run directory");
-    let rep = gc(&tmpdir);
+    let rep = gc_report(default_roots_cmd(&tmpdir));
     assert!(
         rep["runs"]
             .as_array()

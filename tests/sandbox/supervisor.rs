@@ -78,14 +78,7 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
         recorded, found,
         "the run directory lists exactly its cgroups"
     );
-    let out = fork_cmd(&run_root).args(["gc", "--json"]).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rep = gc_report(fork_cmd(&run_root));
     assert!(
         rep["runs"]
             .as_array()
