@@ -26,8 +26,7 @@ fn probe_ok(name: &str) -> serde_json::Value {
     r.probe()
 }
 
-// The tests, by subject. Declared after the helpers and their macros, which a module sees
-// only above it.
+// The tests, by subject (each submodule takes the helpers above with `use super::*`).
 #[path = "sandbox/budgets.rs"]
 mod budgets;
 #[path = "sandbox/cgroup_join.rs"]
