@@ -618,10 +618,10 @@ mod hostile_tests {
         let e = parse_junit(xml.as_bytes()).unwrap_err();
         let took = t.elapsed();
         assert!(e.to_string().contains("start tag longer"), "{e}");
-        assert!(
-            took < std::time::Duration::from_millis(500),
-            "took {took:?}"
-        );
+        // Bounds far above the linear pass (about 0.1-0.8 s in a debug build, the latter on
+        // a loaded 2-core machine) and far below the quadratic one (minutes): a loaded CI
+        // runner must not fail it, a quadratic reader must.
+        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
         // 100,000 attributes in a tag under the byte cap (20 s before): the attribute cap.
         let mut xml = String::from("<testsuite><testcase name='t' ");
         for i in 0..100_000 {
@@ -633,10 +633,7 @@ mod hostile_tests {
         let e = parse_junit(xml.as_bytes()).unwrap_err();
         let took = t.elapsed();
         assert!(e.to_string().contains("more than 256 attributes"), "{e}");
-        assert!(
-            took < std::time::Duration::from_millis(200),
-            "took {took:?}"
-        );
+        assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
     }
 
     #[test]
