@@ -234,6 +234,29 @@ pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     found
 }
 
+/// Waits at most `within` for every process whose command line starts with `prefix` (a
+/// sandbox's command) to be gone, as it must be once its supervisor was killed.
+pub fn wait_sandbox_gone(prefix: &str, within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while !processes_starting(prefix).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox outlived its supervisor"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether a `fork gc --json` report ([`gc_report`]) names the run `id` among those it
+/// reclaimed.
+pub fn gc_reclaimed(rep: &Value, id: &str) -> bool {
+    rep["runs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no runs in the gc report: {rep}"))
+        .iter()
+        .any(|r| r == id)
+}
+
 /// Pids whose command line contains `needle`.
 pub fn processes_matching(needle: &str) -> Vec<i32> {
     processes_where(|cmdline| cmdline.contains(needle))

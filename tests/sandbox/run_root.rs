@@ -155,11 +155,7 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
     assert!(!cgroups.is_empty(), "the live run has cgroups");
     let rep = gc_report(default_roots_cmd(&tmpdir));
     assert!(
-        !rep["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r == id.as_str()),
+        !gc_reclaimed(&rep, &id),
         "gc took a live run's id for dead: {rep}"
     );
     assert_eq!(cgroup_dirs(&id), cgroups, "{rep}");
@@ -172,24 +168,10 @@ fn as_root_a_sandbox_runs_from_dev_shm_and_gc_reclaims_it_there() {
 
     sup.kill().unwrap(); // SIGKILL: no cleanup code runs.
     sup.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !processes_starting(&needle).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox outlived its supervisor"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_sandbox_gone(&needle, Duration::from_secs(5));
     assert!(dir.exists(), "a killed supervisor leaves its run directory");
     let rep = gc_report(default_roots_cmd(&tmpdir));
-    assert!(
-        rep["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r == id.as_str()),
-        "{rep}"
-    );
+    assert!(gc_reclaimed(&rep, &id), "{rep}");
     assert_nothing_left(Path::new(SHM), &id);
 
     // A run that ends leaves nothing in either place.

@@ -47,14 +47,7 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
     }
     sup.kill().unwrap(); // SIGKILL: no cleanup code runs in the supervisor.
     sup.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !processes_starting(&needle).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox outlived its supervisor"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_sandbox_gone(&needle, Duration::from_secs(5));
     // The run directory (and its mounts, cgroup) are left; gc reclaims them.
     let leftovers: Vec<_> = std::fs::read_dir(&run_root)
         .unwrap()
@@ -79,14 +72,7 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
         "the run directory lists exactly its cgroups"
     );
     let rep = gc_report(fork_cmd(&run_root));
-    assert!(
-        rep["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r == id.as_str()),
-        "{rep}"
-    );
+    assert!(gc_reclaimed(&rep, &id), "{rep}");
     for p in &recorded {
         assert!(
             rep["cgroups_removed"]

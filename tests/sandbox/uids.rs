@@ -459,12 +459,5 @@ fn what_a_killed_supervisor_left_as_subordinate_uids_is_removed_by_fork_gc() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(left().is_empty(), "{:?} {err}", left());
-    let started = Instant::now();
-    while !processes_starting("sleep 30.1554 ").is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the sandbox outlived its supervisor"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_sandbox_gone("sleep 30.1554 ", Duration::from_secs(5));
 }
