@@ -466,14 +466,17 @@ fn sign(
                 .map_err(|e| EvaluateError::Usage(format!("--out {}: {e}", p.out_dir.display())))?;
         }
     }
-    // The sides' sandbox teardowns overlap the bundle's writing; the bundle takes its name
-    // only once every one is done (a failed one is the evaluation's error, as in line).
+    // The sides' sandbox teardowns overlap the bundle's writing, and the staging
+    // directory's removal its syncing (once the bundle has copied the artifacts out of
+    // it); the bundle takes its name only once every one is done (a failed teardown is
+    // the evaluation's error, as in line).
     let written = crate::verdict::write_bundle_then(
         &p.out_dir,
         &verdict,
         &c.artifacts,
         ephemeral,
         node,
+        || p.teardowns.release_staging(),
         || {
             crate::trace::mark("evaluate: bundle synced");
             let r = p.teardowns.wait();

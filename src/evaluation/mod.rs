@@ -347,9 +347,11 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             .map(|(t, r)| (t, r.as_ref().map_err(|e| e.clone())))
             .collect(),
     };
-    // 6 DESTROY: sandboxes are gone (run_side), the staging directory goes with `staging`,
-    // the ephemeral secret is zeroized as soon as the verdict is signed, the node key when
-    // `node` drops.
+    // 6 DESTROY: sandboxes are gone (run_side); the staging directory goes on a thread of
+    // its own once the bundle has copied the artifacts out of it (or in line, on a path
+    // that ends before); the ephemeral secret is zeroized as soon as the verdict is
+    // signed, the node key when `node` drops.
+    p.teardowns.hold_staging(staging);
     conclude::seal(&p, c, &cache_key, ephemeral, &node)
 }
 

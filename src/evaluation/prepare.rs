@@ -5,7 +5,7 @@
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{
-    copy_tree, copy_tree_beneath, deploy_tree_hash, tree_hash, Workspace,
+    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, tree_hash, Workspace,
 };
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
@@ -25,7 +25,8 @@ pub struct PreparedSide {
 pub struct PatchedTree {
     /// [`tree_hash`] of `src/` after the patch.
     pub source_hash: String,
-    /// [`deploy_tree_hash`] of the same tree (what a deployer's `git apply` must give).
+    /// [`crate::fork::deploy_tree_hash`] of the same tree (what a deployer's `git apply`
+    /// must give).
     pub deploy_hash: String,
 }
 
@@ -71,6 +72,7 @@ pub fn prepare_side(
     // The sandbox destroyed last is gone before the next one is made.
     p.teardowns.wait()?;
     let sb = Sandbox::prepare(&spec)?;
+    crate::trace::mark("side: sandbox prepared");
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
     // The parent's tree is read beneath its runtime directory, never through a link, each
@@ -95,6 +97,7 @@ pub fn prepare_side(
     }
     copy_tree(snap_dir, &ws.state(), &[])
         .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    crate::trace::mark("side: trees copied");
     check_interrupt()?;
     // 3 PATCH (the patched side only).
     if let Some(patch) = patch {
@@ -105,14 +108,18 @@ pub fn prepare_side(
             return Ok(Prepared::DidNotApply(e.to_string(), h));
         }
     }
+    crate::trace::mark("side: patch applied");
     // The tree the successor runs, hashed before it runs (it may write into src/).
     let patched = match patch {
-        Some(_) => Some(PatchedTree {
-            source_hash: tree_hash(&ws.src())
-                .map_err(|e| internal("hashing the source")(e.to_string()))?,
-            deploy_hash: deploy_tree_hash(&ws.src(), &p.manifest.runtime.exclude)
-                .map_err(|e| internal("hashing the patched tree")(e.to_string()))?,
-        }),
+        Some(_) => {
+            let (source_hash, deploy_hash) =
+                tree_and_deploy_hashes(&ws.src(), &p.manifest.runtime.exclude)
+                    .map_err(|e| internal("hashing the patched tree")(e.to_string()))?;
+            Some(PatchedTree {
+                source_hash,
+                deploy_hash,
+            })
+        }
         None => None,
     };
     Ok(Prepared::Ready(Box::new(PreparedSide { sb, ws, patched })))

@@ -18,6 +18,10 @@ use std::thread::JoinHandle;
 #[derive(Default)]
 pub struct Teardowns {
     pending: Mutex<Vec<JoinHandle<Result<(), SandboxError>>>>,
+    /// The evaluation's staging directory, held until the bundle has read what it needs
+    /// from it ([`Teardowns::release_staging`]); dropped (removed) in line after the
+    /// teardowns are joined when the evaluation ends before.
+    staging: Mutex<Option<super::staging::Staging>>,
 }
 
 impl Teardowns {
@@ -62,6 +66,40 @@ impl Teardowns {
             .spawn(remove)
         {
             self.lock().push(h);
+        }
+    }
+
+    /// Holds the evaluation's staging directory until [`Teardowns::release_staging`].
+    pub fn hold_staging(&self, staging: super::staging::Staging) {
+        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging);
+    }
+
+    /// Removes the staging directory held (if any) on a thread of its own, joined with the
+    /// teardowns; in line when no thread can be started. Its errors are logged, as when it
+    /// is dropped in line.
+    pub fn release_staging(&self) {
+        let Some(staging) = self
+            .staging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<super::staging::Staging>();
+        let spawned = std::thread::Builder::new()
+            .name("fork-teardown".into())
+            .spawn(move || {
+                drop(rx.recv());
+                Ok(())
+            });
+        // The staging directory goes to the thread only once the thread exists.
+        match spawned {
+            Ok(h) => {
+                self.lock().push(h);
+                let _ = tx.send(staging);
+            }
+            Err(_) => drop(staging),
         }
     }
 

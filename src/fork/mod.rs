@@ -33,5 +33,6 @@ pub use snapshot::{
     SnapshotStats, StateDigest,
 };
 pub use workspace::{
-    copy_tree, deploy_tree_hash, remove_tree, tree_hash, CopyStats, Workspace, WorkspaceError,
+    copy_tree, deploy_tree_hash, remove_tree, tree_and_deploy_hashes, tree_hash, CopyStats,
+    Workspace, WorkspaceError,
 };

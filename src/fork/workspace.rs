@@ -293,10 +293,32 @@ pub fn tree_hash_beneath(
 }
 
 fn hash_tree(tree: &Tree, exclude: &[String]) -> Result<String, WorkspaceError> {
-    let entries = tree.scan(&build_excludes(exclude)?)?;
+    Ok(hash_entries(&tree.scan(&build_excludes(exclude)?)?))
+}
+
+/// [`tree_hash`] and [`deploy_tree_hash`] (with `exclude`) of the tree under `dir`, from
+/// one reading of it: the tree the successor runs is read and hashed once, not twice.
+/// The entries the deployment hash leaves out are those `exclude` would have skipped
+/// while reading: an entry matching it, or beneath a directory matching it.
+pub fn tree_and_deploy_hashes(
+    dir: &Path,
+    exclude: &[String],
+) -> Result<(String, String), WorkspaceError> {
+    let globs = build_excludes(exclude)?;
+    let all = Tree::open(dir)?.scan(&GlobSet::empty())?;
+    let deployed = all.iter().filter(|(rel, _, _)| {
+        !rel.ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .any(|a| globs.is_match(a))
+    });
+    Ok((hash_entries(&all), deploy_hash_entries(deployed)))
+}
+
+/// The [`tree_hash`] of scanned entries (sorted by path bytes, as `scan` returns them).
+fn hash_entries(entries: &[crate::fork::tree::Scanned]) -> String {
     let mut h = Sha256::new();
     h.update(b"fork-tree-v1\0");
-    for (rel, node, digest) in &entries {
+    for (rel, node, digest) in entries {
         let tag: &[u8; 1] = match node {
             Node::Dir { .. } => b"D",
             Node::File { .. } => b"F",
@@ -315,7 +337,7 @@ fn hash_tree(tree: &Tree, exclude: &[String]) -> Result<String, WorkspaceError> 
             put_bytes(&mut h, target.as_bytes());
         }
     }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    format!("sha256:{}", hex::encode(h.finalize()))
 }
 
 /// The patched tree hash (verdict field `patched_tree_hash`): a `sha256:<hex>` of what a
@@ -333,9 +355,16 @@ fn hash_tree(tree: &Tree, exclude: &[String]) -> Result<String, WorkspaceError> 
 ///   bits, owners and timestamps do not count.
 pub fn deploy_tree_hash(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
     let entries = Tree::open(dir)?.scan(&build_excludes(exclude)?)?;
+    Ok(deploy_hash_entries(entries.iter()))
+}
+
+/// The [`deploy_tree_hash`] of scanned entries (in the order `scan` returns them).
+fn deploy_hash_entries<'a>(
+    entries: impl Iterator<Item = &'a crate::fork::tree::Scanned>,
+) -> String {
     let mut h = Sha256::new();
     h.update(b"fork-deploy-tree-v1\0");
-    for (rel, node, digest) in &entries {
+    for (rel, node, digest) in entries {
         if let (Node::File { mode }, Some(d)) = (node, digest) {
             h.update(b"F");
             put_bytes(&mut h, rel.as_os_str().as_bytes());
@@ -347,7 +376,7 @@ pub fn deploy_tree_hash(dir: &Path, exclude: &[String]) -> Result<String, Worksp
             put_bytes(&mut h, target.as_bytes());
         }
     }
-    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+    format!("sha256:{}", hex::encode(h.finalize()))
 }
 
 /// Deletes `path` and everything under it. Idempotent (a missing path is fine). Never
@@ -644,6 +673,52 @@ mod tests {
         // An empty directory counts.
         fs::create_dir(t.join("empty")).unwrap();
         assert_ne!(tree_hash(&t).unwrap(), base);
+    }
+
+    /// The one-reading pair is the two hashes read apart, whatever the excludes skip: a
+    /// matching file, a matching directory and all it holds (deep too), a glob with a
+    /// wildcard, a link, a file patched in under an excluded name, and a tree with no
+    /// excludes at all.
+    #[test]
+    fn both_hashes_from_one_reading_are_the_two_read_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t");
+        for d in ["src/a", "state/deep/er", "logs", "keep/state"] {
+            fs::create_dir_all(t.join(d)).unwrap();
+        }
+        for (f, body) in [
+            ("src/a/x.py", "x"),
+            ("src/run.sh", "#!/bin/sh"),
+            ("state/db", "live"),
+            ("state/deep/er/wal", "w"),
+            ("logs/1.log", "l"),
+            (
+                "keep/state/note",
+                "kept: only a top-level state is excluded",
+            ),
+            ("cache.pyc", "c"),
+            ("src/a/new.pyc", "patched in, excluded by name"),
+        ] {
+            fs::write(t.join(f), body).unwrap();
+        }
+        symlink("src/a/x.py", t.join("link")).unwrap();
+        for excl in [
+            vec![],
+            vec!["state".to_string()],
+            vec!["state/".into(), "logs".into(), "**/*.pyc".into()],
+            vec!["./state".into(), "src/a".into()],
+            vec!["nothing-matches".into()],
+        ] {
+            let (all, deployed) = tree_and_deploy_hashes(&t, &excl).unwrap();
+            assert_eq!(all, tree_hash(&t).unwrap(), "{excl:?}");
+            assert_eq!(deployed, deploy_tree_hash(&t, &excl).unwrap(), "{excl:?}");
+        }
+        // The excludes change the deployment hash only.
+        let (a, d) = tree_and_deploy_hashes(&t, &["state".to_string()]).unwrap();
+        let (a2, d2) = tree_and_deploy_hashes(&t, &[]).unwrap();
+        assert_eq!(a, a2);
+        assert_ne!(d, d2);
+        assert!(tree_and_deploy_hashes(&t, &["[".to_string()]).is_err());
     }
 
     #[test]

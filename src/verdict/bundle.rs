@@ -256,22 +256,26 @@ pub fn write_bundle(
     node: &NodeKey,
 ) -> Result<WrittenBundle, BundleError> {
     let go = || Ok::<(), std::convert::Infallible>(());
-    match write_bundle_then(out_dir, verdict, artifacts, ephemeral, node, go)? {
+    match write_bundle_then(out_dir, verdict, artifacts, ephemeral, node, || {}, go)? {
         Ok(w) => Ok(w),
         Err(never) => match never {},
     }
 }
 
-/// [`write_bundle`], with `before_publish` run once the whole bundle is written and
-/// synced under its temporary name, just before it takes its name: when it fails, the
-/// partial bundle is removed, nothing is published, and its error is returned (inner).
-/// (An evaluation joins its sandbox teardowns there: they overlap the bundle's writing.)
+/// [`write_bundle`], with `sources_read` run once every artifact has been copied into the
+/// bundle (nothing reads the `artifacts` paths after it), and `before_publish` once the
+/// whole bundle is written and synced under its temporary name, just before it takes its
+/// name: when that fails, the partial bundle is removed, nothing is published, and its
+/// error is returned (inner). (An evaluation starts removing its staging directory at the
+/// first and joins that and its sandbox teardowns at the second: they overlap the
+/// bundle's writing and syncing.)
 pub fn write_bundle_then<E>(
     out_dir: &Path,
     verdict: &Verdict,
     artifacts: &[(ArtifactType, PathBuf)],
     ephemeral: &EphemeralKey,
     node: &NodeKey,
+    sources_read: impl FnOnce(),
     before_publish: impl FnOnce() -> Result<(), E>,
 ) -> Result<Result<WrittenBundle, E>, BundleError> {
     if fs::symlink_metadata(out_dir).is_ok() {
@@ -325,6 +329,8 @@ pub fn write_bundle_then<E>(
             bytes,
         });
     }
+
+    sources_read();
 
     let mut verdict = verdict.clone();
     verdict.artifacts = listed;
