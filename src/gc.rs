@@ -79,7 +79,10 @@ pub fn collect() -> GcReport {
     for r in runs.iter().filter(|r| stale.contains(&r.id)) {
         reclaim_run(r, &mut rep);
     }
-    remove_cgroups(&|id: &str| stale.contains(id), &mut rep);
+    // Only a stale run's cgroups are removed: with none, no hierarchy need be listed.
+    if !stale.is_empty() {
+        remove_cgroups(&|id: &str| stale.contains(id), &mut rep);
+    }
     rep
 }
 

@@ -101,9 +101,11 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     if !gc.runs.is_empty() {
         tracing::info!("reclaimed {} stale run(s)", gc.runs.len());
     }
+    crate::trace::mark("evaluate: stale runs collected");
     // 1 PLAN
     progress::phase("plan", &format!("patch {}", a.patch.display()));
     let p = plan::plan(a)?;
+    crate::trace::mark("evaluate: planned");
     let node = plan::load_node_key(a.key.as_deref())?;
     crate::trace::mark("evaluate: planned, node key loaded");
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
