@@ -43,10 +43,24 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         "evaluate: bundle synced",
         "evaluate: teardowns joined",
         "evaluate: bundle written",
-        "evaluate: staging removed",
         "exit",
     ];
     assert_phases_in_order(&timed, &want, &e.ctx());
+    // The staging directory goes on a teardown thread once the bundle has copied the
+    // artifacts out of it, beside the bundle's fsyncs: after the conclusion, joined before
+    // the bundle takes its name.
+    let at = |m: &str| marks.iter().position(|p| *p == m);
+    let staging = marks
+        .iter()
+        .filter(|p| **p == "evaluate: staging removed")
+        .count();
+    assert_eq!(staging, 1, "the staging directory removed once:\n{}", e.ctx());
+    assert!(
+        at("evaluate: concluded") < at("evaluate: staging removed")
+            && at("evaluate: staging removed") < at("evaluate: teardowns joined"),
+        "the staging directory not removed between the conclusion and the join:\n{}",
+        e.ctx()
+    );
     // Every teardown succeeded where it ran (the protected copy's tmpfs is detached, not
     // emptied file by file and then found busy).
     assert!(
