@@ -105,29 +105,6 @@ pub fn with_private_mounts<R>(detach: &[PathBuf], f: impl FnOnce() -> R) -> Resu
     Ok(r)
 }
 
-/// As root: builds the private mount namespace (see [`with_private_mounts`]) on a thread
-/// of its own, from a sandbox's `prepare` on, so that its clone finds it made (or waits for
-/// its lock while it is being made) instead of building it on the launch's path. Nothing
-/// when a fresh one is at hand or one is being built. A failure here is left to the clone,
-/// which builds it again and reports why it could not.
-pub fn build_template_ahead(detach: Vec<PathBuf>) {
-    match TEMPLATE.try_lock() {
-        Ok(slot) if slot.as_ref().is_some_and(|t| t.is_fresh_for(&detach)) => return,
-        Err(std::sync::TryLockError::WouldBlock) => return,
-        _ => {}
-    }
-    let _ = std::thread::Builder::new()
-        .name("fork-mounts".into())
-        .spawn(move || {
-            crate::trace::mark("mounts thread: started");
-            if let Ok(own) = own_mount_ns() {
-                if template(&detach, &own).is_ok() {
-                    crate::trace::mark("mounts thread: template ready");
-                }
-            }
-        });
-}
-
 impl Template {
     fn is_fresh_for(&self, detach: &[PathBuf]) -> bool {
         self.detach == detach && self.built.elapsed() < TEMPLATE_TTL
@@ -271,9 +248,6 @@ mod tests {
         .unwrap()
     }
 
-    /// The tests that replace the process's one private namespace, one at a time.
-    static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
     /// One private namespace serves the clones that follow (no copy and detaches each
     /// time), yet shows them neither the run mounts that existed when it was made nor
     /// those made since (the next sandboxes' disks).
@@ -283,7 +257,6 @@ mod tests {
             eprintln!("skipped: building the private mount namespace needs root");
             return;
         }
-        let _one = SLOT.lock().unwrap_or_else(|p| p.into_inner());
         let base = tempfile::tempdir_in(crate::rundir::sandbox_base_dir()).unwrap();
         let before = base
             .path()
@@ -311,47 +284,5 @@ mod tests {
             !second.contains(" /sys/fs/cgroup"),
             "cgroup mounts left:\n{second}"
         );
-    }
-
-    /// The namespace built ahead (from a sandbox's `prepare`) is the one the next clone is
-    /// made from: the clone does not build its own. A run mount made after it was built
-    /// (the sandbox's own disk, mounted meanwhile) is not in it.
-    #[test]
-    fn the_namespace_built_ahead_serves_the_next_clone() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: building the private mount namespace needs root");
-            return;
-        }
-        let _one = SLOT.lock().unwrap_or_else(|p| p.into_inner());
-        let base = tempfile::tempdir_in(crate::rundir::sandbox_base_dir()).unwrap();
-        // A detach list of this test's own, so that no namespace at hand is fresh for it.
-        let mut detach = detached_in_private_mounts();
-        detach.push(base.path().join("not-mounted"));
-        build_template_ahead(detach.clone());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let ahead = loop {
-            let slot = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(t) = slot.as_ref().filter(|t| t.is_fresh_for(&detach)) {
-                break t.ns.metadata().unwrap().ino();
-            }
-            drop(slot);
-            assert!(std::time::Instant::now() < deadline, "never built ahead");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        let later = base
-            .path()
-            .join(format!("fork-{}", crate::rundir::new_run_id()));
-        let _later = tmpfs_at(&later);
-        let (table, ns, _held) = seen_by_a_clone(&detach);
-        assert_eq!(
-            ns, ahead,
-            "the clone was made from the namespace built ahead"
-        );
-        let p = later.to_str().unwrap();
-        assert!(!table.contains(p), "{p} in the private table:\n{table}");
-        // Asked again while it is fresh: nothing more is built.
-        build_template_ahead(detach.clone());
-        let (_, again, _) = seen_by_a_clone(&detach);
-        assert_eq!(again, ahead);
     }
 }

@@ -20,11 +20,6 @@ impl Sandbox {
         let run_id = crate::rundir::new_run_id();
         let cgroup = CgroupAhead::start(spec, &run_id);
         trace::mark("sandbox: cgroup thread spawned");
-        // As root the init's mount namespace is copied from a private one (see
-        // `namespaces::with_private_mounts`): made beside the rest too.
-        if is_root() {
-            namespaces::build_template_ahead(namespaces::detached_in_private_mounts());
-        }
         // No init of this build beside fork: refuse before anything is created (exit 69).
         init_exe::open()?;
         trace::mark("sandbox: init checked");

@@ -54,7 +54,12 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         .iter()
         .filter(|p| **p == "evaluate: staging removed")
         .count();
-    assert_eq!(staging, 1, "the staging directory removed once:\n{}", e.ctx());
+    assert_eq!(
+        staging,
+        1,
+        "the staging directory removed once:\n{}",
+        e.ctx()
+    );
     assert!(
         at("evaluate: concluded") < at("evaluate: staging removed")
             && at("evaluate: staging removed") < at("evaluate: teardowns joined"),
