@@ -476,7 +476,7 @@ fn sign(
         &c.artifacts,
         ephemeral,
         node,
-        || p.teardowns.release_staging(),
+        || p.teardowns.release_held(),
         || {
             crate::trace::mark("evaluate: bundle synced");
             let r = p.teardowns.wait();

@@ -352,8 +352,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // 6 DESTROY: sandboxes are gone (run_side); the staging directory goes on a thread of
     // its own once the bundle has copied the artifacts out of it (or in line, on a path
     // that ends before); the ephemeral secret is zeroized as soon as the verdict is
-    // signed, the node key when `node` drops.
-    p.teardowns.hold_staging(staging);
+    // signed, the node key when `node` drops. The staging directory's removal may overlap
+    // those of its state snapshot and protected copy begun above: each detaches what is
+    // still mounted and skips what the other removed first (not found), so neither fails.
+    p.teardowns.hold(move || drop(staging));
     conclude::seal(&p, c, &cache_key, ephemeral, &node)
 }
 

@@ -14,14 +14,18 @@ use crate::sandbox::{Sandbox, SandboxError};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 
+/// A removal held for later (see [`Teardowns::hold`]).
+type Held = Box<dyn FnOnce() + Send>;
+
 /// The teardowns under way in one evaluation (held by its [`super::plan::Plan`]).
 #[derive(Default)]
 pub struct Teardowns {
     pending: Mutex<Vec<JoinHandle<Result<(), SandboxError>>>>,
-    /// The evaluation's staging directory, held until the bundle has read what it needs
-    /// from it ([`Teardowns::release_staging`]); dropped (removed) in line after the
-    /// teardowns are joined when the evaluation ends before.
-    staging: Mutex<Option<super::staging::Staging>>,
+    /// A removal held until the bundle has read what it needs ([`Teardowns::release_held`]):
+    /// the evaluation's staging directory, moved into it. When the evaluation ends before,
+    /// it is dropped unrun after the teardowns are joined, and what it holds with it (the
+    /// staging directory is then removed in line).
+    held: Mutex<Option<Held>>,
 }
 
 impl Teardowns {
@@ -69,37 +73,36 @@ impl Teardowns {
         }
     }
 
-    /// Holds the evaluation's staging directory until [`Teardowns::release_staging`].
-    pub fn hold_staging(&self, staging: super::staging::Staging) {
-        *self.staging.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging);
+    /// Holds `removal` until [`Teardowns::release_held`] (one at a time: a second replaces
+    /// the first, which is dropped unrun).
+    pub fn hold(&self, removal: impl FnOnce() + Send + 'static) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(removal));
     }
 
-    /// Removes the staging directory held (if any) on a thread of its own, joined with the
-    /// teardowns; in line when no thread can be started. Its errors are logged, as when it
-    /// is dropped in line.
-    pub fn release_staging(&self) {
-        let Some(staging) = self
-            .staging
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
+    /// Runs the removal held (if any) on a thread of its own, joined with the teardowns;
+    /// in line when no thread can be started.
+    pub fn release_held(&self) {
+        let Some(removal) = self.held.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
-        let (tx, rx) = std::sync::mpsc::channel::<super::staging::Staging>();
+        let (tx, rx) = std::sync::mpsc::channel::<Held>();
         let spawned = std::thread::Builder::new()
             .name("fork-teardown".into())
             .spawn(move || {
-                drop(rx.recv());
+                if let Ok(r) = rx.recv() {
+                    r();
+                }
                 Ok(())
             });
-        // The staging directory goes to the thread only once the thread exists.
+        // The removal goes to the thread only once the thread exists.
         match spawned {
             Ok(h) => {
                 self.lock().push(h);
-                let _ = tx.send(staging);
+                if let Err(unsent) = tx.send(removal) {
+                    (unsent.0)();
+                }
             }
-            Err(_) => drop(staging),
+            Err(_) => removal(),
         }
     }
 
@@ -162,5 +165,68 @@ mod tests {
             t.remove_dir(dir.clone());
         }
         assert!(!dir.exists());
+    }
+
+    /// What a held removal owns, and how often it went and by which way.
+    struct Owned(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_held_removal_runs_once_on_release_and_is_joined_by_the_wait() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let t = Teardowns::default();
+        let owned = Owned(dropped.clone());
+        let r = ran.clone();
+        t.hold(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            r.fetch_add(1, Ordering::SeqCst);
+            drop(owned);
+        });
+        assert_eq!(
+            (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
+            (0, 0)
+        );
+        t.release_held();
+        t.release_held(); // nothing held any more
+        t.wait().unwrap();
+        // Done by the time the wait returns, once.
+        assert_eq!(
+            (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        drop(t);
+        assert_eq!(
+            (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_held_removal_never_released_drops_what_it_holds_when_the_teardowns_go() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        {
+            let t = Teardowns::default();
+            let owned = Owned(dropped.clone());
+            let r = ran.clone();
+            t.hold(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                drop(owned);
+            });
+            t.wait().unwrap();
+            assert_eq!(dropped.load(Ordering::SeqCst), 0, "held until the end");
+        }
+        // Not run, but what it held is gone (the staging directory's own Drop removes it).
+        assert_eq!(
+            (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
+            (0, 1)
+        );
     }
 }

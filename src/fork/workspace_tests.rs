@@ -1,0 +1,365 @@
+//! Unit tests of `workspace.rs` (the copies, the tree hashes, the removal).
+
+use super::*;
+use std::os::unix::fs::symlink;
+
+fn sample_tree(root: &Path) {
+    fs::create_dir_all(root.join("a/b")).unwrap();
+    fs::create_dir_all(root.join(".git/objects")).unwrap();
+    fs::create_dir_all(root.join("state")).unwrap();
+    fs::write(root.join("a/one.txt"), b"one").unwrap();
+    fs::write(root.join("a/b/two.py"), b"print(2)\n").unwrap();
+    fs::write(root.join("a/b/cache.pyc"), b"\0\0").unwrap();
+    fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(root.join(".git/objects/x"), b"blob").unwrap();
+    fs::write(root.join("state/hermes.db"), b"live").unwrap();
+    symlink("a/one.txt", root.join("link")).unwrap();
+    symlink("/etc/passwd", root.join("abs-link")).unwrap();
+    symlink("nowhere", root.join("dangling")).unwrap();
+    nix::unistd::mkfifo(
+        &root.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+}
+
+#[test]
+fn workspace_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fork-run1");
+    let ws = Workspace::create(&root).unwrap();
+    for (p, name) in [
+        (ws.src(), "src"),
+        (ws.state(), "state"),
+        (ws.tools(), "tools"),
+        (ws.reports(), "reports"),
+        (ws.home(), "home"),
+    ] {
+        assert!(p.is_dir());
+        assert_eq!(p, root.join(name));
+    }
+    assert_eq!(
+        fs::metadata(&root).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert!(matches!(
+        Workspace::create(&root).unwrap_err(),
+        WorkspaceError::Exists { .. }
+    ));
+    assert_eq!(Workspace::open(&root).unwrap(), ws);
+    ws.remove().unwrap();
+    assert!(!root.exists());
+    ws.remove().unwrap();
+}
+
+#[test]
+fn copy_tree_keeps_links_modes_and_skips_specials() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("from");
+    sample_tree(&from);
+    let to = dir.path().join("to");
+    let excl = vec![
+        ".git".to_string(),
+        "state/".to_string(),
+        "**/*.pyc".to_string(),
+    ];
+    let stats = copy_tree(&from, &to, &excl).unwrap();
+    assert_eq!(stats.files, 3, "{stats:?}");
+    assert_eq!(stats.symlinks, 3);
+    assert_eq!(stats.special_skipped, 1);
+    assert_eq!(stats.excluded, 3);
+    assert_eq!(stats.dirs, 2);
+    assert_eq!(stats.bytes, 3 + 9 + 18);
+    assert_eq!(fs::read(to.join("a/b/two.py")).unwrap(), b"print(2)\n");
+    assert!(!to.join(".git").exists() && !to.join("state").exists());
+    assert!(!to.join("a/b/cache.pyc").exists());
+    assert!(!to.join("fifo").exists());
+    assert_eq!(
+        fs::read_link(to.join("link")).unwrap(),
+        Path::new("a/one.txt")
+    );
+    assert_eq!(
+        fs::read_link(to.join("abs-link")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert!(fs::symlink_metadata(to.join("dangling"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        fs::metadata(to.join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    // Same content, same hash (the fifo is the one difference: drop it first).
+    fs::remove_file(from.join("fifo")).unwrap();
+    fs::remove_dir_all(from.join(".git")).unwrap();
+    fs::remove_dir_all(from.join("state")).unwrap();
+    fs::remove_file(from.join("a/b/cache.pyc")).unwrap();
+    assert_eq!(tree_hash(&from).unwrap(), tree_hash(&to).unwrap());
+}
+
+#[test]
+fn copy_tree_modes_and_setuid() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("from");
+    fs::create_dir_all(from.join("ro")).unwrap();
+    fs::write(from.join("ro/f"), b"x").unwrap();
+    fs::write(from.join("suid"), b"x").unwrap();
+    fs::set_permissions(from.join("suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::set_permissions(from.join("ro"), fs::Permissions::from_mode(0o555)).unwrap();
+    let to = dir.path().join("to");
+    copy_tree(&from, &to, &[]).unwrap();
+    assert_eq!(fs::read(to.join("ro/f")).unwrap(), b"x");
+    assert_eq!(
+        fs::metadata(to.join("ro")).unwrap().permissions().mode() & 0o7777,
+        0o555
+    );
+    assert_eq!(
+        fs::metadata(to.join("suid")).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    // Removal opens read-only directories up.
+    remove_tree(&to).unwrap();
+    assert!(!to.exists());
+    fs::set_permissions(from.join("ro"), fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn copy_tree_over_an_existing_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("from");
+    fs::create_dir_all(from.join("d")).unwrap();
+    fs::write(from.join("d/f"), b"new").unwrap();
+    fs::write(from.join("g"), b"g").unwrap();
+    let to = dir.path().join("to");
+    fs::create_dir_all(to.join("d")).unwrap();
+    fs::write(to.join("d/old"), b"kept").unwrap();
+    // A symlink in the way is replaced, not written through.
+    let outside = dir.path().join("outside");
+    fs::write(&outside, b"untouched").unwrap();
+    symlink(&outside, to.join("d/f")).unwrap();
+    let stats = copy_tree(&from, &to, &[]).unwrap();
+    assert_eq!(stats.files, 2);
+    assert_eq!(fs::read(to.join("d/f")).unwrap(), b"new");
+    assert!(!fs::symlink_metadata(to.join("d/f"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::read(&outside).unwrap(), b"untouched");
+    assert_eq!(fs::read(to.join("d/old")).unwrap(), b"kept");
+    // A directory where the source has a file is refused.
+    fs::remove_file(to.join("g")).unwrap();
+    fs::create_dir(to.join("g")).unwrap();
+    let err = copy_tree(&from, &to, &[]).unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::WouldReplaceDirectory { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn copy_tree_into_itself_and_bad_glob() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("rt");
+    fs::create_dir_all(from.join("sub")).unwrap();
+    fs::write(from.join("sub/f"), b"x").unwrap();
+    let to = from.join("ws-src");
+    let stats = copy_tree(&from, &to, &[]).unwrap();
+    assert_eq!(stats.files, 1);
+    assert!(to.join("sub/f").exists());
+    assert!(!to.join("ws-src").exists());
+    let err = copy_tree(&from, &dir.path().join("x"), &["a[".to_string()]).unwrap_err();
+    assert!(err.to_string().contains("a["), "{err}");
+    let err = copy_tree(&from.join("sub/f"), &dir.path().join("y"), &[]).unwrap_err();
+    assert!(matches!(err, WorkspaceError::NotADirectory { .. }));
+}
+
+#[test]
+fn tree_hash_sensitivity() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t");
+    fs::create_dir_all(t.join("d")).unwrap();
+    fs::write(t.join("d/f.txt"), b"hello world").unwrap();
+    fs::write(t.join("g"), b"g").unwrap();
+    symlink("d/f.txt", t.join("l")).unwrap();
+    let base = tree_hash(&t).unwrap();
+    assert!(base.starts_with("sha256:") && base.len() == 7 + 64);
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // mtime does not count.
+    let f = fs::File::options()
+        .write(true)
+        .open(t.join("d/f.txt"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
+    drop(f);
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // Any byte of content.
+    fs::write(t.join("d/f.txt"), b"hello World").unwrap();
+    let h = tree_hash(&t).unwrap();
+    assert_ne!(h, base);
+    fs::write(t.join("d/f.txt"), b"hello world").unwrap();
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // A name.
+    fs::rename(t.join("g"), t.join("h")).unwrap();
+    assert_ne!(tree_hash(&t).unwrap(), base);
+    fs::rename(t.join("h"), t.join("g")).unwrap();
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // The exec bit.
+    fs::set_permissions(t.join("g"), fs::Permissions::from_mode(0o755)).unwrap();
+    assert_ne!(tree_hash(&t).unwrap(), base);
+    fs::set_permissions(t.join("g"), fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // A link target.
+    fs::remove_file(t.join("l")).unwrap();
+    symlink("d/f.txT", t.join("l")).unwrap();
+    assert_ne!(tree_hash(&t).unwrap(), base);
+    fs::remove_file(t.join("l")).unwrap();
+    symlink("d/f.txt", t.join("l")).unwrap();
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // A file turned into a symlink with the same "content" differs by type.
+    fs::remove_file(t.join("g")).unwrap();
+    symlink("g", t.join("g")).unwrap();
+    assert_ne!(tree_hash(&t).unwrap(), base);
+    fs::remove_file(t.join("g")).unwrap();
+    fs::write(t.join("g"), b"g").unwrap();
+    assert_eq!(tree_hash(&t).unwrap(), base);
+
+    // An empty directory counts.
+    fs::create_dir(t.join("empty")).unwrap();
+    assert_ne!(tree_hash(&t).unwrap(), base);
+}
+
+/// The one-reading pair is the two hashes read apart, whatever the excludes skip: a
+/// matching file, a matching directory and all it holds (deep too), a glob with a
+/// wildcard, a link, a file patched in under an excluded name, and a tree with no
+/// excludes at all.
+#[test]
+fn both_hashes_from_one_reading_are_the_two_read_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t");
+    for d in ["src/a", "state/deep/er", "logs", "keep/state"] {
+        fs::create_dir_all(t.join(d)).unwrap();
+    }
+    for (f, body) in [
+        ("src/a/x.py", "x"),
+        ("src/run.sh", "#!/bin/sh"),
+        ("state/db", "live"),
+        ("state/deep/er/wal", "w"),
+        ("logs/1.log", "l"),
+        (
+            "keep/state/note",
+            "kept: only a top-level state is excluded",
+        ),
+        ("cache.pyc", "c"),
+        ("src/a/new.pyc", "patched in, excluded by name"),
+    ] {
+        fs::write(t.join(f), body).unwrap();
+    }
+    symlink("src/a/x.py", t.join("link")).unwrap();
+    for excl in [
+        vec![],
+        vec!["state".to_string()],
+        vec!["state/".into(), "logs".into(), "**/*.pyc".into()],
+        vec!["./state".into(), "src/a".into()],
+        vec!["nothing-matches".into()],
+    ] {
+        let (all, deployed) = tree_and_deploy_hashes(&t, &excl).unwrap();
+        assert_eq!(all, tree_hash(&t).unwrap(), "{excl:?}");
+        assert_eq!(deployed, deploy_tree_hash(&t, &excl).unwrap(), "{excl:?}");
+    }
+    // The excludes change the deployment hash only.
+    let (a, d) = tree_and_deploy_hashes(&t, &["state".to_string()]).unwrap();
+    let (a2, d2) = tree_and_deploy_hashes(&t, &[]).unwrap();
+    assert_eq!(a, a2);
+    assert_ne!(d, d2);
+    assert!(tree_and_deploy_hashes(&t, &["[".to_string()]).is_err());
+}
+
+#[test]
+fn deploy_tree_hash_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("t");
+    fs::create_dir_all(t.join("d")).unwrap();
+    fs::create_dir_all(t.join("state")).unwrap();
+    fs::write(t.join("d/f.txt"), b"hello").unwrap();
+    fs::write(t.join("run.sh"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(t.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    symlink("d/f.txt", t.join("l")).unwrap();
+    fs::write(t.join("state/db"), b"live").unwrap();
+    let excl = vec!["state".to_string()];
+    let base = deploy_tree_hash(&t, &excl).unwrap();
+
+    // The definition, written out independently.
+    let mut h = Sha256::new();
+    h.update(b"fork-deploy-tree-v1\0");
+    let put = |h: &mut Sha256, b: &[u8]| {
+        h.update((b.len() as u64).to_be_bytes());
+        h.update(b);
+    };
+    h.update(b"F");
+    put(&mut h, b"d/f.txt");
+    h.update([0u8]);
+    h.update(Sha256::digest(b"hello"));
+    h.update(b"L");
+    put(&mut h, b"l");
+    put(&mut h, b"d/f.txt");
+    h.update(b"F");
+    put(&mut h, b"run.sh");
+    h.update([1u8]);
+    h.update(Sha256::digest(b"#!/bin/sh\n"));
+    assert_eq!(base, format!("sha256:{}", hex::encode(h.finalize())));
+
+    // Excluded paths, empty directories, other mode bits and FIFOs do not count.
+    fs::write(t.join("state/db"), b"changed").unwrap();
+    fs::create_dir_all(t.join("empty/deeper")).unwrap();
+    fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    nix::unistd::mkfifo(
+        &t.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    assert_eq!(deploy_tree_hash(&t, &excl).unwrap(), base);
+    // Content, the exec bit and a link target do.
+    fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o700)).unwrap();
+    assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+    fs::set_permissions(t.join("d/f.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(t.join("d/f.txt"), b"hellO").unwrap();
+    assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+    fs::write(t.join("d/f.txt"), b"hello").unwrap();
+    fs::remove_file(t.join("l")).unwrap();
+    symlink("d/F.txt", t.join("l")).unwrap();
+    assert_ne!(deploy_tree_hash(&t, &excl).unwrap(), base);
+    // A copy (minus exclude) hashes alike.
+    fs::remove_file(t.join("l")).unwrap();
+    symlink("d/f.txt", t.join("l")).unwrap();
+    let to = dir.path().join("to");
+    copy_tree(&t, &to, &excl).unwrap();
+    assert_eq!(deploy_tree_hash(&to, &[]).unwrap(), base);
+}
+
+#[test]
+fn remove_tree_does_not_follow_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("keep");
+    fs::create_dir(&keep).unwrap();
+    fs::write(keep.join("precious"), b"p").unwrap();
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("x")).unwrap();
+    symlink(&keep, ws.join("x/to-keep")).unwrap();
+    symlink(keep.join("precious"), ws.join("file-link")).unwrap();
+    remove_tree(&ws).unwrap();
+    assert!(!ws.exists());
+    assert_eq!(fs::read(keep.join("precious")).unwrap(), b"p");
+    remove_tree(&ws).unwrap();
+}
