@@ -468,8 +468,9 @@ fn sign(
     }
     // The sides' sandbox teardowns overlap the bundle's writing, and the staging
     // directory's removal its syncing (once the bundle has copied the artifacts out of
-    // it); the bundle takes its name only once every one is done (a failed teardown is
-    // the evaluation's error, as in line).
+    // it); the bundle takes its name only once every one is done (a failed sandbox
+    // teardown is the evaluation's error, as in line; a failed removal of the staging
+    // directory is logged, as in line).
     let written = crate::verdict::write_bundle_then(
         &p.out_dir,
         &verdict,

@@ -107,8 +107,8 @@ pub fn prepare_side(
             sb.destroy()?;
             return Ok(Prepared::DidNotApply(e.to_string(), h));
         }
+        crate::trace::mark("side: patch applied");
     }
-    crate::trace::mark("side: patch applied");
     // The tree the successor runs, hashed before it runs (it may write into src/).
     let patched = match patch {
         Some(_) => {

@@ -1,7 +1,11 @@
-//! Sandbox teardowns overlapped with what follows them: a side's sandbox (its cgroup, its
-//! disk, its run directory) is destroyed on a thread of its own while the evaluation goes
-//! on concluding, signing and writing the bundle. Every teardown is joined, and its error
-//! surfaced as the evaluation's, before anything depends on it being done:
+//! Teardowns overlapped with what follows them: a side's sandbox (its cgroup, its disk,
+//! its run directory) is destroyed on a thread of its own while the evaluation goes on
+//! concluding, signing and writing the bundle; the staged state snapshot and protected copy
+//! are removed the same way once every sandbox is made ([`Teardowns::remove_dir`]), and the
+//! rest of the staging directory once the bundle has copied the artifacts out of it
+//! ([`Teardowns::hold`], [`Teardowns::release_held`]). Every teardown is joined, a
+//! sandbox's error surfaced as the evaluation's (a removal's is logged), before anything
+//! depends on it being done:
 //!
 //! - before the next sandbox of the evaluation is prepared (one side's sandbox is gone
 //!   before the next starts, as when it was destroyed in line);

@@ -273,6 +273,7 @@ fn both_hashes_from_one_reading_are_the_two_read_apart() {
         vec!["state/".into(), "logs".into(), "**/*.pyc".into()],
         vec!["./state".into(), "src/a".into()],
         vec!["nothing-matches".into()],
+        vec!["state/**".into(), "link".into(), "keep/*".into()],
     ] {
         let (all, deployed) = tree_and_deploy_hashes(&t, &excl).unwrap();
         assert_eq!(all, tree_hash(&t).unwrap(), "{excl:?}");
