@@ -62,16 +62,7 @@ pub(crate) fn symlink_escape_probe(dir: &Path, target: &Path) -> Outcome {
     if let Err(e) = std::os::unix::fs::symlink(target, &link) {
         return Outcome::io(&e, &format!("symlink {}", link.display()));
     }
-    let out = match append_mark(&link) {
-        Ok(n) => Outcome::ok(format!(
-            "wrote {n} bytes to {} through {}",
-            target.display(),
-            link.display()
-        )),
-        Err(e) => Outcome::io(&e, &format!("write through {}", link.display())),
-    };
-    let _ = fs::remove_file(&link);
-    out.with("linked", true)
+    write_through(&link, target)
 }
 
 pub(crate) fn hardlink_probe(dir: &Path, target: &Path) -> Outcome {
@@ -83,7 +74,12 @@ pub(crate) fn hardlink_probe(dir: &Path, target: &Path) -> Outcome {
         )
         .with("linked", false);
     }
-    let out = match append_mark(&link) {
+    write_through(&link, target)
+}
+
+/// Appends the mark to `target` through `link` (made by the caller, removed here).
+fn write_through(link: &Path, target: &Path) -> Outcome {
+    let out = match append_mark(link) {
         Ok(n) => Outcome::ok(format!(
             "wrote {n} bytes to {} through {}",
             target.display(),
@@ -91,6 +87,6 @@ pub(crate) fn hardlink_probe(dir: &Path, target: &Path) -> Outcome {
         )),
         Err(e) => Outcome::io(&e, &format!("write through {}", link.display())),
     };
-    let _ = fs::remove_file(&link);
+    let _ = fs::remove_file(link);
     out.with("linked", true)
 }

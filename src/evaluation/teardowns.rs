@@ -80,7 +80,12 @@ impl Teardowns {
     /// Holds `removal` until [`Teardowns::release_held`] (one at a time: a second replaces
     /// the first, which is dropped unrun).
     pub fn hold(&self, removal: impl FnOnce() + Send + 'static) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(removal));
+        // A replaced removal is dropped after the lock is let go (its drop removes a tree).
+        let _replaced = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(Box::new(removal));
     }
 
     /// Runs the removal held (if any) on a thread of its own, joined with the teardowns;

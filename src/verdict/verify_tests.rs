@@ -527,39 +527,31 @@ fn bundle_refusals() {
     let count = || fs::read_dir(&parent).unwrap().count();
     let before = count();
 
-    // A symlinked artifact is refused, and nothing is left behind.
+    let out2 = parent.join("run-2");
+    // An artifact that is not a regular file is refused, and nothing is left behind.
+    let refused = |artifact: std::path::PathBuf| {
+        let err = write_bundle(
+            &out2,
+            &v,
+            &[(ArtifactType::TestReport, artifact)],
+            &eph,
+            &f.node,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, BundleError::ArtifactNotRegular { .. }),
+            "{err}"
+        );
+        assert_eq!(count(), before);
+    };
+    // A symlinked artifact.
     let link = f.reports.join("link.xml");
     std::os::unix::fs::symlink(f.reports.join("tests.xml"), &link).unwrap();
-    let out2 = parent.join("run-2");
-    let err = write_bundle(
-        &out2,
-        &v,
-        &[(ArtifactType::TestReport, link)],
-        &eph,
-        &f.node,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, BundleError::ArtifactNotRegular { .. }),
-        "{err}"
-    );
-    assert_eq!(count(), before);
-
-    // A FIFO is refused without waiting for a writer.
+    refused(link);
+    // A FIFO, without waiting for a writer.
     let fifo = f.reports.join("pipe.xml");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    let err = write_bundle(
-        &out2,
-        &v,
-        &[(ArtifactType::TestReport, fifo)],
-        &eph,
-        &f.node,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, BundleError::ArtifactNotRegular { .. }),
-        "{err}"
-    );
+    refused(fifo);
 
     // An invalid verdict is refused.
     let mut bad = v.clone();
