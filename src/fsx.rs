@@ -42,6 +42,12 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 /// Most path components accepted in a relative path.
 pub const MAX_PATH_COMPONENTS: usize = 32;
 
+/// The buffer, on the stack, through which a file is read to be hashed (and copied, for a
+/// bundle's artifact). Most files fork hashes (sources, tests, a bundle's small files) fit
+/// in one read; a heap buffer of 64 KiB, zeroed for each file, cost 1.5 us a file more
+/// (`fork evaluate` hashes about 80).
+pub const READ_BUF: usize = 16 << 10;
+
 /// Why a file beneath a directory was not opened. `component` is the path (relative to the
 /// directory, or the directory's own path) of the component at fault.
 #[derive(Debug, thiserror::Error)]

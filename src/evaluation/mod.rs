@@ -192,14 +192,21 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
 
     // 2 FORK: one snapshot of each state store, shared by both sides.
     progress::phase("snapshot", "the state stores, once for every side");
-    let (snap_dir, state_hash, state_check) = staging::snapshot_state(&p, &staging)?;
+    // The cache's key needs the parent's source tree hashed: that runs beside the stores'
+    // snapshot (it reads no store).
+    let hash_source = || {
+        let h = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
+            .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")));
+        crate::trace::mark("evaluate: parent source hashed");
+        h
+    };
+    let (snap_dir, state_hash, state_check, parent_source_hash) =
+        staging::snapshot_state(&p, &staging, hash_source)?;
     crate::trace::mark("evaluate: state and protected tree snapshotted");
 
     // The cache: the same patch on the same source tree, state, task and policy was
     // evaluated before, and its bundle still verifies. (The key's source is the tree the
     // patch applies to: with the patch hash, it determines the patched tree.)
-    let parent_source_hash = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
-        .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
     let cache_key = crate::ledger::CacheKey {
         patch_hash: p.patch_hash.clone(),
         state_hash: state_hash.clone(),
@@ -207,7 +214,6 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         task_hash: p.task_hash.clone(),
         policy_hash: p.policy_hash.clone(),
     };
-    crate::trace::mark("evaluate: parent source hashed");
     if p.use_cache && p.replicas <= 1 {
         let probe = conclude::CacheProbe {
             source_dir: &source_dir,

@@ -286,7 +286,7 @@ fn hash_at(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<String, String
     }
     let mut f = std::fs::File::from(fd);
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = [0u8; crate::fsx::READ_BUF];
     loop {
         let n = f.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {

@@ -47,37 +47,40 @@ impl Drop for Staging {
 /// FORK, once per evaluation: every state store of the manifest snapshotted with SQLite's
 /// online backup API into `<staging>/state` (0600 copies), and the protected tree copied
 /// into `<staging>/protected` (see `protect`). Returns the state directory, the combined
-/// state hash and the copies' integrity check, begun on a thread of its own (see
-/// [`StateCheck`]). The two copies are independent (different sources, different
-/// directories), so the state stores are copied and hashed on a thread of their own while
-/// this one copies the protected tree; a state store's error is reported first, as before.
-pub fn snapshot_state(
+/// state hash, the copies' integrity check, begun on a thread of its own (see
+/// [`StateCheck`]), and what `beside` returned. The two copies are independent (different
+/// sources, different directories), so the state stores are copied and hashed on a thread
+/// of their own while this one copies the protected tree and then runs `beside` (the
+/// evaluation hashes the parent's source tree there: it reads no store either); a state
+/// store's error is reported first, as before, then the protected tree's, then
+/// `beside`'s. When a store may lie in the protected tree, everything runs in turn, and
+/// `beside` last.
+pub fn snapshot_state<R>(
     p: &Plan,
     staging: &Staging,
-) -> Result<(PathBuf, String, StateCheck), EvaluateError> {
+    beside: impl FnOnce() -> Result<R, EvaluateError>,
+) -> Result<(PathBuf, String, StateCheck, R), EvaluateError> {
     let snap_dir = staging.path().join("state");
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&snap_dir)
         .map_err(|e| internal("staging")(e.to_string()))?;
-    let copies = if !stores_outside_protected(p) {
+    let (copies, beside) = if !stores_outside_protected(p) {
         let copies = snapshot_stores(p, &snap_dir)?;
         protect_snapshot(p, staging)?;
-        copies
+        (copies, beside()?)
     } else {
-        let (states, protected) = std::thread::scope(|s| {
+        let (states, ours) = std::thread::scope(|s| {
             let states = s.spawn(|| snapshot_stores(p, &snap_dir));
-            let protected = protect_snapshot(p, staging);
+            let ours = protect_snapshot(p, staging).and_then(|()| beside());
             let states = states.join().unwrap_or_else(|_| {
                 Err(EvaluateError::Internal(
                     "the state snapshot's thread panicked".into(),
                 ))
             });
-            (states, protected)
+            (states, ours)
         });
-        let copies = states?;
-        protected?;
-        copies
+        (states?, ours?)
     };
     let digests: Vec<(String, String)> = copies
         .iter()
@@ -87,6 +90,7 @@ pub fn snapshot_state(
         snap_dir,
         combined_state_hash(&digests),
         StateCheck::start(copies),
+        beside,
     ))
 }
 
@@ -193,7 +197,9 @@ fn protect_snapshot(p: &Plan, staging: &Staging) -> Result<(), EvaluateError> {
         &p.runtime.join(&p.manifest.runtime.source),
         &p.manifest.runtime.protected,
         &p.manifest.runtime.exclude,
-    )
+    )?;
+    crate::trace::mark("evaluate: protected tree copied");
+    Ok(())
 }
 
 /// Whether the protected tree's copy can never open a state store (nor its side files):
@@ -273,5 +279,6 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
         });
         check_interrupt()?;
     }
+    crate::trace::mark("evaluate: state stores copied");
     Ok(copies)
 }

@@ -701,6 +701,35 @@ mod tests {
         assert!(a.integrity_ok && !a.wal);
     }
 
+    /// A rollback-journal database of one chunk copied without a check (as `fork evaluate`
+    /// copies it) is hashed on the copying thread once the lock is gone; with a check, on
+    /// a thread behind the copy. Both ways, and in both digests, the digest is the copy's.
+    #[test]
+    fn a_one_chunk_raw_copy_is_hashed_the_same_with_or_without_its_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("s.db");
+        make_db(&src, false, 50);
+        for digest in [StateDigest::Blake3, StateDigest::Sha256] {
+            let mut got = Vec::new();
+            for check in [IntegrityCheck::Skip, IntegrityCheck::Full] {
+                let dest = dir.path().join(format!("{}-{check:?}.db", digest.name()));
+                let opts = SnapshotOptions {
+                    raw_copy: true,
+                    check,
+                    digest,
+                    ..SnapshotOptions::default()
+                };
+                let stats = snapshot(&src, &dest, &opts).unwrap();
+                assert_eq!(stats.method, SnapshotMethod::FileBytes);
+                assert_eq!(stats.bytes, fs::metadata(&dest).unwrap().len());
+                assert_eq!(stats.digest, digest.of_path(&dest).unwrap());
+                assert_eq!(stats.integrity_ok, check == IntegrityCheck::Full);
+                got.push((stats.digest, fs::read(&dest).unwrap()));
+            }
+            assert_eq!(got[0], got[1], "{}", digest.name());
+        }
+    }
+
     #[test]
     fn snapshot_leaves_the_source_untouched() {
         let dir = tempfile::tempdir().unwrap();

@@ -202,7 +202,7 @@ impl Tree {
 /// The sha256 of what `f` holds.
 fn digest(mut f: File, shown: &Path) -> Result<[u8; 32], WorkspaceError> {
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
+    let mut buf = [0u8; crate::fsx::READ_BUF];
     loop {
         let n = f.read(&mut buf).map_err(|e| io("read", shown, e))?;
         if n == 0 {

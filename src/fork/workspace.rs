@@ -194,15 +194,20 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
                         stats.excluded += 1;
                         continue;
                     }
-                    if clear_dest(&dst, true)? {
-                        // Merge into the existing directory; its mode is set at the end.
-                        fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
-                            .ctx("set permissions on", &dst)?;
-                    } else {
-                        fs::DirBuilder::new()
-                            .mode(0o700)
-                            .create(&dst)
-                            .ctx("create directory", &dst)?;
+                    let made = || fs::DirBuilder::new().mode(0o700).create(&dst);
+                    match made() {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                            if clear_dest(&dst, true)? {
+                                // Merge into the existing directory; its mode is set at
+                                // the end.
+                                fs::set_permissions(&dst, fs::Permissions::from_mode(0o700))
+                                    .ctx("set permissions on", &dst)?;
+                            } else {
+                                made().ctx("create directory", &dst)?;
+                            }
+                        }
+                        Err(e) => return Err(IoError::new("create directory", &dst, e).into()),
                     }
                     stats.dirs += 1;
                     dir_modes.push((dst.clone(), mode & 0o1777));
@@ -210,13 +215,14 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
                 }
                 Node::File { mode } => {
                     let mut from = tree.open_file(&dir, &rel_dir, &name)?;
-                    clear_dest(&dst, false)?;
-                    let mut out = fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&dst)
-                        .ctx("create", &dst)?;
+                    let create = || {
+                        fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .mode(0o600)
+                            .open(&dst)
+                    };
+                    let mut out = or_after_clearing(create, &dst, "create")?;
                     // copy_file_range(2): a reflink where the filesystem can.
                     let n = io::copy(&mut from, &mut out).ctx("copy", &tree.path().join(&rel))?;
                     out.set_permissions(fs::Permissions::from_mode(mode & 0o1777))
@@ -225,8 +231,8 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
                     stats.bytes += n;
                 }
                 Node::Link(target) => {
-                    clear_dest(&dst, false)?;
-                    std::os::unix::fs::symlink(&target, &dst).ctx("create symlink", &dst)?;
+                    let link = || std::os::unix::fs::symlink(&target, &dst);
+                    or_after_clearing(link, &dst, "create symlink")?;
                     stats.symlinks += 1;
                 }
                 _ => stats.special_skipped += 1,
@@ -238,6 +244,24 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
             .ctx("set permissions on", dir)?;
     }
     Ok(stats)
+}
+
+/// Runs `make`, a creation that refuses an existing entry at `dst`. Only when something is
+/// already there (a copy merged into a tree that holds one) is it cleared, as
+/// [`clear_dest`] does, and `make` run again: into an empty destination, as a fresh
+/// workspace is, a copy costs one call per entry, not a `stat` before each.
+fn or_after_clearing<T>(
+    make: impl Fn() -> io::Result<T>,
+    dst: &Path,
+    action: &'static str,
+) -> Result<T, WorkspaceError> {
+    match make() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            clear_dest(dst, false)?;
+            Ok(make().ctx(action, dst)?)
+        }
+        made => Ok(made.ctx(action, dst)?),
+    }
 }
 
 /// Makes room for a copy at `dst` in a destination that may already hold a tree: a file or

@@ -152,6 +152,30 @@ fn copy_tree_over_an_existing_tree() {
         .is_symlink());
     assert_eq!(fs::read(&outside).unwrap(), b"untouched");
     assert_eq!(fs::read(to.join("d/old")).unwrap(), b"kept");
+    // Where the source has a directory: a file in the way is replaced by the directory,
+    // and a link to a directory elsewhere is replaced too, never merged through.
+    fs::create_dir_all(from.join("e")).unwrap();
+    fs::write(from.join("e/x"), b"x").unwrap();
+    fs::create_dir_all(from.join("l")).unwrap();
+    fs::write(from.join("l/y"), b"y").unwrap();
+    fs::write(to.join("e"), b"a file in the way").unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    symlink(&elsewhere, to.join("l")).unwrap();
+    // A link where the source has a link is replaced by the source's.
+    symlink("g", from.join("k")).unwrap();
+    symlink(&outside, to.join("k")).unwrap();
+    let stats = copy_tree(&from, &to, &[]).unwrap();
+    assert_eq!((stats.files, stats.symlinks), (4, 1));
+    assert_eq!(fs::read(to.join("e/x")).unwrap(), b"x");
+    assert!(!fs::symlink_metadata(to.join("l"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::read(to.join("l/y")).unwrap(), b"y");
+    assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert_eq!(fs::read_link(to.join("k")).unwrap(), Path::new("g"));
+    assert_eq!(fs::read(&outside).unwrap(), b"untouched");
     // A directory where the source has a file is refused.
     fs::remove_file(to.join("g")).unwrap();
     fs::create_dir(to.join("g")).unwrap();

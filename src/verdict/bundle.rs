@@ -154,7 +154,7 @@ fn copy_artifact(source: &Path, dest: &Path) -> Result<(String, u64, fs::File), 
         .ctx("create", dest)?;
     private(&output, dest)?;
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
+    let mut buf = [0u8; crate::fsx::READ_BUF];
     let mut bytes = 0u64;
     loop {
         let n = input.read(&mut buf).ctx("read", source)?;

@@ -531,7 +531,7 @@ fn hash_artifact(
     }
     let mut f = opened.bounded();
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
+    let mut buf = [0u8; crate::fsx::READ_BUF];
     let mut n_total = 0u64;
     loop {
         let n = f.read(&mut buf).ctx("read", &path())?;

@@ -35,8 +35,9 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
     let want = [
         "evaluate: planned, node key loaded",
         "evaluate: gates checked, staging made",
-        "evaluate: state and protected tree snapshotted",
+        "evaluate: protected tree copied",
         "evaluate: parent source hashed",
+        "evaluate: state and protected tree snapshotted",
         "evaluate: patched side ready, trees hashed",
         "evaluate: tasks run",
         "evaluate: concluded",
@@ -46,10 +47,20 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         "exit",
     ];
     assert_phases_in_order(&timed, &want, &e.ctx());
+    // The parent's source is hashed beside the state stores' snapshot (on this thread,
+    // after the protected tree's copy), not after it: the demo's store lies under an
+    // excluded directory, so the hash reads no store.
+    let at = |m: &str| marks.iter().position(|p| *p == m);
+    let stores = at("evaluate: state stores copied");
+    assert!(
+        at("evaluate: gates checked, staging made") < stores
+            && stores < at("evaluate: state and protected tree snapshotted"),
+        "the state stores not copied within the snapshot phase:\n{}",
+        e.ctx()
+    );
     // The staging directory goes on a teardown thread once the bundle has copied the
     // artifacts out of it, beside the bundle's fsyncs: after the conclusion, joined before
     // the bundle takes its name.
-    let at = |m: &str| marks.iter().position(|p| *p == m);
     let staging = marks
         .iter()
         .filter(|p| **p == "evaluate: staging removed")
