@@ -173,6 +173,11 @@ struct Scan<'a> {
     prefixes: Vec<String>,
     /// Whether to hash a file (its path and size).
     hash_if: &'a dyn Fn(&str, u64) -> bool,
+    /// Where each protected entry is copied as it is read ([`snapshot`]); `None` only reads.
+    copy_to: Option<&'a Path>,
+    /// The paths a pattern names literally (`dir` of `dir/**`, an exact path), with what
+    /// the scan found there: `(is a directory, mode)`, `None` for nothing or a link.
+    named: BTreeMap<String, Option<(bool, u32)>>,
     visited: usize,
     found: BTreeMap<String, Entry>,
 }
@@ -234,20 +239,43 @@ impl Scan<'_> {
             let fmt = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
             let mode = st.st_mode & 0o7777;
             let is_dir = fmt == SFlag::S_IFDIR;
+            if let Some(k) = self.named.get_mut(&r) {
+                *k = (fmt != SFlag::S_IFLNK).then_some((is_dir, mode));
+            }
             if self.protected.is_match(&r) {
+                let to = self.copy_to.map(|root| root.join(&r));
                 let entry = if fmt == SFlag::S_IFREG {
                     let size = st.st_size as u64;
-                    let sha256 = if (self.hash_if)(&r, size) {
-                        hash_at(dir, &name).map_err(|e| fail(&r, &e))?
-                    } else {
-                        String::new()
-                    };
-                    Entry::File { sha256, size, mode }
+                    match &to {
+                        // Copied from the descriptor it is hashed through: the copy is the
+                        // bytes the manifest names, never what a link put there since.
+                        Some(to) => {
+                            let (sha256, size) =
+                                copy_at(dir, &name, to, mode).map_err(|e| fail(&r, &e))?;
+                            Entry::File { sha256, size, mode }
+                        }
+                        None => {
+                            let sha256 = if (self.hash_if)(&r, size) {
+                                read_at(dir, &name, |_| Ok(())).map_err(|e| fail(&r, &e))?.0
+                            } else {
+                                String::new()
+                            };
+                            Entry::File { sha256, size, mode }
+                        }
+                    }
                 } else if is_dir {
+                    if let Some(to) = &to {
+                        std::fs::create_dir_all(to).map_err(|e| fail(&r, &e))?;
+                    }
                     Entry::Dir { mode }
                 } else if fmt == SFlag::S_IFLNK {
                     let t =
                         nix::fcntl::readlinkat(dir, name.as_os_str()).map_err(|e| fail(&r, &e))?;
+                    if let Some(to) = &to {
+                        make_parent(to)
+                            .and_then(|()| std::os::unix::fs::symlink(&t, to))
+                            .map_err(|e| fail(&r, &e))?;
+                    }
                     Entry::Symlink {
                         target: t.to_string_lossy().into_owned(),
                     }
@@ -271,8 +299,14 @@ impl Scan<'_> {
 
 use std::os::unix::ffi::OsStrExt;
 
-/// The sha256 of the regular file `name` in `dir`, opened without following a link.
-fn hash_at(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<String, String> {
+/// Reads the regular file `name` in `dir`, opened without following a link and checked on
+/// its descriptor, handing each piece read to `sink`; returns the sha256 of what was read
+/// and its length.
+fn read_at(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> Result<(String, u64), String> {
     let fd: OwnedFd = nix::fcntl::openat(
         dir,
         name,
@@ -287,14 +321,52 @@ fn hash_at(dir: BorrowedFd<'_>, name: &std::ffi::OsStr) -> Result<String, String
     let mut f = std::fs::File::from(fd);
     let mut h = Sha256::new();
     let mut buf = [0u8; crate::fsx::READ_BUF];
+    let mut len = 0u64;
     loop {
         let n = f.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
+        sink(&buf[..n]).map_err(|e| e.to_string())?;
+        len += n as u64;
     }
-    Ok(hex::encode(h.finalize()))
+    Ok((hex::encode(h.finalize()), len))
+}
+
+/// Copies the regular file `name` in `dir` to `to` (a new file, its parents made as
+/// needed) as [`read_at`] reads it, and gives the copy `mode`'s permission bits plus
+/// read and write for everyone (see [`snapshot`]); returns the sha256 and length of the
+/// bytes copied.
+fn copy_at(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    to: &Path,
+    mode: u32,
+) -> Result<(String, u64), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    make_parent(to).map_err(|e| e.to_string())?;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)
+        .map_err(|e| e.to_string())?;
+    let read = read_at(dir, name, |b| out.write_all(b))?;
+    out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+        (mode & 0o777) | 0o666,
+    ))
+    .map_err(|e| e.to_string())?;
+    Ok(read)
+}
+
+/// Makes the directories above `path` (in the copy, which only fork writes).
+fn make_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(p) => std::fs::create_dir_all(p),
+        None => Ok(()),
+    }
 }
 
 /// The protected entries beneath `root`.
@@ -304,8 +376,34 @@ fn scan(
     exclude: &[String],
     hash_if: &dyn Fn(&str, u64) -> bool,
 ) -> Result<BTreeMap<String, Entry>, (String, String)> {
+    Ok(scan_into(root, patterns, exclude, hash_if, None)?.0)
+}
+
+/// [`scan`], copying each protected entry beneath `copy_to` as it is read when given, and
+/// saying what the scan found at each path a pattern names literally.
+#[allow(clippy::type_complexity)]
+fn scan_into(
+    root: &Path,
+    patterns: &[String],
+    exclude: &[String],
+    hash_if: &dyn Fn(&str, u64) -> bool,
+    copy_to: Option<&Path>,
+) -> Result<
+    (
+        BTreeMap<String, Entry>,
+        BTreeMap<String, Option<(bool, u32)>>,
+    ),
+    (String, String),
+> {
     let protected = glob_set(patterns, false).map_err(|e| (String::new(), e))?;
     let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e))?;
+    let named = patterns
+        .iter()
+        .map(|p| p.strip_prefix("./").unwrap_or(p).trim_end_matches('/'))
+        .map(|t| t.strip_suffix("/**").unwrap_or(t))
+        .filter(|t| !t.is_empty() && !has_meta(t))
+        .map(|t| (t.to_string(), None))
+        .collect();
     let mut s = Scan {
         protected: &protected,
         exclude: &exclude,
@@ -314,12 +412,14 @@ fn scan(
             .map(|p| literal_prefix(p.strip_prefix("./").unwrap_or(p)))
             .collect(),
         hash_if,
+        copy_to,
+        named,
         visited: 0,
         found: BTreeMap::new(),
     };
     let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
     s.dir(fd.as_fd(), "", 0)?;
-    Ok(s.found)
+    Ok((s.found, s.named))
 }
 
 /// How `found` differs from `expected` (only paths `in_scope` counts; modes when `modes`).
@@ -373,7 +473,10 @@ pub(super) fn copy_root(staging: &Path) -> PathBuf {
 }
 
 /// FORK, once per evaluation: the parent's protected tree copied into the staging
-/// directory, with its manifest and its binds (see the module documentation).
+/// directory, with its manifest and its binds (see the module documentation). Each entry
+/// is copied as the scan reads it, through the descriptors the scan opened beneath
+/// `source` (no path is looked up again, so no link swapped in since is followed), and the
+/// manifest hashes the bytes copied.
 pub fn snapshot(
     staging: &Path,
     source: &Path,
@@ -383,75 +486,43 @@ pub fn snapshot(
     let err = |what: &str, e: &dyn std::fmt::Display| {
         internal("the protected tree")(format!("{what}: {e}"))
     };
-    let entries = scan(source, patterns, exclude, &|_, _| true)
-        .map_err(|(p, e)| err(&format!("reading {}", source.join(p).display()), &e))?;
-    let binds = plan_binds(patterns, &entries, |rel| {
-        std::fs::symlink_metadata(source.join(rel))
-            .ok()
-            .filter(|m| !m.file_type().is_symlink())
-            .map(|m| m.is_dir())
-    });
     let copy = copy_root(staging);
     std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
     if nix::unistd::geteuid().is_root() {
         // A tmpfs of its own: a bind from it shows `/tests`, not a host path, as its root.
-        let bytes: u64 = entries
-            .values()
-            .map(|e| match e {
-                Entry::File { size, .. } => size + 4096,
-                _ => 4096,
-            })
-            .sum();
-        let data = format!("size={},mode=0755", bytes + (1 << 20));
+        // Its size is tmpfs's default (half the memory): it holds what the parent's
+        // protected tree holds, as a copy sized to a scan before it did, and is never
+        // written after.
         nix::mount::mount(
             Some("tmpfs"),
             &copy,
             Some("tmpfs"),
             nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some(data.as_str()),
+            Some("mode=0755"),
         )
         .map_err(|e| err("mounting its tmpfs", &e))?;
     }
-    let bound = |rel: &str| {
-        binds.iter().any(|(b, _)| {
-            rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
-        })
-    };
+    let (entries, named) = scan_into(source, patterns, exclude, &|_, _| true, Some(&copy))
+        .map_err(|(p, e)| err(&format!("reading {}", source.join(p).display()), &e))?;
+    let binds = plan_binds(patterns, &entries, |rel| {
+        named.get(rel).copied().flatten().map(|(dir, _)| dir)
+    });
     // Every sandbox's uid (each run has its own) may read the copy and is refused writes
     // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
     // EACCES): files a+rw, directories a+rwx. The copy lies beneath the staging directory
-    // (0700), out of other host users' reach, and is never written after this.
+    // (0700), out of other host users' reach, and is never written after this. An entry no
+    // bind serves (a directory a one-level glob matches) is in the copy, never in a
+    // sandbox.
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     for (rel, _) in binds.iter().filter(|(_, d)| *d) {
-        let md = std::fs::metadata(source.join(rel)).map_err(|e| err(rel, &e))?;
-        std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
-        dir_modes.push((
-            copy.join(rel),
-            (std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777) | 0o777,
-        ));
-    }
-    for (rel, e) in entries.iter().filter(|(r, _)| bound(r)) {
-        let (from, to) = (source.join(rel), copy.join(rel));
-        if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| err(rel, &e))?;
+        if let Some(Some((true, mode))) = named.get(rel) {
+            std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
+            dir_modes.push((copy.join(rel), (mode & 0o777) | 0o777));
         }
-        match e {
-            Entry::Dir { mode } => {
-                std::fs::create_dir_all(&to).map_err(|e| err(rel, &e))?;
-                dir_modes.push((to, (mode & 0o777) | 0o777));
-            }
-            Entry::File { mode, .. } => {
-                std::fs::copy(&from, &to).map_err(|e| err(rel, &e))?;
-                std::fs::set_permissions(
-                    &to,
-                    std::os::unix::fs::PermissionsExt::from_mode((mode & 0o777) | 0o666),
-                )
-                .map_err(|e| err(rel, &e))?;
-            }
-            Entry::Symlink { target } => {
-                std::os::unix::fs::symlink(target, &to).map_err(|e| err(rel, &e))?;
-            }
-            Entry::Other => {}
+    }
+    for (rel, e) in &entries {
+        if let Entry::Dir { mode } = e {
+            dir_modes.push((copy.join(rel), (mode & 0o777) | 0o777));
         }
     }
     dir_modes.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
@@ -535,149 +606,5 @@ pub fn check(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file() -> Entry {
-        Entry::File {
-            sha256: "00".into(),
-            size: 1,
-            mode: 0o644,
-        }
-    }
-
-    fn pats(p: &[&str]) -> Vec<String> {
-        p.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn plan_binds_whole_dirs_exact_paths_and_each_glob_match() {
-        let mut entries = BTreeMap::new();
-        for f in [
-            "tests/a.py",
-            "tests/sub/b.py",
-            "fork.toml",
-            "x/y.lock",
-            "z.lock",
-            "tests/c.lock",
-        ] {
-            entries.insert(f.to_string(), file());
-        }
-        entries.insert(
-            "link.lock".to_string(),
-            Entry::Symlink {
-                target: "z.lock".into(),
-            },
-        );
-        let dirs = ["tests", "tests/sub", "x", "judge"];
-        let files = ["fork.toml", "z.lock", "x/y.lock", "tests/c.lock"];
-        let kind_of = |p: &str| {
-            if dirs.contains(&p) {
-                Some(true)
-            } else if files.contains(&p) {
-                Some(false)
-            } else {
-                None
-            }
-        };
-        let b = plan_binds(
-            &pats(&[
-                "tests/**",
-                "./judge/**",
-                "fork.toml",
-                "**/*.lock",
-                "bench/**",
-                "tests/sub",
-                "missing.txt",
-            ]),
-            &entries,
-            kind_of,
-        );
-        assert_eq!(
-            b,
-            vec![
-                ("judge".to_string(), true),
-                ("tests".to_string(), true),
-                ("fork.toml".to_string(), false),
-                ("x/y.lock".to_string(), false),
-                ("z.lock".to_string(), false),
-            ],
-            "tests/sub and tests/c.lock are inside tests; bench and missing.txt do not exist; a symlink is never bound"
-        );
-    }
-
-    #[test]
-    fn literal_prefixes() {
-        assert_eq!(literal_prefix("tests/**"), "tests");
-        assert_eq!(literal_prefix("fork.toml"), "fork.toml");
-        assert_eq!(literal_prefix("**/*.lock"), "");
-        assert_eq!(literal_prefix("a/b*/c"), "a");
-    }
-
-    #[test]
-    fn snapshot_then_check_finds_every_change() {
-        let tmp = tempfile::tempdir().unwrap();
-        let src = tmp.path().join("src");
-        let stage = tmp.path().join("stage");
-        std::fs::create_dir_all(src.join("tests")).unwrap();
-        std::fs::create_dir_all(&stage).unwrap();
-        std::fs::write(src.join("tests/test_a.py"), "a").unwrap();
-        std::fs::write(src.join("tests/test_b.py"), "b").unwrap();
-        std::fs::write(src.join("fork.toml"), "m").unwrap();
-        std::fs::write(src.join("code.py"), "c").unwrap();
-        let patterns = pats(&["tests/**", "fork.toml", "**/*.lock"]);
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-        let _unmount = Unmount(stage.join(COPY_DIR));
-        snapshot(&stage, &src, &patterns, &[]).unwrap();
-        let b = binds(&stage).unwrap();
-        assert_eq!(b.len(), 2, "{b:?}");
-        assert_eq!(b[0].dst, PathBuf::from("/tmp/successor/src/tests"));
-        // An untouched copy is clean.
-        let ws = tmp.path().join("ws");
-        crate::fork::workspace::copy_tree(&src, &ws, &[]).unwrap();
-        assert!(check(&stage, &ws, &[]).unwrap().is_empty());
-        // Modified, added (under a bound dir, and by a glob), removed; unprotected ignored.
-        std::fs::write(ws.join("tests/test_a.py"), "A").unwrap();
-        std::fs::write(ws.join("tests/conftest.py"), "").unwrap();
-        std::fs::remove_file(ws.join("tests/test_b.py")).unwrap();
-        std::fs::write(ws.join("deps.lock"), "").unwrap();
-        std::fs::write(ws.join("code.py"), "changed").unwrap();
-        let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
-            .unwrap()
-            .into_iter()
-            .map(|c| (c.path, c.change))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("deps.lock".into(), ChangeKind::Added),
-                ("tests/conftest.py".into(), ChangeKind::Added),
-                ("tests/test_a.py".into(), ChangeKind::Modified),
-                ("tests/test_b.py".into(), ChangeKind::Removed),
-            ]
-        );
-        // A change to the served copy itself is found too.
-        if !nix::unistd::geteuid().is_root() {
-            return;
-        }
-        let ws2 = tmp.path().join("ws2");
-        crate::fork::workspace::copy_tree(&src, &ws2, &[]).unwrap();
-        let copied = stage.join(COPY_DIR).join("fork.toml");
-        std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            .unwrap();
-        std::fs::write(&copied, "changed").unwrap();
-        let got = check(&stage, &ws2, &[]).unwrap();
-        assert_eq!(
-            got,
-            vec![ProtectedChange {
-                path: "fork.toml".into(),
-                change: ChangeKind::Modified
-            }]
-        );
-    }
-}
+#[path = "protect_tests.rs"]
+mod tests;

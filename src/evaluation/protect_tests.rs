@@ -1,0 +1,236 @@
+//! Unit tests of `protect.rs` (binds, the snapshot, the check, the swapped-link race).
+
+use super::*;
+
+fn file() -> Entry {
+    Entry::File {
+        sha256: "00".into(),
+        size: 1,
+        mode: 0o644,
+    }
+}
+
+fn pats(p: &[&str]) -> Vec<String> {
+    p.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn plan_binds_whole_dirs_exact_paths_and_each_glob_match() {
+    let mut entries = BTreeMap::new();
+    for f in [
+        "tests/a.py",
+        "tests/sub/b.py",
+        "fork.toml",
+        "x/y.lock",
+        "z.lock",
+        "tests/c.lock",
+    ] {
+        entries.insert(f.to_string(), file());
+    }
+    entries.insert(
+        "link.lock".to_string(),
+        Entry::Symlink {
+            target: "z.lock".into(),
+        },
+    );
+    let dirs = ["tests", "tests/sub", "x", "judge"];
+    let files = ["fork.toml", "z.lock", "x/y.lock", "tests/c.lock"];
+    let kind_of = |p: &str| {
+        if dirs.contains(&p) {
+            Some(true)
+        } else if files.contains(&p) {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    let b = plan_binds(
+        &pats(&[
+            "tests/**",
+            "./judge/**",
+            "fork.toml",
+            "**/*.lock",
+            "bench/**",
+            "tests/sub",
+            "missing.txt",
+        ]),
+        &entries,
+        kind_of,
+    );
+    assert_eq!(
+        b,
+        vec![
+            ("judge".to_string(), true),
+            ("tests".to_string(), true),
+            ("fork.toml".to_string(), false),
+            ("x/y.lock".to_string(), false),
+            ("z.lock".to_string(), false),
+        ],
+        "tests/sub and tests/c.lock are inside tests; bench and missing.txt do not exist; a symlink is never bound"
+    );
+}
+
+#[test]
+fn literal_prefixes() {
+    assert_eq!(literal_prefix("tests/**"), "tests");
+    assert_eq!(literal_prefix("fork.toml"), "fork.toml");
+    assert_eq!(literal_prefix("**/*.lock"), "");
+    assert_eq!(literal_prefix("a/b*/c"), "a");
+}
+
+#[test]
+fn snapshot_then_check_finds_every_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(src.join("tests")).unwrap();
+    std::fs::create_dir_all(&stage).unwrap();
+    std::fs::write(src.join("tests/test_a.py"), "a").unwrap();
+    std::fs::write(src.join("tests/test_b.py"), "b").unwrap();
+    std::fs::write(src.join("fork.toml"), "m").unwrap();
+    std::fs::write(src.join("code.py"), "c").unwrap();
+    let patterns = pats(&["tests/**", "fork.toml", "**/*.lock"]);
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(stage.join(COPY_DIR));
+    snapshot(&stage, &src, &patterns, &[]).unwrap();
+    let b = binds(&stage).unwrap();
+    assert_eq!(b.len(), 2, "{b:?}");
+    assert_eq!(b[0].dst, PathBuf::from("/tmp/successor/src/tests"));
+    // An untouched copy is clean.
+    let ws = tmp.path().join("ws");
+    crate::fork::workspace::copy_tree(&src, &ws, &[]).unwrap();
+    assert!(check(&stage, &ws, &[]).unwrap().is_empty());
+    // Modified, added (under a bound dir, and by a glob), removed; unprotected ignored.
+    std::fs::write(ws.join("tests/test_a.py"), "A").unwrap();
+    std::fs::write(ws.join("tests/conftest.py"), "").unwrap();
+    std::fs::remove_file(ws.join("tests/test_b.py")).unwrap();
+    std::fs::write(ws.join("deps.lock"), "").unwrap();
+    std::fs::write(ws.join("code.py"), "changed").unwrap();
+    let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.path, c.change))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("deps.lock".into(), ChangeKind::Added),
+            ("tests/conftest.py".into(), ChangeKind::Added),
+            ("tests/test_a.py".into(), ChangeKind::Modified),
+            ("tests/test_b.py".into(), ChangeKind::Removed),
+        ]
+    );
+    // A change to the served copy itself is found too.
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let ws2 = tmp.path().join("ws2");
+    crate::fork::workspace::copy_tree(&src, &ws2, &[]).unwrap();
+    let copied = stage.join(COPY_DIR).join("fork.toml");
+    std::fs::set_permissions(&copied, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&copied, "changed").unwrap();
+    let got = check(&stage, &ws2, &[]).unwrap();
+    assert_eq!(
+        got,
+        vec![ProtectedChange {
+            path: "fork.toml".into(),
+            change: ChangeKind::Modified
+        }]
+    );
+}
+/// The parent's owner may swap a protected file for a link while the protected tree is
+/// snapshotted (the F8 race): the copy served to every sandbox must still hold only what
+/// lay in the tree, never what a link points to (a root-run fork could read a root-only
+/// file). Another thread swaps `tests/t.py` between a file and a link to a secret
+/// outside the tree as fast as it can, while the tree is snapshotted again and again
+/// (bounded in count and time). Every copy holds the file's own bytes or no file, and
+/// the manifest's hash is of the bytes copied.
+#[test]
+fn a_protected_file_swapped_for_a_link_is_never_copied_through_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("tests")).unwrap();
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "SECRET-OUTSIDE-THE-TREE").unwrap();
+    let file = src.join("tests/t.py");
+    let (as_file, as_link) = (src.join("tests/.file"), src.join("tests/.link"));
+    std::fs::write(&as_file, "the test").unwrap();
+    std::os::unix::fs::symlink(&secret, &as_link).unwrap();
+    std::fs::copy(&as_file, &file).unwrap();
+    let patterns = pats(&["tests/*.py"]);
+    let stop = AtomicBool::new(false);
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Hard links of the two names renamed over the file in turn: the path is
+            // always there, now a file, now a link.
+            let tmp_name = src.join("tests/.next");
+            let mut link = false;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&tmp_name);
+                let from = if link { &as_link } else { &as_file };
+                if std::fs::hard_link(from, &tmp_name).is_ok() {
+                    let _ = std::fs::rename(&tmp_name, &file);
+                }
+                link = !link;
+            }
+        });
+        // The swapping thread stops however this loop ends (a failed assertion too).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        for i in 0..300 {
+            if std::time::Instant::now() > deadline {
+                break;
+            }
+            let stage = tmp.path().join(format!("stage{i}"));
+            std::fs::create_dir_all(&stage).unwrap();
+            let _unmount = Unmount(stage.join(COPY_DIR));
+            if snapshot(&stage, &src, &patterns, &[]).is_err() {
+                continue;
+            }
+            let copied = stage.join(COPY_DIR).join("tests/t.py");
+            let m = load(&stage).unwrap().unwrap();
+            let entry = m.entries.get("tests/t.py");
+            match std::fs::symlink_metadata(&copied) {
+                // Seen as a link: copied as the link (never served: a one-level glob
+                // binds regular files only), never as what it points to.
+                Ok(md) if md.file_type().is_symlink() => {
+                    assert!(matches!(entry, Some(Entry::Symlink { .. })), "run {i}");
+                }
+                Ok(_) => {
+                    let bytes = std::fs::read(&copied).unwrap();
+                    assert_eq!(
+                        bytes, b"the test",
+                        "run {i}: the copy holds what a link points to"
+                    );
+                    let Some(Entry::File { sha256, size, .. }) = entry else {
+                        panic!("run {i}: a file copied for {entry:?}");
+                    };
+                    assert_eq!(*sha256, hex::encode(Sha256::digest(&bytes)), "run {i}");
+                    assert_eq!(*size, bytes.len() as u64, "run {i}");
+                }
+                Err(_) => assert!(
+                    !matches!(entry, Some(Entry::File { .. })),
+                    "run {i}: {entry:?} not copied"
+                ),
+            }
+        }
+    });
+}
