@@ -42,9 +42,10 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 /// Most path components accepted in a relative path.
 pub const MAX_PATH_COMPONENTS: usize = 32;
 
-/// The buffer, on the stack, through which a file is read to be hashed (and copied, for a
-/// bundle's artifact). Most files fork hashes (sources, tests, a bundle's small files) fit
-/// in one read; a heap buffer of 64 KiB, zeroed for each file, cost 1.5 us a file more
+/// The buffer through which a file is read to be hashed (and copied, for a bundle's
+/// artifact and the protected tree's copy): on the stack, or once per scan where the
+/// reading recurses. Most files fork hashes (sources, tests, a bundle's small files) fit in
+/// one read; a heap buffer of 64 KiB, zeroed for each file, cost 1.5 us a file more
 /// (`fork evaluate` hashes about 80).
 pub const READ_BUF: usize = 16 << 10;
 

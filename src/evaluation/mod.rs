@@ -77,6 +77,17 @@ fn check_interrupt() -> Result<(), EvaluateError> {
     }
 }
 
+/// The parent's source tree hashed as the cache's key and the verdict name it (read
+/// beneath the runtime directory, `exclude` left out).
+fn parent_source_hash(p: &plan::Plan) -> Result<String, EvaluateError> {
+    tree_hash_beneath(
+        &p.runtime,
+        &p.manifest.runtime.source,
+        &p.manifest.runtime.exclude,
+    )
+    .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -156,8 +167,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                     (s.display().to_string(), d)
                 })
                 .collect();
-            let source_hash = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
-                .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
+            let source_hash = parent_source_hash(&p)?;
             let evidence = Evidence {
                 gate: Some((gate.to_string(), reason.clone())),
                 ..Default::default()
@@ -193,12 +203,11 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // 2 FORK: one snapshot of each state store, shared by both sides.
     progress::phase("snapshot", "the state stores, once for every side");
     // The cache's key needs the parent's source tree hashed: that runs beside the stores'
-    // snapshot (it reads no store).
+    // snapshot when it reads no store.
     let hash_source = || {
-        let h = tree_hash_beneath(&p.runtime, &p.manifest.runtime.source, exclude)
-            .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")));
+        let h = parent_source_hash(&p)?;
         crate::trace::mark("evaluate: parent source hashed");
-        h
+        Ok(h)
     };
     let (snap_dir, state_hash, state_check, parent_source_hash) =
         staging::snapshot_state(&p, &staging, hash_source)?;

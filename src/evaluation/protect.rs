@@ -165,21 +165,32 @@ pub fn plan_binds(
     out
 }
 
-/// A scan of one tree for the protected entries beneath it.
+/// A scan of one tree for the protected entries beneath it, copying each one as it reads
+/// it when it has somewhere to copy them ([`snapshot`]).
 struct Scan<'a> {
     protected: &'a GlobSet,
     exclude: &'a GlobSet,
     /// Literal prefixes of the patterns ("" descends everywhere).
     prefixes: Vec<String>,
-    /// Whether to hash a file (its path and size).
+    /// Whether to hash a file (its path and size); a copied file is always hashed.
     hash_if: &'a dyn Fn(&str, u64) -> bool,
-    /// Where each protected entry is copied as it is read ([`snapshot`]); `None` only reads.
+    /// Where each protected entry is copied as it is read; `None` only reads.
     copy_to: Option<&'a Path>,
-    /// The paths a pattern names literally (`dir` of `dir/**`, an exact path), with what
-    /// the scan found there: `(is a directory, mode)`, `None` for nothing or a link.
-    named: BTreeMap<String, Option<(bool, u32)>>,
+    /// The read buffer, one per scan (the scan recurses: no buffer on its stack).
+    buf: Vec<u8>,
+    out: Scanned,
     visited: usize,
+}
+
+/// What a scan found.
+struct Scanned {
+    /// The protected entries.
     found: BTreeMap<String, Entry>,
+    /// The paths a pattern names literally (`dir` of `dir/**`, an exact path), with what
+    /// the scan found there: `Some(true)` a directory, `Some(false)` a regular file,
+    /// `None` anything else (nothing, a link, a FIFO or a device), or a path it never
+    /// reached (beneath a link or an excluded directory).
+    named: BTreeMap<String, Option<bool>>,
 }
 
 impl Scan<'_> {
@@ -192,7 +203,8 @@ impl Scan<'_> {
         })
     }
 
-    /// Scans the directory `dir` (at `rel`); on failure, the path that could not be read.
+    /// Scans the directory `dir` (at `rel`); on failure, the path that could not be read
+    /// (or, copying, written).
     fn dir(
         &mut self,
         dir: BorrowedFd<'_>,
@@ -239,8 +251,8 @@ impl Scan<'_> {
             let fmt = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
             let mode = st.st_mode & 0o7777;
             let is_dir = fmt == SFlag::S_IFDIR;
-            if let Some(k) = self.named.get_mut(&r) {
-                *k = (fmt != SFlag::S_IFLNK).then_some((is_dir, mode));
+            if let Some(k) = self.out.named.get_mut(&r) {
+                *k = (is_dir || fmt == SFlag::S_IFREG).then_some(is_dir);
             }
             if self.protected.is_match(&r) {
                 let to = self.copy_to.map(|root| root.join(&r));
@@ -250,13 +262,16 @@ impl Scan<'_> {
                         // Copied from the descriptor it is hashed through: the copy is the
                         // bytes the manifest names, never what a link put there since.
                         Some(to) => {
-                            let (sha256, size) =
-                                copy_at(dir, &name, to, mode).map_err(|e| fail(&r, &e))?;
+                            let (sha256, size, mode) =
+                                copy_at(dir, &name, to, &mut self.buf).map_err(|e| fail(&r, &e))?;
                             Entry::File { sha256, size, mode }
                         }
                         None => {
                             let sha256 = if (self.hash_if)(&r, size) {
-                                read_at(dir, &name, |_| Ok(())).map_err(|e| fail(&r, &e))?.0
+                                let (f, _) = open_at(dir, &name).map_err(|e| fail(&r, &e))?;
+                                read_all(f, &mut self.buf, |_| Ok(()))
+                                    .map_err(|e| fail(&r, &format!("reading: {e}")))?
+                                    .0
                             } else {
                                 String::new()
                             };
@@ -282,7 +297,7 @@ impl Scan<'_> {
                 } else {
                     Entry::Other
                 };
-                self.found.insert(r.clone(), entry);
+                self.out.found.insert(r.clone(), entry);
             }
             if is_dir && self.may_hold(&r) {
                 if depth >= MAX_DEPTH {
@@ -299,14 +314,12 @@ impl Scan<'_> {
 
 use std::os::unix::ffi::OsStrExt;
 
-/// Reads the regular file `name` in `dir`, opened without following a link and checked on
-/// its descriptor, handing each piece read to `sink`; returns the sha256 of what was read
-/// and its length.
-fn read_at(
+/// Opens the regular file `name` in `dir` without following a link (and without waiting
+/// on a FIFO), checked on its descriptor; returns it and its `fstat`.
+fn open_at(
     dir: BorrowedFd<'_>,
     name: &std::ffi::OsStr,
-    mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
-) -> Result<(String, u64), String> {
+) -> Result<(std::fs::File, nix::sys::stat::FileStat), String> {
     let fd: OwnedFd = nix::fcntl::openat(
         dir,
         name,
@@ -318,47 +331,68 @@ fn read_at(
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err("not a regular file any more".into());
     }
-    let mut f = std::fs::File::from(fd);
+    Ok((std::fs::File::from(fd), st))
+}
+
+/// Reads `f` to its end through `buf`, handing each piece to `sink`; returns the sha256
+/// of what was read and its length.
+fn read_all(
+    mut f: impl Read,
+    buf: &mut [u8],
+    mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<(String, u64)> {
     let mut h = Sha256::new();
-    let mut buf = [0u8; crate::fsx::READ_BUF];
     let mut len = 0u64;
     loop {
-        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = f.read(buf)?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
-        sink(&buf[..n]).map_err(|e| e.to_string())?;
+        sink(&buf[..n])?;
         len += n as u64;
     }
     Ok((hex::encode(h.finalize()), len))
 }
 
-/// Copies the regular file `name` in `dir` to `to` (a new file, its parents made as
-/// needed) as [`read_at`] reads it, and gives the copy `mode`'s permission bits plus
-/// read and write for everyone (see [`snapshot`]); returns the sha256 and length of the
-/// bytes copied.
+/// Copies the regular file `name` in `dir`, opened as [`open_at`] opens it, to `to` (a new
+/// file, its parents made as needed): at most the size its descriptor had when opened (a
+/// file growing meanwhile is not chased), hashed as it is copied. The copy gets the
+/// descriptor's permission bits plus read and write for everyone (see [`snapshot`]).
+/// Returns the sha256 and length of the bytes copied, and the mode.
 fn copy_at(
     dir: BorrowedFd<'_>,
     name: &std::ffi::OsStr,
     to: &Path,
-    mode: u32,
-) -> Result<(String, u64), String> {
+    buf: &mut [u8],
+) -> Result<(String, u64, u32), String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    make_parent(to).map_err(|e| e.to_string())?;
+    let (f, st) = open_at(dir, name)?;
+    let mode = st.st_mode & 0o7777;
+    let write = |e: std::io::Error| format!("writing its copy {}: {e}", to.display());
+    make_parent(to).map_err(write)?;
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(to)
-        .map_err(|e| e.to_string())?;
-    let read = read_at(dir, name, |b| out.write_all(b))?;
+        .map_err(write)?;
+    let mut failed_write = None;
+    let read = read_all(f.take(st.st_size as u64), buf, |b| {
+        out.write_all(b)
+            .inspect_err(|e| failed_write = Some(e.kind()))
+    });
+    let (sha256, len) = match (read, failed_write) {
+        (Err(e), Some(_)) => return Err(write(e)),
+        (Err(e), None) => return Err(format!("reading: {e}")),
+        (Ok(r), _) => r,
+    };
     out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
         (mode & 0o777) | 0o666,
     ))
-    .map_err(|e| e.to_string())?;
-    Ok(read)
+    .map_err(write)?;
+    Ok((sha256, len, mode))
 }
 
 /// Makes the directories above `path` (in the copy, which only fork writes).
@@ -369,32 +403,27 @@ fn make_parent(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The protected entries beneath `root`.
+/// The protected entries beneath `root` (its last component must not be a link; the
+/// directories above it are fork's: a workspace, the copy).
 fn scan(
     root: &Path,
     patterns: &[String],
     exclude: &[String],
     hash_if: &dyn Fn(&str, u64) -> bool,
 ) -> Result<BTreeMap<String, Entry>, (String, String)> {
-    Ok(scan_into(root, patterns, exclude, hash_if, None)?.0)
+    let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
+    Ok(scan_fd(fd.as_fd(), patterns, exclude, hash_if, None)?.found)
 }
 
-/// [`scan`], copying each protected entry beneath `copy_to` as it is read when given, and
-/// saying what the scan found at each path a pattern names literally.
-#[allow(clippy::type_complexity)]
-fn scan_into(
-    root: &Path,
+/// [`scan`] of the tree open at `root`, copying each protected entry beneath `copy_to` as
+/// it is read when given.
+fn scan_fd(
+    root: BorrowedFd<'_>,
     patterns: &[String],
     exclude: &[String],
     hash_if: &dyn Fn(&str, u64) -> bool,
     copy_to: Option<&Path>,
-) -> Result<
-    (
-        BTreeMap<String, Entry>,
-        BTreeMap<String, Option<(bool, u32)>>,
-    ),
-    (String, String),
-> {
+) -> Result<Scanned, (String, String)> {
     let protected = glob_set(patterns, false).map_err(|e| (String::new(), e))?;
     let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e))?;
     let named = patterns
@@ -413,13 +442,15 @@ fn scan_into(
             .collect(),
         hash_if,
         copy_to,
-        named,
+        buf: vec![0; crate::fsx::READ_BUF],
+        out: Scanned {
+            found: BTreeMap::new(),
+            named,
+        },
         visited: 0,
-        found: BTreeMap::new(),
     };
-    let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
-    s.dir(fd.as_fd(), "", 0)?;
-    Ok((s.found, s.named))
+    s.dir(root, "", 0)?;
+    Ok(s.out)
 }
 
 /// How `found` differs from `expected` (only paths `in_scope` counts; modes when `modes`).
@@ -472,27 +503,33 @@ pub(super) fn copy_root(staging: &Path) -> PathBuf {
     staging.join(COPY_DIR)
 }
 
-/// FORK, once per evaluation: the parent's protected tree copied into the staging
-/// directory, with its manifest and its binds (see the module documentation). Each entry
-/// is copied as the scan reads it, through the descriptors the scan opened beneath
-/// `source` (no path is looked up again, so no link swapped in since is followed), and the
-/// manifest hashes the bytes copied.
+/// FORK, once per evaluation: the parent's protected tree, the directory `source` beneath
+/// the runtime directory `runtime` (no component of `source` a link), copied into the
+/// staging directory, with its manifest and its binds (see the module documentation). Each
+/// entry is copied as the scan reads it, through the descriptors the scan opened from the
+/// runtime directory down (no path is looked up again, so no link swapped in since is
+/// followed), and the manifest hashes the bytes copied.
 pub fn snapshot(
     staging: &Path,
+    runtime: &Path,
     source: &Path,
     patterns: &[String],
     exclude: &[String],
 ) -> Result<(), EvaluateError> {
+    let shown = runtime.join(source);
     let err = |what: &str, e: &dyn std::fmt::Display| {
         internal("the protected tree")(format!("{what}: {e}"))
     };
+    let root = crate::fsx::open_dir(runtime, true)
+        .and_then(|r| crate::fork::tree::open_dir_beneath(&r, source))
+        .map_err(|e| err(&format!("reading {}", shown.display()), &e))?;
     let copy = copy_root(staging);
     std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
     if nix::unistd::geteuid().is_root() {
         // A tmpfs of its own: a bind from it shows `/tests`, not a host path, as its root.
-        // Its size is tmpfs's default (half the memory): it holds what the parent's
-        // protected tree holds, as a copy sized to a scan before it did, and is never
-        // written after.
+        // It holds what the parent's protected tree held (each file up to its size when
+        // the scan opened it), as the copy sized to the tree did before this copy was made
+        // as it is read; nothing writes to it afterwards.
         nix::mount::mount(
             Some("tmpfs"),
             &copy,
@@ -502,38 +539,39 @@ pub fn snapshot(
         )
         .map_err(|e| err("mounting its tmpfs", &e))?;
     }
-    let (entries, named) = scan_into(source, patterns, exclude, &|_, _| true, Some(&copy))
-        .map_err(|(p, e)| err(&format!("reading {}", source.join(p).display()), &e))?;
-    let binds = plan_binds(patterns, &entries, |rel| {
-        named.get(rel).copied().flatten().map(|(dir, _)| dir)
-    });
+    let Scanned { found, named } =
+        scan_fd(root.as_fd(), patterns, exclude, &|_, _| true, Some(&copy))
+            .map_err(|(p, e)| err(&format!("reading {}", shown.join(p).display()), &e))?;
+    let binds = plan_binds(patterns, &found, |rel| named.get(rel).copied().flatten());
     // Every sandbox's uid (each run has its own) may read the copy and is refused writes
     // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
     // EACCES): files a+rw, directories a+rwx. The copy lies beneath the staging directory
     // (0700), out of other host users' reach, and is never written after this. An entry no
-    // bind serves (a directory a one-level glob matches) is in the copy, never in a
+    // bind serves (a link or a directory a glob matches) is in the copy, never in a
     // sandbox.
-    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
-    for (rel, _) in binds.iter().filter(|(_, d)| *d) {
-        if let Some(Some((true, mode))) = named.get(rel) {
-            std::fs::create_dir_all(copy.join(rel)).map_err(|e| err(rel, &e))?;
-            dir_modes.push((copy.join(rel), (mode & 0o777) | 0o777));
-        }
+    let mut dirs: Vec<PathBuf> = binds
+        .iter()
+        .filter(|(_, d)| *d)
+        .map(|(rel, _)| copy.join(rel))
+        .collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).map_err(|e| err(&d.display().to_string(), &e))?;
     }
-    for (rel, e) in &entries {
-        if let Entry::Dir { mode } = e {
-            dir_modes.push((copy.join(rel), (mode & 0o777) | 0o777));
-        }
-    }
-    dir_modes.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
-    for (d, mode) in dir_modes {
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+    dirs.extend(
+        found
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Dir { .. }))
+            .map(|(rel, _)| copy.join(rel)),
+    );
+    dirs.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for d in dirs {
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
             .map_err(|e| err(&d.display().to_string(), &e))?;
     }
     let m = Manifest {
         patterns: patterns.to_vec(),
         binds,
-        entries,
+        entries: found,
     };
     let json = serde_json::to_vec(&m).map_err(|e| err("the manifest", &e))?;
     std::fs::write(staging.join(MANIFEST), json).map_err(|e| err("the manifest", &e))

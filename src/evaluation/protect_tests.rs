@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// The copy's tmpfs (mounted when the tests run as root) detached when a test ends.
+struct Unmount(PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 fn file() -> Entry {
     Entry::File {
         sha256: "00".into(),
@@ -90,14 +98,8 @@ fn snapshot_then_check_finds_every_change() {
     std::fs::write(src.join("fork.toml"), "m").unwrap();
     std::fs::write(src.join("code.py"), "c").unwrap();
     let patterns = pats(&["tests/**", "fork.toml", "**/*.lock"]);
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
     let _unmount = Unmount(stage.join(COPY_DIR));
-    snapshot(&stage, &src, &patterns, &[]).unwrap();
+    snapshot(&stage, tmp.path(), Path::new("src"), &patterns, &[]).unwrap();
     let b = binds(&stage).unwrap();
     assert_eq!(b.len(), 2, "{b:?}");
     assert_eq!(b[0].dst, PathBuf::from("/tmp/successor/src/tests"));
@@ -165,13 +167,8 @@ fn a_protected_file_swapped_for_a_link_is_never_copied_through_it() {
     std::fs::copy(&as_file, &file).unwrap();
     let patterns = pats(&["tests/*.py"]);
     let stop = AtomicBool::new(false);
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (mut taken, mut files) = (0, 0);
     std::thread::scope(|s| {
         s.spawn(|| {
             // Hard links of the two names renamed over the file in turn: the path is
@@ -202,9 +199,10 @@ fn a_protected_file_swapped_for_a_link_is_never_copied_through_it() {
             let stage = tmp.path().join(format!("stage{i}"));
             std::fs::create_dir_all(&stage).unwrap();
             let _unmount = Unmount(stage.join(COPY_DIR));
-            if snapshot(&stage, &src, &patterns, &[]).is_err() {
+            if snapshot(&stage, tmp.path(), Path::new("src"), &patterns, &[]).is_err() {
                 continue;
             }
+            taken += 1;
             let copied = stage.join(COPY_DIR).join("tests/t.py");
             let m = load(&stage).unwrap().unwrap();
             let entry = m.entries.get("tests/t.py");
@@ -215,6 +213,7 @@ fn a_protected_file_swapped_for_a_link_is_never_copied_through_it() {
                     assert!(matches!(entry, Some(Entry::Symlink { .. })), "run {i}");
                 }
                 Ok(_) => {
+                    files += 1;
                     let bytes = std::fs::read(&copied).unwrap();
                     assert_eq!(
                         bytes, b"the test",
@@ -233,4 +232,54 @@ fn a_protected_file_swapped_for_a_link_is_never_copied_through_it() {
             }
         }
     });
+    // Something was checked: snapshots were taken, some of them with the file in place.
+    assert!(
+        taken > 0 && files > 0,
+        "{taken} snapshots, {files} with the file"
+    );
+}
+
+/// The binds come from what the scan itself found, never from a second look by path: a
+/// `dir/**` whose directory is a link, one beneath an excluded directory and an exact path
+/// naming a FIFO are not bound (the link was followed before, the FIFO bound as a file that
+/// was never copied); and a source whose path beneath the runtime directory has a link in
+/// it is refused, not read through the link.
+#[test]
+fn binds_come_from_the_scan_and_a_linked_source_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tmp.path().join("rt");
+    let src = rt.join("src");
+    std::fs::create_dir_all(src.join("tests")).unwrap();
+    std::fs::write(src.join("tests/a.py"), "a").unwrap();
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("x.py"), "not the parent's").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, src.join("linked")).unwrap();
+    std::fs::create_dir_all(src.join("state/sub")).unwrap();
+    std::fs::write(src.join("state/sub/y"), "excluded").unwrap();
+    nix::unistd::mkfifo(&src.join("pipe"), Mode::from_bits_truncate(0o600)).unwrap();
+    let patterns = pats(&["tests/**", "linked/**", "state/sub/**", "pipe"]);
+    let exclude = pats(&["state"]);
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    let _unmount = Unmount(stage.join(COPY_DIR));
+    snapshot(&stage, &rt, Path::new("src"), &patterns, &exclude).unwrap();
+    let m = load(&stage).unwrap().unwrap();
+    assert_eq!(m.binds, vec![("tests".to_string(), true)]);
+    let copy = stage.join(COPY_DIR);
+    assert_eq!(std::fs::read(copy.join("tests/a.py")).unwrap(), b"a");
+    for gone in ["linked", "state", "pipe"] {
+        assert!(
+            std::fs::symlink_metadata(copy.join(gone)).is_err(),
+            "{gone} is in the copy"
+        );
+    }
+    // The source named through a link beneath the runtime directory: refused.
+    std::os::unix::fs::symlink("src", rt.join("alias")).unwrap();
+    let stage2 = tmp.path().join("stage2");
+    std::fs::create_dir_all(&stage2).unwrap();
+    let _unmount2 = Unmount(stage2.join(COPY_DIR));
+    let err = snapshot(&stage2, &rt, Path::new("alias"), &patterns, &exclude).unwrap_err();
+    assert!(err.to_string().contains("alias"), "{err}");
+    assert!(!stage2.join(COPY_DIR).exists(), "a copy was begun");
 }

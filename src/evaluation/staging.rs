@@ -44,8 +44,8 @@ impl Drop for Staging {
     }
 }
 
-/// FORK, once per evaluation: every state store of the manifest snapshotted with SQLite's
-/// online backup API into `<staging>/state` (0600 copies), and the protected tree copied
+/// FORK, once per evaluation: every state store of the manifest snapshotted (see
+/// `fork::snapshot`) into `<staging>/state` (0600 copies), and the protected tree copied
 /// into `<staging>/protected` (see `protect`). Returns the state directory, the combined
 /// state hash, the copies' integrity check, begun on a thread of its own (see
 /// [`StateCheck`]), and what `beside` returned. The two copies are independent (different
@@ -65,7 +65,7 @@ pub fn snapshot_state<R>(
         .mode(0o700)
         .create(&snap_dir)
         .map_err(|e| internal("staging")(e.to_string()))?;
-    let (copies, beside) = if !stores_outside_protected(p) {
+    let (copies, answer) = if !stores_outside_source(p) {
         let copies = snapshot_stores(p, &snap_dir)?;
         protect_snapshot(p, staging)?;
         (copies, beside()?)
@@ -90,7 +90,7 @@ pub fn snapshot_state<R>(
         snap_dir,
         combined_state_hash(&digests),
         StateCheck::start(copies),
-        beside,
+        answer,
     ))
 }
 
@@ -194,7 +194,8 @@ fn check_stores(copies: &[StoreCopy]) -> Result<(), EvaluateError> {
 fn protect_snapshot(p: &Plan, staging: &Staging) -> Result<(), EvaluateError> {
     super::protect::snapshot(
         staging.path(),
-        &p.runtime.join(&p.manifest.runtime.source),
+        &p.runtime,
+        &p.manifest.runtime.source,
         &p.manifest.runtime.protected,
         &p.manifest.runtime.exclude,
     )?;
@@ -202,13 +203,16 @@ fn protect_snapshot(p: &Plan, staging: &Staging) -> Result<(), EvaluateError> {
     Ok(())
 }
 
-/// Whether the protected tree's copy can never open a state store (nor its side files):
-/// each lies outside the source tree, or inside a directory the manifest's `exclude` names
-/// (as the demo's `state`). Only then do the two copies run side by side: every POSIX lock
-/// a process holds on a file (SQLite's SHARED lock, which keeps writers off the database
-/// file while its bytes are read) is dropped when any descriptor of that file in the
-/// process closes, so nothing else in fork may open a state store while it is snapshotted.
-fn stores_outside_protected(p: &Plan) -> bool {
+/// Whether no read of the source tree (the protected tree's copy, the source's hash) can
+/// open a state store (nor its side files): each lies outside the source tree, or inside
+/// a directory the manifest's `exclude` names (as the demo's `state`). Only then do those
+/// reads run beside the stores' snapshot: every POSIX lock a process holds on a file
+/// (SQLite's SHARED lock, which keeps writers off the database file while its bytes are
+/// read) is dropped when any descriptor of that file in the process closes, so nothing
+/// else in fork may open a state store while it is snapshotted. (A store hard-linked into
+/// the source tree under another name is not seen here: only the runtime's owner can make
+/// one, and it only spoils the snapshot of their own evaluation.)
+fn stores_outside_source(p: &Plan) -> bool {
     use std::path::Component;
     let source = p.runtime.join(&p.manifest.runtime.source);
     p.manifest.runtime.state.iter().all(|s| {

@@ -108,22 +108,42 @@ pub(super) fn file_uri(path: &Path, query: &str) -> String {
     out
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: run once just before fork opens a parent's file to copy its bytes (on the
+    /// snapshot's thread), after SQLite has opened and locked it.
+    pub(super) static BEFORE_A_PARENT_FILE_OPENS: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Opens one of the parent's files (its database, its `-wal`) for reading, with no link in
+/// any component of `path` (`openat2(RESOLVE_NO_SYMLINKS)`; where `openat2` is refused,
+/// the last component only): SQLite's NOFOLLOW refuses links in any component when it
+/// opens the database, and a directory swapped for a link between SQLite's open and this
+/// one is refused here too, never read through (the runtime's path is canonical).
+pub(super) fn open_no_links(path: &Path) -> std::io::Result<File> {
+    #[cfg(test)]
+    if let Some(hook) = BEFORE_A_PARENT_FILE_OPENS.with(|h| h.borrow_mut().take()) {
+        hook();
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let how = nix::fcntl::OpenHow::new()
+        .flags(flags)
+        .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+        Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => {
+            nix::fcntl::open(path, flags, Mode::empty())?
+        }
+        r => r?,
+    };
+    Ok(File::from(fd))
+}
+
 impl ParentDb {
     /// Opens `path` (its last component must not be a link) and takes SQLite's SHARED lock
     /// on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
     pub fn lock(path: &Path, deadline: std::time::Instant) -> std::io::Result<ParentDb> {
-        // No component may be a link (the runtime's path is canonical; SQLite's NOFOLLOW
-        // refuses links in any component too).
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let how = nix::fcntl::OpenHow::new()
-            .flags(flags)
-            .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
-        let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
-            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => {
-                nix::fcntl::open(path, flags, Mode::empty())?
-            }
-            r => r?,
-        };
+        let fd = OwnedFd::from(open_no_links(path)?);
         let lock = libc::flock {
             l_type: libc::F_RDLCK as libc::c_short,
             l_whence: libc::SEEK_SET as libc::c_short,

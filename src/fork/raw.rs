@@ -13,8 +13,9 @@
 //! hash ends shortly after the copy instead of starting after it. The check then runs on
 //! the finished copy (through a memory map) while the hash finishes. A database of one
 //! chunk copied without a check (as `fork evaluate` copies, its check running later on a
-//! thread of its own) is hashed after the lock goes, on the copying thread: there is
-//! nothing for a second thread to run beside.
+//! thread of its own) is hashed after the lock goes, by the copying thread (BLAKE3 splits
+//! a copy of 1 MiB or more over two threads, as it does any image): there is no copy left
+//! for a hasher to run beside.
 
 use super::sqlite::{
     check_copy, io_err, sqlite_err, IntegrityCheck, SnapshotError, SnapshotOptions, SnapshotStats,
@@ -22,7 +23,7 @@ use super::sqlite::{
 use rusqlite::Connection;
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -54,11 +55,7 @@ pub(super) fn copy_raw(
 ) -> Result<SnapshotStats, SnapshotError> {
     // Kept open until the read transaction has ended: closing any descriptor of a file
     // drops every POSIX lock the process holds on it, SQLite's SHARED lock included.
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(src)
-        .map_err(io_err("open", src))?;
+    let file = super::parent::open_no_links(src).map_err(io_err("open", src))?;
     // The file SQLite locked is the one at the path now (a parent does not swap its
     // database file under a live connection; if it did, refuse rather than copy the
     // wrong file).
@@ -98,9 +95,8 @@ pub(super) fn copy_raw(
             image.bytes,
             CHUNK,
             |o| {
-                if behind {
-                    let _ = done_tx.send(o);
-                }
+                // Without a hasher (its receiver dropped unused) the send fails: ignored.
+                let _ = done_tx.send(o);
             },
             src,
         )

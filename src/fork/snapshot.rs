@@ -43,7 +43,8 @@
 //!   committed state; the kernel copies them file to file (`copy_file_range`) and the lock
 //!   is released at once, so a committing writer waits at most that copy (about `cp`'s
 //!   time). A second thread hashes the copy while it is written, and the check runs on the
-//!   finished copy while the hash finishes.
+//!   finished copy while the hash finishes (one chunk copied without a check is hashed
+//!   once the lock is gone instead: `raw.rs`).
 //!
 //! The check reads the copy through a memory map (`mmap_size`), which reads each page in
 //! place rather than through a read() into SQLite's cache.
@@ -707,26 +708,105 @@ mod tests {
     #[test]
     fn a_one_chunk_raw_copy_is_hashed_the_same_with_or_without_its_check() {
         let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("s.db");
-        make_db(&src, false, 50);
-        for digest in [StateDigest::Blake3, StateDigest::Sha256] {
-            let mut got = Vec::new();
-            for check in [IntegrityCheck::Skip, IntegrityCheck::Full] {
-                let dest = dir.path().join(format!("{}-{check:?}.db", digest.name()));
-                let opts = SnapshotOptions {
-                    raw_copy: true,
-                    check,
-                    digest,
-                    ..SnapshotOptions::default()
-                };
-                let stats = snapshot(&src, &dest, &opts).unwrap();
-                assert_eq!(stats.method, SnapshotMethod::FileBytes);
-                assert_eq!(stats.bytes, fs::metadata(&dest).unwrap().len());
-                assert_eq!(stats.digest, digest.of_path(&dest).unwrap());
-                assert_eq!(stats.integrity_ok, check == IntegrityCheck::Full);
-                got.push((stats.digest, fs::read(&dest).unwrap()));
+        // 50 rows: one thread hashes; 250 (over 1 MiB, under the 4 MiB chunk): BLAKE3
+        // splits the in-line hash over two threads.
+        for rows in [50, 250] {
+            let src = dir.path().join(format!("s{rows}.db"));
+            make_db(&src, false, rows);
+            let len = fs::metadata(&src).unwrap().len();
+            assert!(rows == 50 || (len > 1 << 20 && len < 4 << 20), "{len}");
+            for digest in [StateDigest::Blake3, StateDigest::Sha256] {
+                let mut got = Vec::new();
+                for check in [IntegrityCheck::Skip, IntegrityCheck::Full] {
+                    let dest = dir
+                        .path()
+                        .join(format!("{rows}-{}-{check:?}.db", digest.name()));
+                    let opts = SnapshotOptions {
+                        raw_copy: true,
+                        check,
+                        digest,
+                        ..SnapshotOptions::default()
+                    };
+                    let stats = snapshot(&src, &dest, &opts).unwrap();
+                    assert_eq!(stats.method, SnapshotMethod::FileBytes);
+                    assert_eq!(stats.bytes, fs::metadata(&dest).unwrap().len());
+                    assert_eq!(stats.digest, digest.of_path(&dest).unwrap());
+                    assert_eq!(stats.integrity_ok, check == IntegrityCheck::Full);
+                    got.push((stats.digest, fs::read(&dest).unwrap()));
+                }
+                assert_eq!(got[0], got[1], "{}", digest.name());
             }
-            assert_eq!(got[0], got[1], "{}", digest.name());
+        }
+    }
+
+    /// The state's directory swapped for a link to another database's after SQLite has
+    /// opened and locked the parent's, just before fork opens the file to copy its bytes
+    /// (the F8 race on the state; only the runtime's owner can do it): the snapshot is
+    /// refused, or (WAL mode, whose SQLite connection was opened before the swap) it holds
+    /// the parent's rows, never the database the link points at. Both journal modes.
+    #[test]
+    fn a_state_directory_swapped_for_a_link_is_never_read_through() {
+        use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
+        use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+        let marker = |p: &Path| -> i64 {
+            Connection::open(p)
+                .unwrap()
+                .query_row("SELECT n FROM meta WHERE k = 'rows'", [], |r| r.get(0))
+                .unwrap()
+        };
+        for wal in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (state, other) = (dir.path().join("state"), dir.path().join("other"));
+            fs::create_dir_all(&state).unwrap();
+            fs::create_dir_all(&other).unwrap();
+            let src = state.join("s.db");
+            make_db(&src, wal, 5);
+            // The same shape and size, another marker: only the marker tells them apart.
+            make_db(&other.join("s.db"), wal, 5);
+            Connection::open(other.join("s.db"))
+                .unwrap()
+                .execute_batch("UPDATE meta SET n = 999")
+                .unwrap();
+            // Live connections keep a WAL database's `-wal` and `-shm`.
+            let _live: Vec<Connection> = if wal {
+                [&src, &other.join("s.db")]
+                    .iter()
+                    .map(|p| {
+                        let c = Connection::open(p).unwrap();
+                        c.execute_batch("UPDATE meta SET n = n").unwrap();
+                        c
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let alt = dir.path().join("alt");
+            std::os::unix::fs::symlink(&other, &alt).unwrap();
+            let swap = move || {
+                renameat2(
+                    AT_FDCWD,
+                    &state,
+                    AT_FDCWD,
+                    &alt,
+                    RenameFlags::RENAME_EXCHANGE,
+                )
+                .unwrap()
+            };
+            // In WAL mode fork's first open is its lock, before SQLite's: swap at the next.
+            let hook: Box<dyn FnOnce()> = if wal {
+                Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap))))
+            } else {
+                Box::new(swap)
+            };
+            HOOK.with(|h| *h.borrow_mut() = Some(hook));
+            let dest = dir.path().join("copy.db");
+            let r = snapshot(&src, &dest, &SnapshotOptions::default());
+            let unused = HOOK.with(|h| h.borrow_mut().take()).is_some();
+            assert!(!unused, "wal={wal}: fork never opened the file to copy it");
+            match r {
+                Err(e) => assert!(!dest.exists(), "wal={wal}: {e}"),
+                Ok(_) => assert_eq!(marker(&dest), 5, "wal={wal}: read through the link"),
+            }
         }
     }
 

@@ -116,10 +116,7 @@ pub(super) struct Held {
 }
 
 fn open_parent(path: &Path) -> io::Result<File> {
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
+    super::parent::open_no_links(path)
 }
 
 /// Removes the copy's side files (a previous attempt's, or SQLite's after the replay).

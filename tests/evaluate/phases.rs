@@ -47,9 +47,10 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         "exit",
     ];
     assert_phases_in_order(&timed, &want, &e.ctx());
-    // The parent's source is hashed beside the state stores' snapshot (on this thread,
-    // after the protected tree's copy), not after it: the demo's store lies under an
-    // excluded directory, so the hash reads no store.
+    // The parent's source is hashed within the snapshot phase (on the main thread, after
+    // the protected tree's copy, while the demo's store, under an excluded directory, is
+    // copied on a thread of its own), not after it; the stores' own mark lies within the
+    // phase too.
     let at = |m: &str| marks.iter().position(|p| *p == m);
     let stores = at("evaluate: state stores copied");
     assert!(
