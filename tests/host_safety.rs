@@ -483,7 +483,7 @@ fn side_files_a_wal_parent_creates_after_the_sandbox_started_stay_invisible() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The parent's tree is read beneath its root and never through a link (F8).
+// The parent's tree is read beneath its root and never through a link.
 // ---------------------------------------------------------------------------------------
 
 const SECRET: &str = "ROOT-ONLY-SECRET-f8";

@@ -76,7 +76,7 @@ pub fn prepare_side(
     let ws = Workspace::create(&sb.workspace())
         .map_err(|e| internal("creating the workspace")(e.to_string()))?;
     // The parent's tree is read beneath its runtime directory, never through a link, each
-    // file checked on its descriptor: its owner may swap entries while we read (F8).
+    // file checked on its descriptor: its owner may swap entries while we read.
     let source_rel = source_dir.strip_prefix(&p.runtime).map_err(|_| {
         internal("copying the source tree")(format!(
             "{} is not beneath {}",

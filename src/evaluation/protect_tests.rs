@@ -146,7 +146,7 @@ fn snapshot_then_check_finds_every_change() {
     );
 }
 /// The parent's owner may swap a protected file for a link while the protected tree is
-/// snapshotted (the F8 race): the copy served to every sandbox must still hold only what
+/// snapshotted (a swapped-entry race): the copy served to every sandbox must still hold only what
 /// lay in the tree, never what a link points to (a root-run fork could read a root-only
 /// file). Another thread swaps `tests/t.py` between a file and a link to a secret
 /// outside the tree as fast as it can, while the tree is snapshotted again and again

@@ -741,7 +741,7 @@ mod tests {
 
     /// The state's directory swapped for a link to another database's after SQLite has
     /// opened and locked the parent's, just before fork opens the file to copy its bytes
-    /// (the F8 race on the state; only the runtime's owner can do it): the snapshot is
+    /// (a swapped-entry race on the state; only the runtime's owner can make it): the snapshot is
     /// refused, or (WAL mode, whose SQLite connection was opened before the swap) it holds
     /// the parent's rows, never the database the link points at. Both journal modes.
     #[test]
