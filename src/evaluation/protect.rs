@@ -178,6 +178,8 @@ struct Scan<'a> {
     copy_to: Option<&'a Path>,
     /// The read buffer, one per scan (the scan recurses: no buffer on its stack).
     buf: Vec<u8>,
+    /// Set when the failure the scan returns was writing the copy, not reading the tree.
+    writing: bool,
     out: Scanned,
     visited: usize,
 }
@@ -262,8 +264,11 @@ impl Scan<'_> {
                         // Copied from the descriptor it is hashed through: the copy is the
                         // bytes the manifest names, never what a link put there since.
                         Some(to) => {
-                            let (sha256, size, mode) =
-                                copy_at(dir, &name, to, &mut self.buf).map_err(|e| fail(&r, &e))?;
+                            let (sha256, size, mode) = copy_at(dir, &name, to, &mut self.buf)
+                                .map_err(|(w, e)| {
+                                    self.writing = w;
+                                    fail(&r, &e)
+                                })?;
                             Entry::File { sha256, size, mode }
                         }
                         None => {
@@ -280,7 +285,10 @@ impl Scan<'_> {
                     }
                 } else if is_dir {
                     if let Some(to) = &to {
-                        std::fs::create_dir_all(to).map_err(|e| fail(&r, &e))?;
+                        std::fs::create_dir_all(to).map_err(|e| {
+                            self.writing = true;
+                            fail(&r, &e)
+                        })?;
                     }
                     Entry::Dir { mode }
                 } else if fmt == SFlag::S_IFLNK {
@@ -289,7 +297,10 @@ impl Scan<'_> {
                     if let Some(to) = &to {
                         make_parent(to)
                             .and_then(|()| std::os::unix::fs::symlink(&t, to))
-                            .map_err(|e| fail(&r, &e))?;
+                            .map_err(|e| {
+                                self.writing = true;
+                                fail(&r, &e)
+                            })?;
                     }
                     Entry::Symlink {
                         target: t.to_string_lossy().into_owned(),
@@ -359,18 +370,19 @@ fn read_all(
 /// file, its parents made as needed): at most the size its descriptor had when opened (a
 /// file growing meanwhile is not chased), hashed as it is copied. The copy gets the
 /// descriptor's permission bits plus read and write for everyone (see [`snapshot`]).
-/// Returns the sha256 and length of the bytes copied, and the mode.
+/// Returns the sha256 and length of the bytes copied, and the mode; on failure, whether it
+/// was writing the copy (not reading the tree) and the message.
 fn copy_at(
     dir: BorrowedFd<'_>,
     name: &std::ffi::OsStr,
     to: &Path,
     buf: &mut [u8],
-) -> Result<(String, u64, u32), String> {
+) -> Result<(String, u64, u32), (bool, String)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let (f, st) = open_at(dir, name)?;
+    let (f, st) = open_at(dir, name).map_err(|e| (false, e))?;
     let mode = st.st_mode & 0o7777;
-    let write = |e: std::io::Error| format!("writing its copy {}: {e}", to.display());
+    let write = |e: std::io::Error| (true, format!("writing its copy {}: {e}", to.display()));
     make_parent(to).map_err(write)?;
     let mut out = std::fs::OpenOptions::new()
         .write(true)
@@ -385,7 +397,7 @@ fn copy_at(
     });
     let (sha256, len) = match (read, failed_write) {
         (Err(e), Some(_)) => return Err(write(e)),
-        (Err(e), None) => return Err(format!("reading: {e}")),
+        (Err(e), None) => return Err((false, format!("reading: {e}"))),
         (Ok(r), _) => r,
     };
     out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
@@ -412,20 +424,22 @@ fn scan(
     hash_if: &dyn Fn(&str, u64) -> bool,
 ) -> Result<BTreeMap<String, Entry>, (String, String)> {
     let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
-    Ok(scan_fd(fd.as_fd(), patterns, exclude, hash_if, None)?.found)
+    scan_fd(fd.as_fd(), patterns, exclude, hash_if, None)
+        .map(|s| s.found)
+        .map_err(|(p, e, _)| (p, e))
 }
 
 /// [`scan`] of the tree open at `root`, copying each protected entry beneath `copy_to` as
-/// it is read when given.
+/// it is read when given; a failure also says whether it was writing the copy.
 fn scan_fd(
     root: BorrowedFd<'_>,
     patterns: &[String],
     exclude: &[String],
     hash_if: &dyn Fn(&str, u64) -> bool,
     copy_to: Option<&Path>,
-) -> Result<Scanned, (String, String)> {
-    let protected = glob_set(patterns, false).map_err(|e| (String::new(), e))?;
-    let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e))?;
+) -> Result<Scanned, (String, String, bool)> {
+    let protected = glob_set(patterns, false).map_err(|e| (String::new(), e, false))?;
+    let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e, false))?;
     let named = patterns
         .iter()
         .map(|p| p.strip_prefix("./").unwrap_or(p).trim_end_matches('/'))
@@ -448,8 +462,11 @@ fn scan_fd(
             named,
         },
         visited: 0,
+        writing: false,
     };
-    s.dir(root, "", 0)?;
+    if let Err((p, e)) = s.dir(root, "", 0) {
+        return Err((p, e, s.writing));
+    }
     Ok(s.out)
 }
 
@@ -520,9 +537,14 @@ pub fn snapshot(
     let err = |what: &str, e: &dyn std::fmt::Display| {
         internal("the protected tree")(format!("{what}: {e}"))
     };
+    // What the parent's owner controls (a link in the source's path, an entry swapped or
+    // unreadable) is bad input, named; a failure writing fork's own copy is internal.
+    let refused = |what: String, e: &dyn std::fmt::Display| {
+        EvaluateError::Input(format!("reading the protected tree {what}: {e}"))
+    };
     let root = crate::fsx::open_dir(runtime, true)
         .and_then(|r| crate::fork::tree::open_dir_beneath(&r, source))
-        .map_err(|e| err(&format!("reading {}", shown.display()), &e))?;
+        .map_err(|e| refused(shown.display().to_string(), &e))?;
     let copy = copy_root(staging);
     std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
     if nix::unistd::geteuid().is_root() {
@@ -540,8 +562,12 @@ pub fn snapshot(
         .map_err(|e| err("mounting its tmpfs", &e))?;
     }
     let Scanned { found, named } =
-        scan_fd(root.as_fd(), patterns, exclude, &|_, _| true, Some(&copy))
-            .map_err(|(p, e)| err(&format!("reading {}", shown.join(p).display()), &e))?;
+        scan_fd(root.as_fd(), patterns, exclude, &|_, _| true, Some(&copy)).map_err(
+            |(p, e, writing)| match writing {
+                true => err(&format!("copying {}", shown.join(&p).display()), &e),
+                false => refused(shown.join(&p).display().to_string(), &e),
+            },
+        )?;
     let binds = plan_binds(patterns, &found, |rel| named.get(rel).copied().flatten());
     // Every sandbox's uid (each run has its own) may read the copy and is refused writes
     // by the read-only mount alone (EROFS, as a read-only checkout would answer, not
