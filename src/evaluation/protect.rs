@@ -20,6 +20,7 @@
 //!   paths a glob names that did not exist in the parent.
 
 use super::{internal, EvaluateError};
+use crate::patch::gates::protected_globs;
 use crate::sandbox::spec::RoBind;
 use crate::verdict::decide::{ChangeKind, ProtectedChange};
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
@@ -93,6 +94,15 @@ fn glob_set<'a>(
     b.build().map_err(|e| e.to_string())
 }
 
+/// The globs the patterns stand for, normalized ([`protected_globs`]: `./judge/` is
+/// `judge` and `judge/**`).
+fn globs(patterns: &[String]) -> Vec<String> {
+    protected_globs(patterns)
+        .into_iter()
+        .map(|(g, _)| g)
+        .collect()
+}
+
 fn has_meta(s: &str) -> bool {
     s.contains(['*', '?', '[', '{'])
 }
@@ -118,8 +128,7 @@ pub fn plan_binds(
 ) -> Vec<(String, bool)> {
     let mut dirs: Vec<String> = Vec::new();
     let mut files: Vec<String> = Vec::new();
-    for p in patterns {
-        let t = p.strip_prefix("./").unwrap_or(p).trim_end_matches('/');
+    for t in &globs(patterns) {
         if let Some(d) = t
             .strip_suffix("/**")
             .filter(|d| !d.is_empty() && !has_meta(d))
@@ -438,22 +447,19 @@ fn scan_fd(
     hash_if: &dyn Fn(&str, u64) -> bool,
     copy_to: Option<&Path>,
 ) -> Result<Scanned, (String, String, bool)> {
-    let protected = glob_set(patterns, false).map_err(|e| (String::new(), e, false))?;
+    let globs = globs(patterns);
+    let protected = glob_set(&globs, false).map_err(|e| (String::new(), e, false))?;
     let exclude = glob_set(exclude, true).map_err(|e| (String::new(), e, false))?;
-    let named = patterns
+    let named = globs
         .iter()
-        .map(|p| p.strip_prefix("./").unwrap_or(p).trim_end_matches('/'))
-        .map(|t| t.strip_suffix("/**").unwrap_or(t))
+        .map(|g| g.strip_suffix("/**").unwrap_or(g))
         .filter(|t| !t.is_empty() && !has_meta(t))
         .map(|t| (t.to_string(), None))
         .collect();
     let mut s = Scan {
         protected: &protected,
         exclude: &exclude,
-        prefixes: patterns
-            .iter()
-            .map(|p| literal_prefix(p.strip_prefix("./").unwrap_or(p)))
-            .collect(),
+        prefixes: globs.iter().map(|g| literal_prefix(g)).collect(),
         hash_if,
         copy_to,
         buf: vec![0; crate::fsx::READ_BUF],

@@ -287,3 +287,69 @@ fn binds_come_from_the_scan_and_a_linked_source_is_refused() {
     );
     assert!(!stage2.join(COPY_DIR).exists(), "a copy was begun");
 }
+
+/// An exact path naming a directory (`judge`, as `./judge/` too) is served with everything
+/// it holds, and everything beneath it is checked: the bind of the directory showed an empty
+/// directory before (only the name matched), so a judge named so could not run.
+#[test]
+fn a_named_directory_is_copied_and_checked_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("judge/lib")).unwrap();
+    std::fs::write(src.join("judge/score.py"), "s").unwrap();
+    std::fs::write(src.join("judge/lib/util.py"), "u").unwrap();
+    std::fs::write(src.join("fork.toml"), "m").unwrap();
+    std::fs::write(src.join("judgement.py"), "not protected").unwrap();
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    for patterns in [
+        pats(&["judge", "./fork.toml"]),
+        pats(&["./judge/", "fork.toml"]),
+    ] {
+        let _ = std::fs::remove_file(stage.join(MANIFEST));
+        let _unmount = Unmount(stage.join(COPY_DIR));
+        snapshot(&stage, tmp.path(), Path::new("src"), &patterns, &[]).unwrap();
+        let m = load(&stage).unwrap().unwrap();
+        assert_eq!(
+            m.binds,
+            vec![
+                ("judge".to_string(), true),
+                ("fork.toml".to_string(), false)
+            ],
+            "{patterns:?}"
+        );
+        let copy = stage.join(COPY_DIR);
+        assert_eq!(std::fs::read(copy.join("judge/score.py")).unwrap(), b"s");
+        assert_eq!(std::fs::read(copy.join("judge/lib/util.py")).unwrap(), b"u");
+        assert_eq!(
+            std::fs::read(copy.join("fork.toml")).expect(&format!("{patterns:?}")),
+            b"m"
+        );
+        assert!(!copy.join("judgement.py").exists());
+        let ws = tmp.path().join("ws");
+        let _ = std::fs::remove_dir_all(&ws);
+        crate::fork::workspace::copy_tree(&src, &ws, &[]).unwrap();
+        assert!(check(&stage, &ws, &[]).unwrap().is_empty());
+        std::fs::write(ws.join("judge/lib/util.py"), "U").unwrap();
+        std::fs::write(ws.join("judge/new.py"), "").unwrap();
+        std::fs::write(ws.join("judgement.py"), "changed").unwrap();
+        let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.path, c.change))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("judge/lib/util.py".into(), ChangeKind::Modified),
+                ("judge/new.py".into(), ChangeKind::Added),
+            ],
+            "{patterns:?}"
+        );
+        drop(_unmount);
+        if nix::unistd::geteuid().is_root() {
+            let _ = nix::mount::umount2(&copy, nix::mount::MntFlags::MNT_DETACH);
+        }
+        std::fs::remove_dir_all(&copy).unwrap();
+    }
+}

@@ -584,6 +584,28 @@ fn binary_reason(f: &FilePatch) -> Option<String> {
     None
 }
 
+/// The globs a manifest's `protected` list stands for, each with the index of the pattern
+/// it comes from: spelled as paths are compared (`./tests/` is `tests`), and a pattern that
+/// names one path (no glob character) also as `path/**`, so that a directory named is
+/// protected with everything it holds. The gate, the protected tree's copy and its check
+/// all read the list through this.
+pub fn protected_globs(protected: &[String]) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (i, p) in protected.iter().enumerate() {
+        let t = normalize(p);
+        if t.is_empty() {
+            // `.`: the whole tree.
+            out.push(("**".to_string(), i));
+        } else if t.contains(['*', '?', '[', '{']) {
+            out.push((t, i));
+        } else {
+            out.push((format!("{t}/**"), i));
+            out.push((t, i));
+        }
+    }
+    out
+}
+
 fn protected_set(protected: &[String]) -> Result<GlobSet, String> {
     let mut b = GlobSetBuilder::new();
     for p in protected {
@@ -597,7 +619,8 @@ fn protected_set(protected: &[String]) -> Result<GlobSet, String> {
 }
 
 fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
-    let hit = glob_hit(patch, protected, "protected", |set, rel| {
+    let (globs, from): (Vec<String>, Vec<usize>) = protected_globs(protected).into_iter().unzip();
+    let hit = glob_hit(patch, &globs, "protected", |set, rel| {
         set.matches(rel).first().copied()
     })?;
     Some(hit.map_or_else(
@@ -609,7 +632,7 @@ fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
                     "`{p}` (patch line {line}) matches the protected pattern `{}`: the \
                      evaluation's own files (tests, benchmarks, the manifest) may not be \
                      changed by the patch under evaluation; drop this file from the patch",
-                    protected[i]
+                    protected[from[i]]
                 ),
             )
         },

@@ -189,6 +189,39 @@ fn protected_path_gate_matches_old_and_new_paths() {
     assert!(stopped_by(&out).1.contains("not a valid glob"), "{out:?}");
 }
 
+/// A pattern naming one path protects what lies beneath it when it is a directory, and is
+/// read as paths are (`./judge/` is `judge`); the stop names the pattern as written.
+#[test]
+fn a_named_directory_protects_everything_it_holds() {
+    let under = b"--- a/judge/score.py\n+++ b/judge/score.py\n@@ -1 +1 @@\n-a\n+b\n";
+    let fork_toml = b"--- a/fork.toml\n+++ b/fork.toml\n@@ -1 +1 @@\n-a\n+b\n";
+    for spelled in ["judge", "./judge/", "judge/"] {
+        let prot = vec![spelled.to_string()];
+        let (g, reason) = stopped_by(&gate_with(under, &prot));
+        assert_eq!(g, "protected_path", "{spelled}");
+        assert!(
+            reason.contains(&format!("pattern `{spelled}`")),
+            "{spelled}: {reason}"
+        );
+    }
+    let prot = vec!["./fork.toml".to_string()];
+    assert_eq!(
+        gate_with(fork_toml, &prot).gate(),
+        Some(Gate::ProtectedPath)
+    );
+    // A sibling sharing the name's prefix is not beneath it.
+    let sibling = b"--- a/judgement.py\n+++ b/judgement.py\n@@ -1 +1 @@\n-a\n+b\n";
+    assert!(gate_with(sibling, &["judge".to_string()]).is_passed());
+    assert_eq!(
+        protected_globs(&["./judge/".to_string(), "**/*.lock".to_string()]),
+        vec![
+            ("judge/**".to_string(), 0),
+            ("judge".to_string(), 0),
+            ("**/*.lock".to_string(), 1)
+        ]
+    );
+}
+
 fn gate_with(raw: &[u8], prot: &[String]) -> GateOutcome {
     check(raw, prot, &GatePolicy::default())
 }
