@@ -321,10 +321,7 @@ fn a_named_directory_is_copied_and_checked_whole() {
         let copy = stage.join(COPY_DIR);
         assert_eq!(std::fs::read(copy.join("judge/score.py")).unwrap(), b"s");
         assert_eq!(std::fs::read(copy.join("judge/lib/util.py")).unwrap(), b"u");
-        assert_eq!(
-            std::fs::read(copy.join("fork.toml")).expect(&format!("{patterns:?}")),
-            b"m"
-        );
+        assert_eq!(std::fs::read(copy.join("fork.toml")).unwrap(), b"m");
         assert!(!copy.join("judgement.py").exists());
         let ws = tmp.path().join("ws");
         let _ = std::fs::remove_dir_all(&ws);
