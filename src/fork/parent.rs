@@ -118,9 +118,9 @@ thread_local! {
 
 /// Opens one of the parent's files (its database, its `-wal`) for reading, with no link in
 /// any component of `path` (`openat2(RESOLVE_NO_SYMLINKS)`; where `openat2` is refused,
-/// the last component only): SQLite's NOFOLLOW refuses links in any component when it
-/// opens the database, and a directory swapped for a link between SQLite's open and this
-/// one is refused here too, never read through (the runtime's path is canonical).
+/// [`open_by_walk`]): SQLite's NOFOLLOW refuses links in any component when it opens the
+/// database, and a directory swapped for a link between SQLite's open and this one is
+/// refused here too, never read through (the runtime's path is canonical).
 pub(super) fn open_no_links(path: &Path) -> std::io::Result<File> {
     #[cfg(test)]
     if let Some(hook) = BEFORE_A_PARENT_FILE_OPENS.with(|h| h.borrow_mut().take()) {
@@ -130,13 +130,45 @@ pub(super) fn open_no_links(path: &Path) -> std::io::Result<File> {
     let how = nix::fcntl::OpenHow::new()
         .flags(flags)
         .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
-        Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => {
-            nix::fcntl::open(path, flags, Mode::empty())?
-        }
-        r => r?,
+    match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+        Err(e) if crate::fsx::openat2_unavailable(e) => open_by_walk(path),
+        r => Ok(File::from(r?)),
+    }
+}
+
+/// [`open_no_links`] where `openat2` is refused (kernels before 5.6, some container seccomp
+/// profiles): each directory of `path` opened beneath the one before it with `O_NOFOLLOW`
+/// (a link in any of them is refused, as `openat2` refuses it), then the file beneath the
+/// last, with `O_NOFOLLOW`.
+fn open_by_walk(path: &Path) -> std::io::Result<File> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} names no file", path.display()),
+        ));
     };
-    Ok(File::from(fd))
+    let (start, rel) = match dir.strip_prefix("/") {
+        Ok(rel) => (Path::new("/"), rel),
+        Err(_) => (Path::new("."), dir),
+    };
+    let top = nix::fcntl::open(
+        start,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let dir_fd = super::tree::open_dir_beneath(&top, rel).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    Ok(File::from(nix::fcntl::openat(
+        &dir_fd,
+        name,
+        flags,
+        Mode::empty(),
+    )?))
 }
 
 impl ParentDb {
@@ -239,4 +271,30 @@ pub fn state_digest(
     let mut h = digest.hasher();
     std::io::copy(&mut f.bounded(), &mut h)?;
     Ok(h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk used where `openat2` is refused refuses what `openat2` refuses: a link in
+    /// any directory of the path, or as the file itself; both opens read the same file.
+    #[test]
+    fn the_walk_refuses_a_link_in_any_component_as_openat2_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        std::fs::write(real.join("sub/db"), "parent").unwrap();
+        std::os::unix::fs::symlink(&real, tmp.path().join("alias")).unwrap();
+        std::os::unix::fs::symlink("db", real.join("sub/dblink")).unwrap();
+        for open in [open_by_walk, open_no_links] {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut open(&real.join("sub/db")).unwrap(), &mut s)
+                .unwrap();
+            assert_eq!(s, "parent");
+            for linked in [tmp.path().join("alias/sub/db"), real.join("sub/dblink")] {
+                assert!(open(&linked).is_err(), "{} was opened", linked.display());
+            }
+        }
+    }
 }
