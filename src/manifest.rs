@@ -330,6 +330,9 @@ impl Manifest {
                 self.check_glob(&format!("{field}[{i}]"), g)?;
             }
         }
+        for (i, g) in r.protected.iter().enumerate() {
+            self.check_protected(&format!("runtime.protected[{i}]"), g)?;
+        }
         if self.tasks.is_empty() {
             return Err(self.invalid(
                 "tasks",
@@ -504,6 +507,36 @@ impl Manifest {
             .literal_separator(true)
             .build()
             .map_err(|e| self.invalid(field, format!("{g:?} is not a valid glob: {e}")))?;
+        Ok(())
+    }
+
+    /// A `protected` pattern as the gate, the protected tree and its check read it
+    /// ([`crate::patch::gates::protected_globs`]): naming something less than the whole
+    /// tree (which no patch could change), and valid once normalised (`a\/` is not).
+    fn check_protected(&self, field: &str, g: &str) -> Result<(), ManifestError> {
+        if g.split('/').all(|c| c.is_empty() || c == ".") {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{g:?} names the whole source tree, which no patch could change: name the \
+                     evaluation's own files, e.g. \"tests/**\""
+                ),
+            ));
+        }
+        for (glob, _) in crate::patch::gates::protected_globs(std::slice::from_ref(&g.to_string()))
+        {
+            globset::GlobBuilder::new(&glob)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| {
+                    self.invalid(
+                        field,
+                        format!(
+                            "{g:?}, read as the path pattern {glob:?}, is not a valid glob: {e}"
+                        ),
+                    )
+                })?;
+        }
         Ok(())
     }
 
@@ -811,6 +844,22 @@ env = { MODE = "fast" }
         );
         let s = load_err(&GOOD.replace("protected = [\"tests/**\"]", "protected = [\"../**\"]"));
         assert!(s.contains("`runtime.protected[0]`"), "{s}");
+        // The whole tree, however spelled, and a pattern that is no glob once read as a path.
+        for whole in [".", "./", "./."] {
+            let s = load_err(&GOOD.replace(
+                "protected = [\"tests/**\"]",
+                &format!("protected = [\"tests/**\", \"{whole}\"]"),
+            ));
+            assert!(
+                s.contains("`runtime.protected[1]`") && s.contains("whole source tree"),
+                "{whole}: {s}"
+            );
+        }
+        let s = load_err(&GOOD.replace("protected = [\"tests/**\"]", r#"protected = ["a\\/"]"#));
+        assert!(
+            s.contains("`runtime.protected[0]`") && s.contains("read as the path pattern"),
+            "{s}"
+        );
 
         // a symlink inside the runtime pointing outside it
         let outside = tempfile::tempdir().unwrap();

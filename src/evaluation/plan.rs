@@ -361,7 +361,9 @@ pub fn conditions_hash(policy: &Policy, isolation: &str) -> Result<String, Evalu
     let policy_doc =
         serde_json::to_vec(policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let mut h = Sha256::new();
-    h.update(b"fork-conditions-v2\0");
+    // v3: `protected` patterns read as paths, a named directory protecting what it holds
+    // (a verdict the gate passed under the old reading is not served again).
+    h.update(b"fork-conditions-v3\0");
     for part in [
         env!("CARGO_PKG_VERSION").as_bytes(),
         &policy_doc,

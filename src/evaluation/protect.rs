@@ -104,7 +104,7 @@ fn globs(patterns: &[String]) -> Vec<String> {
 }
 
 fn has_meta(s: &str) -> bool {
-    s.contains(['*', '?', '[', '{'])
+    crate::patch::gates::has_glob_syntax(s)
 }
 
 /// The literal directory part of a pattern before its first glob component

@@ -158,10 +158,15 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
         Mode::empty(),
     )?;
     let dir_fd = super::tree::open_dir_beneath(&top, rel).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{}: {e}", path.display()),
-        )
+        use crate::fsx::FsxError;
+        // The kinds `openat2` would have given (a missing `-wal` is looked for by kind).
+        let kind = match &e {
+            FsxError::Missing { .. } => std::io::ErrorKind::NotFound,
+            FsxError::Io { source, .. } => source.kind(),
+            FsxError::WrongType { .. } => std::io::ErrorKind::NotADirectory,
+            _ => std::io::ErrorKind::InvalidInput,
+        };
+        std::io::Error::new(kind, format!("{}: {e}", path.display()))
     })?;
     Ok(File::from(nix::fcntl::openat(
         &dir_fd,
@@ -172,7 +177,7 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
 }
 
 impl ParentDb {
-    /// Opens `path` (its last component must not be a link) and takes SQLite's SHARED lock
+    /// Opens `path` (no component of it a link) and takes SQLite's SHARED lock
     /// on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
     pub fn lock(path: &Path, deadline: std::time::Instant) -> std::io::Result<ParentDb> {
         let fd = OwnedFd::from(open_no_links(path)?);
@@ -294,6 +299,11 @@ mod tests {
             assert_eq!(s, "parent");
             for linked in [tmp.path().join("alias/sub/db"), real.join("sub/dblink")] {
                 assert!(open(&linked).is_err(), "{} was opened", linked.display());
+            }
+            // Missing, in a missing directory or not: NotFound, as a `-wal` is looked for.
+            for missing in [real.join("sub/db-wal"), real.join("gone/db-wal")] {
+                let e = open(&missing).unwrap_err();
+                assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{missing:?}: {e}");
             }
         }
     }

@@ -391,13 +391,13 @@ mod tests {
     impl WriterReport {
         /// The longest commit that overlapped `[from, to]`: the stall the snapshot can be
         /// blamed for. Commits before or after it stall on this machine's load alone.
-        fn longest_during(&self, from: Instant, to: Instant) -> Duration {
+        /// None when no commit overlapped it (the test then proves nothing: it fails).
+        fn longest_during(&self, from: Instant, to: Instant) -> Option<Duration> {
             self.commits
                 .iter()
                 .filter(|(began, took)| *began <= to && *began + *took >= from)
                 .map(|(_, took)| *took)
                 .max()
-                .unwrap_or_default()
         }
     }
 
@@ -535,7 +535,9 @@ mod tests {
             (before as i64) <= rows && rows <= after as i64,
             "{before} <= {rows} <= {after}"
         );
-        let stall = report.longest_during(copy_began, copy_ended);
+        let stall = report
+            .longest_during(copy_began, copy_ended)
+            .expect("no commit of the writer overlapped the snapshot");
         eprintln!(
             "{} mode: {} pages in {} steps, {} restarts, {} busy, copy {:?}, longest step {:?}; \
              writer: {} commits, longest insert during the copy {:?}",

@@ -594,9 +594,9 @@ pub fn protected_globs(protected: &[String]) -> Vec<(String, usize)> {
     for (i, p) in protected.iter().enumerate() {
         let t = normalize(p);
         if t.is_empty() {
-            // `.`: the whole tree.
+            // `.` (the manifest refuses it): the whole tree.
             out.push(("**".to_string(), i));
-        } else if t.contains(['*', '?', '[', '{']) {
+        } else if has_glob_syntax(&t) {
             out.push((t, i));
         } else {
             out.push((format!("{t}/**"), i));
@@ -604,6 +604,11 @@ pub fn protected_globs(protected: &[String]) -> Vec<(String, usize)> {
         }
     }
     out
+}
+
+/// Whether a pattern uses glob syntax (a `\` escape included), rather than naming a path.
+pub fn has_glob_syntax(p: &str) -> bool {
+    p.contains(['*', '?', '[', '{', '\\'])
 }
 
 fn protected_set(protected: &[String]) -> Result<GlobSet, String> {
