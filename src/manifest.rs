@@ -330,6 +330,15 @@ impl Manifest {
                 self.check_glob(&format!("{field}[{i}]"), g)?;
             }
         }
+        // `exclude` as the copies and the gate read it: without a trailing `/` or a leading
+        // `./` (`a\/` is a valid glob, `a\` is not).
+        for (i, g) in r.exclude.iter().enumerate() {
+            let t = g.trim_end_matches('/');
+            let t = t.strip_prefix("./").unwrap_or(t);
+            if t != g {
+                self.check_glob(&format!("runtime.exclude[{i}]"), t)?;
+            }
+        }
         for (i, g) in r.protected.iter().enumerate() {
             self.check_protected(&format!("runtime.protected[{i}]"), g)?;
         }
@@ -514,7 +523,8 @@ impl Manifest {
     /// ([`crate::patch::gates::protected_globs`]): naming something less than the whole
     /// tree (which no patch could change), and valid once normalised (`a\/` is not).
     fn check_protected(&self, field: &str, g: &str) -> Result<(), ManifestError> {
-        if g.split('/').all(|c| c.is_empty() || c == ".") {
+        let globs = crate::patch::gates::protected_globs(std::slice::from_ref(&g.to_string()));
+        if globs.iter().any(|(glob, _)| glob == "**") {
             return Err(self.invalid(
                 field,
                 format!(
@@ -523,8 +533,7 @@ impl Manifest {
                 ),
             ));
         }
-        for (glob, _) in crate::patch::gates::protected_globs(std::slice::from_ref(&g.to_string()))
-        {
+        for (glob, _) in globs {
             globset::GlobBuilder::new(&glob)
                 .literal_separator(true)
                 .build()
@@ -845,7 +854,7 @@ env = { MODE = "fast" }
         let s = load_err(&GOOD.replace("protected = [\"tests/**\"]", "protected = [\"../**\"]"));
         assert!(s.contains("`runtime.protected[0]`"), "{s}");
         // The whole tree, however spelled, and a pattern that is no glob once read as a path.
-        for whole in [".", "./", "./."] {
+        for whole in [".", "./", "./.", "**", "./**", "**/"] {
             let s = load_err(&GOOD.replace(
                 "protected = [\"tests/**\"]",
                 &format!("protected = [\"tests/**\", \"{whole}\"]"),
@@ -855,6 +864,11 @@ env = { MODE = "fast" }
                 "{whole}: {s}"
             );
         }
+        let s = load_err(&GOOD.replace("exclude = [", r#"exclude = ["a\\/", "#));
+        assert!(
+            s.contains("`runtime.exclude[0]`") && s.contains("not a valid glob"),
+            "{s}"
+        );
         let s = load_err(&GOOD.replace("protected = [\"tests/**\"]", r#"protected = ["a\\/"]"#));
         assert!(
             s.contains("`runtime.protected[0]`") && s.contains("read as the path pattern"),

@@ -223,11 +223,9 @@ impl ParentDb {
             }
             copy_fd(&self.fd, scratch)?;
             if wal_before.is_some() {
-                let f = nix::fcntl::open(
-                    &wal,
-                    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )?;
+                // No link in any component: a state directory swapped since the lock was
+                // taken never lends another database's WAL.
+                let f = OwnedFd::from(open_no_links(&wal)?);
                 copy_fd(&f, &side(scratch, "-wal"))?;
             }
             if seen_fd(&self.fd)? == db_before && seen_path(&wal)? == wal_before {
