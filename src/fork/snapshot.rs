@@ -353,6 +353,10 @@ fn copy_pages(
 }
 
 #[cfg(test)]
+#[path = "snapshot_link_tests.rs"]
+mod link_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -360,7 +364,7 @@ mod tests {
 
     const PAYLOAD: usize = 3000;
 
-    fn make_db(path: &Path, wal: bool, rows: u64) {
+    pub(super) fn make_db(path: &Path, wal: bool, rows: u64) {
         let c = Connection::open(path).unwrap();
         let mode = if wal { "WAL" } else { "DELETE" };
         c.execute_batch(&format!(
@@ -753,77 +757,6 @@ mod tests {
                     got.push((stats.digest, fs::read(&dest).unwrap()));
                 }
                 assert_eq!(got[0], got[1], "{}", digest.name());
-            }
-        }
-    }
-
-    /// The state's directory swapped for a link to another database's after SQLite has
-    /// opened and locked the parent's, just before fork opens the file to copy its bytes
-    /// (a swapped-entry race on the state; only the runtime's owner can make it): the snapshot is
-    /// refused, or (WAL mode, whose SQLite connection was opened before the swap) it holds
-    /// the parent's rows, never the database the link points at. Both journal modes.
-    #[test]
-    fn a_state_directory_swapped_for_a_link_is_never_read_through() {
-        use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
-        use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
-        let marker = |p: &Path| -> i64 {
-            Connection::open(p)
-                .unwrap()
-                .query_row("SELECT n FROM meta WHERE k = 'rows'", [], |r| r.get(0))
-                .unwrap()
-        };
-        for wal in [false, true] {
-            let dir = tempfile::tempdir().unwrap();
-            let (state, other) = (dir.path().join("state"), dir.path().join("other"));
-            fs::create_dir_all(&state).unwrap();
-            fs::create_dir_all(&other).unwrap();
-            let src = state.join("s.db");
-            make_db(&src, wal, 5);
-            // The same shape and size, another marker: only the marker tells them apart.
-            make_db(&other.join("s.db"), wal, 5);
-            Connection::open(other.join("s.db"))
-                .unwrap()
-                .execute_batch("UPDATE meta SET n = 999")
-                .unwrap();
-            // Live connections keep a WAL database's `-wal` and `-shm`.
-            let _live: Vec<Connection> = if wal {
-                [&src, &other.join("s.db")]
-                    .iter()
-                    .map(|p| {
-                        let c = Connection::open(p).unwrap();
-                        c.execute_batch("UPDATE meta SET n = n").unwrap();
-                        c
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let alt = dir.path().join("alt");
-            std::os::unix::fs::symlink(&other, &alt).unwrap();
-            let swap = move || {
-                renameat2(
-                    AT_FDCWD,
-                    &state,
-                    AT_FDCWD,
-                    &alt,
-                    RenameFlags::RENAME_EXCHANGE,
-                )
-                .unwrap()
-            };
-            // In WAL mode fork's first open is its lock, before SQLite's: swap at the next.
-            let hook: Box<dyn FnOnce()> = if wal {
-                Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap))))
-            } else {
-                Box::new(swap)
-            };
-            HOOK.with(|h| *h.borrow_mut() = Some(hook));
-            let dest = dir.path().join("copy.db");
-            let r = snapshot(&src, &dest, &SnapshotOptions::default());
-            let unused = HOOK.with(|h| h.borrow_mut().take()).is_some();
-            assert!(!unused, "wal={wal}: fork never opened the file to copy it");
-            match r {
-                Err(e) => assert!(!dest.exists(), "wal={wal}: {e}"),
-                Ok(_) => assert_eq!(marker(&dest), 5, "wal={wal}: read through the link"),
             }
         }
     }
