@@ -20,6 +20,7 @@
 //!   paths a glob names that did not exist in the parent.
 
 use super::{internal, EvaluateError};
+use crate::fork::owner::Owner;
 use crate::patch::gates::protected_globs;
 use crate::sandbox::spec::RoBind;
 use crate::verdict::decide::{ChangeKind, ProtectedChange};
@@ -185,6 +186,8 @@ struct Scan<'a> {
     hash_if: &'a dyn Fn(&str, u64) -> bool,
     /// Where each protected entry is copied as it is read; `None` only reads.
     copy_to: Option<&'a Path>,
+    /// Whose reading a root-run fork holds the copy to (the runtime's owner, another user).
+    owner: Option<Owner>,
     /// The read buffer, one per scan (the scan recurses: no buffer on its stack).
     buf: Vec<u8>,
     /// Set when the failure the scan returns was writing the copy, not reading the tree.
@@ -273,11 +276,12 @@ impl Scan<'_> {
                         // Copied from the descriptor it is hashed through: the copy is the
                         // bytes the manifest names, never what a link put there since.
                         Some(to) => {
-                            let (sha256, size, mode) = copy_at(dir, &name, to, &mut self.buf)
-                                .map_err(|(w, e)| {
-                                    self.writing = w;
-                                    fail(&r, &e)
-                                })?;
+                            let (sha256, size, mode) =
+                                copy_at(dir, &name, to, &mut self.buf, self.owner.as_ref())
+                                    .map_err(|(w, e)| {
+                                        self.writing = w;
+                                        fail(&r, &e)
+                                    })?;
                             Entry::File { sha256, size, mode }
                         }
                         None => {
@@ -386,10 +390,14 @@ fn copy_at(
     name: &std::ffi::OsStr,
     to: &Path,
     buf: &mut [u8],
+    owner: Option<&Owner>,
 ) -> Result<(String, u64, u32), (bool, String)> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let (f, st) = open_at(dir, name).map_err(|e| (false, e))?;
+    if let Some(o) = owner.filter(|o| !o.may_read(&st)) {
+        return Err((false, o.refusal(&st)));
+    }
     let mode = st.st_mode & 0o7777;
     let write = |e: std::io::Error| (true, format!("writing its copy {}: {e}", to.display()));
     make_parent(to).map_err(write)?;
@@ -433,7 +441,7 @@ fn scan(
     hash_if: &dyn Fn(&str, u64) -> bool,
 ) -> Result<BTreeMap<String, Entry>, (String, String)> {
     let fd = crate::fsx::open_dir(root, false).map_err(|e| (".".to_string(), e.to_string()))?;
-    scan_fd(fd.as_fd(), patterns, exclude, hash_if, None)
+    scan_fd(fd.as_fd(), patterns, exclude, hash_if, None, None)
         .map(|s| s.found)
         .map_err(|(p, e, _)| (p, e))
 }
@@ -446,6 +454,7 @@ fn scan_fd(
     exclude: &[String],
     hash_if: &dyn Fn(&str, u64) -> bool,
     copy_to: Option<&Path>,
+    owner: Option<Owner>,
 ) -> Result<Scanned, (String, String, bool)> {
     let globs = globs(patterns);
     let protected = glob_set(&globs, false).map_err(|e| (String::new(), e, false))?;
@@ -462,6 +471,7 @@ fn scan_fd(
         prefixes: globs.iter().map(|g| literal_prefix(g)).collect(),
         hash_if,
         copy_to,
+        owner,
         buf: vec![0; crate::fsx::READ_BUF],
         out: Scanned {
             found: BTreeMap::new(),
@@ -548,8 +558,12 @@ pub fn snapshot(
     let refused = |what: String, e: &dyn std::fmt::Display| {
         EvaluateError::Input(format!("reading the protected tree {what}: {e}"))
     };
-    let root = crate::fsx::open_dir(runtime, true)
-        .and_then(|r| crate::fork::tree::open_dir_beneath(&r, source))
+    let runtime_fd = crate::fsx::open_dir(runtime, true)
+        .map_err(|e| refused(runtime.display().to_string(), &e))?;
+    let owner = nix::sys::stat::fstat(&runtime_fd)
+        .map_err(|e| refused(runtime.display().to_string(), &e))
+        .map(|st| Owner::of(&st))?;
+    let root = crate::fork::tree::open_dir_beneath(&runtime_fd, source)
         .map_err(|e| refused(shown.display().to_string(), &e))?;
     let copy = copy_root(staging);
     std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
@@ -567,13 +581,18 @@ pub fn snapshot(
         )
         .map_err(|e| err("mounting its tmpfs", &e))?;
     }
-    let Scanned { found, named } =
-        scan_fd(root.as_fd(), patterns, exclude, &|_, _| true, Some(&copy)).map_err(
-            |(p, e, writing)| match writing {
-                true => err(&format!("copying {}", shown.join(&p).display()), &e),
-                false => refused(shown.join(&p).display().to_string(), &e),
-            },
-        )?;
+    let Scanned { found, named } = scan_fd(
+        root.as_fd(),
+        patterns,
+        exclude,
+        &|_, _| true,
+        Some(&copy),
+        owner,
+    )
+    .map_err(|(p, e, writing)| match writing {
+        true => err(&format!("copying {}", shown.join(&p).display()), &e),
+        false => refused(shown.join(&p).display().to_string(), &e),
+    })?;
     let binds = plan_binds(patterns, &found, |rel| named.get(rel).copied().flatten());
     // Every sandbox's uid (each run has its own) may read the copy and is refused writes
     // by the read-only mount alone (EROFS, as a read-only checkout would answer, not

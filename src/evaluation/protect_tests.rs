@@ -350,3 +350,30 @@ fn a_named_directory_is_copied_and_checked_whole() {
         std::fs::remove_dir_all(&copy).unwrap();
     }
 }
+
+/// As root, the protected tree of a runtime another user owns is copied only as far as that
+/// user could read it: a root-only file linked into it is bad input naming it.
+#[test]
+fn a_protected_file_its_owner_cannot_read_is_refused() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tmp.path().join("rt");
+    std::fs::create_dir_all(rt.join("src/tests")).unwrap();
+    chown(&rt, Some(65534), Some(65534)).unwrap();
+    std::fs::write(rt.join("src/tests/a.py"), "a").unwrap();
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&secret, rt.join("src/tests/linked.py")).unwrap();
+    let stage = tmp.path().join("stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    let _unmount = Unmount(stage.join(COPY_DIR));
+    let err = snapshot(&stage, &rt, Path::new("src"), &pats(&["tests/**"]), &[]).unwrap_err();
+    assert!(
+        matches!(&err, EvaluateError::Input(m) if m.contains("linked.py") && m.contains("uid 65534")),
+        "{err:?}"
+    );
+}

@@ -15,6 +15,8 @@ pub enum WorkspaceError {
         "{path}: {component} is a symbolic link (fork never follows a link in a tree it reads)"
     )]
     Link { path: PathBuf, component: String },
+    #[error("{path}: {reason}")]
+    Unreadable { path: PathBuf, reason: String },
     #[error("exclude pattern `{pattern}` is not a valid glob: {source}")]
     BadGlob {
         pattern: String,

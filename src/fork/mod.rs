@@ -17,6 +17,7 @@ pub mod copyback;
 pub mod digest;
 pub mod error;
 mod image;
+pub mod owner;
 pub mod parent;
 mod pieces;
 mod raw;

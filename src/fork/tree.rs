@@ -43,6 +43,9 @@ pub type Scanned = (PathBuf, Node, Option<[u8; 32]>);
 pub struct Tree {
     root: OwnedFd,
     shown: PathBuf,
+    /// Whose reading a root-run fork holds to: the owner of the tree's root (`open`) or of
+    /// the trusted directory above it (`beneath`), when that is another user.
+    owner: Option<super::owner::Owner>,
 }
 
 fn io(action: &'static str, path: &Path, e: impl Into<std::io::Error>) -> WorkspaceError {
@@ -67,9 +70,13 @@ impl Tree {
     /// it are the caller's).
     pub fn open(path: &Path) -> Result<Tree, WorkspaceError> {
         let root = crate::fsx::open_dir(path, false).map_err(|e| fsx_err(path, e))?;
+        let owner = fstat(&root)
+            .map_err(|e| io("stat", path, e))
+            .map(|st| super::owner::Owner::of(&st))?;
         Ok(Tree {
             root,
             shown: path.to_path_buf(),
+            owner,
         })
     }
 
@@ -77,9 +84,16 @@ impl Tree {
     /// link (the parent's source or tools beneath its runtime directory).
     pub fn beneath(root: &Path, rel: &Path) -> Result<Tree, WorkspaceError> {
         let r = crate::fsx::open_dir(root, true).map_err(|e| fsx_err(root, e))?;
+        let owner = fstat(&r)
+            .map_err(|e| io("stat", root, e))
+            .map(|st| super::owner::Owner::of(&st))?;
         let shown = root.join(rel);
         let fd = open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
-        Ok(Tree { root: fd, shown })
+        Ok(Tree {
+            root: fd,
+            shown,
+            owner,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -166,6 +180,12 @@ impl Tree {
                 &shown,
                 std::io::Error::other("not a regular file any more (swapped while reading)"),
             ));
+        }
+        if let Some(o) = self.owner.as_ref().filter(|o| !o.may_read(&st)) {
+            return Err(WorkspaceError::Unreadable {
+                path: shown,
+                reason: o.refusal(&st),
+            });
         }
         Ok(File::from(fd))
     }

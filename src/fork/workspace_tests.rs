@@ -388,3 +388,48 @@ fn remove_tree_does_not_follow_symlinks() {
     assert_eq!(fs::read(keep.join("precious")).unwrap(), b"p");
     remove_tree(&ws).unwrap();
 }
+
+/// As root, a tree another user owns is read only as far as that user could read it: a
+/// root-only file in it (a hard link to one, where `fs.protected_hardlinks` is 0, looks
+/// the same) is refused by the copy and the hash, naming it; what the owner may read is
+/// copied. A root-owned tree is read as before.
+#[test]
+fn a_root_fork_copies_only_what_the_trees_owner_could_read() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tmp.path().join("rt");
+    let src = rt.join("src");
+    fs::create_dir_all(&src).unwrap();
+    let nobody = 65534;
+    chown(&rt, Some(nobody), Some(nobody)).unwrap();
+    fs::write(src.join("mine.py"), "m").unwrap();
+    chown(src.join("mine.py"), Some(nobody), Some(nobody)).unwrap();
+    fs::set_permissions(src.join("mine.py"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(src.join("public.txt"), "p").unwrap();
+    fs::set_permissions(src.join("public.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+    let to = tmp.path().join("to");
+    copy_tree_beneath(&rt, Path::new("src"), &to, &[]).unwrap();
+    assert_eq!(fs::read(to.join("mine.py")).unwrap(), b"m");
+    // A root-only file, as a hard link from outside the tree.
+    let secret = tmp.path().join("secret");
+    fs::write(&secret, "root only").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::hard_link(&secret, src.join("linked")).unwrap();
+    let to2 = tmp.path().join("to2");
+    let e = copy_tree_beneath(&rt, Path::new("src"), &to2, &[]).unwrap_err();
+    assert!(
+        matches!(&e, WorkspaceError::Unreadable { path, .. } if path.ends_with("linked")),
+        "{e}"
+    );
+    assert!(e.to_string().contains("uid 65534"), "{e}");
+    let e = tree_hash_beneath(&rt, Path::new("src"), &[]).unwrap_err();
+    assert!(matches!(e, WorkspaceError::Unreadable { .. }), "{e}");
+    // The same tree as root's own: copied as before.
+    chown(&rt, Some(0), Some(0)).unwrap();
+    let to3 = tmp.path().join("to3");
+    copy_tree_beneath(&rt, Path::new("src"), &to3, &[]).unwrap();
+    assert_eq!(fs::read(to3.join("linked")).unwrap(), b"root only");
+}
