@@ -101,8 +101,16 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
     };
     let mut sb = Sandbox::prepare(&policy.sandbox_spec())?;
     if let Some(w) = &workspace {
-        crate::fork::workspace::copy_tree(w, &sb.workspace(), &[])
-            .map_err(|e| RunError::Internal(format!("copying --workspace in: {e}")))?;
+        crate::fork::workspace::copy_users_tree(w, &sb.workspace(), &[]).map_err(|e| {
+            use crate::fork::WorkspaceError as W;
+            match e {
+                // What the directory holds is the user's input, named.
+                W::Unreadable { .. } | W::Link { .. } | W::NotADirectory { .. } => {
+                    RunError::Input(format!("--workspace: {e}"))
+                }
+                _ => RunError::Internal(format!("copying --workspace in: {e}")),
+            }
+        })?;
     }
     let mut extra = vec![("FORK_RUN_ID".to_string(), sb.run_id().to_string())];
     if let Some((_, _, url, _)) = &gateway {

@@ -558,7 +558,7 @@ pub fn snapshot(
     let refused = |what: String, e: &dyn std::fmt::Display| {
         EvaluateError::Input(format!("reading the protected tree {what}: {e}"))
     };
-    let runtime_fd = crate::fsx::open_dir(runtime, true)
+    let runtime_fd = crate::fork::tree::open_dir_no_links(runtime)
         .map_err(|e| refused(runtime.display().to_string(), &e))?;
     let owner = nix::sys::stat::fstat(&runtime_fd)
         .map_err(|e| refused(runtime.display().to_string(), &e))

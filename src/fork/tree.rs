@@ -70,6 +70,17 @@ impl Tree {
     /// it are the caller's).
     pub fn open(path: &Path) -> Result<Tree, WorkspaceError> {
         let root = crate::fsx::open_dir(path, false).map_err(|e| fsx_err(path, e))?;
+        Ok(Tree {
+            root,
+            shown: path.to_path_buf(),
+            owner: None,
+        })
+    }
+
+    /// [`Tree::open`] for a tree a user hands fork to put in a sandbox (`--workspace`): no
+    /// component of `path` a link, and as root, read only as far as its owner could.
+    pub fn open_users(path: &Path) -> Result<Tree, WorkspaceError> {
+        let root = open_dir_no_links(path).map_err(|e| fsx_err(path, e))?;
         let owner = fstat(&root)
             .map_err(|e| io("stat", path, e))
             .map(|st| super::owner::Owner::of(&st))?;
@@ -83,7 +94,10 @@ impl Tree {
     /// The directory `rel` beneath the trusted directory `root`, no component of `rel` a
     /// link (the parent's source or tools beneath its runtime directory).
     pub fn beneath(root: &Path, rel: &Path) -> Result<Tree, WorkspaceError> {
-        let r = crate::fsx::open_dir(root, true).map_err(|e| fsx_err(root, e))?;
+        // No link in any component: the runtime's path is canonical, so a link there was
+        // swapped in since (its owner's doing), and would hand another tree, or another
+        // owner, to what follows.
+        let r = open_dir_no_links(root).map_err(|e| fsx_err(root, e))?;
         let owner = fstat(&r)
             .map_err(|e| io("stat", root, e))
             .map(|st| super::owner::Owner::of(&st))?;
@@ -237,6 +251,17 @@ fn digest(mut f: File, shown: &Path) -> Result<[u8; 32], WorkspaceError> {
 /// without following any symbolic link and without leaving `dir` (`openat2` with
 /// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
 /// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
+/// The directory `path`, no component of it a link (from `/` when absolute, else from the
+/// working directory), as [`open_dir_beneath`] opens one.
+pub fn open_dir_no_links(path: &Path) -> Result<OwnedFd, FsxError> {
+    let (start, rel) = match path.strip_prefix("/") {
+        Ok(rel) => (Path::new("/"), rel),
+        Err(_) => (Path::new("."), path),
+    };
+    let top = crate::fsx::open_dir(start, true)?;
+    open_dir_beneath(&top, rel)
+}
+
 pub fn open_dir_beneath(dir: impl AsFd, rel: &Path) -> Result<OwnedFd, FsxError> {
     use crate::fsx::{errno_error, expect_kind, openat2_unavailable};
     use nix::errno::Errno;

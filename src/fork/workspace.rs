@@ -157,6 +157,26 @@ pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats
     copy_from(&Tree::open(from)?, to, exclude)
 }
 
+/// [`copy_tree`] of a tree a user hands fork for a sandbox (`fork run --workspace`): no
+/// component of `from` a link, and as root, only what the tree's owner could read
+/// ([`super::owner`]).
+pub fn copy_users_tree(
+    from: &Path,
+    to: &Path,
+    exclude: &[String],
+) -> Result<CopyStats, WorkspaceError> {
+    // The links the user wrote above the directory itself are resolved now (the last
+    // component, as `copy_tree` has it, must not be one); from here on none is followed.
+    let from = match (from.parent(), from.file_name()) {
+        (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => dir
+            .canonicalize()
+            .map_err(|e| IoError::new("resolve", dir, e))?
+            .join(name),
+        _ => from.to_path_buf(),
+    };
+    copy_from(&Tree::open_users(&from)?, to, exclude)
+}
+
 /// [`copy_tree`] of the directory `rel` beneath the directory `root`, where no component of
 /// `rel` may be a link: the parent's source and tools beneath its runtime directory, read
 /// as [`super::tree`] describes whatever the runtime's owner does meanwhile.

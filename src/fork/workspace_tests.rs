@@ -427,6 +427,17 @@ fn a_root_fork_copies_only_what_the_trees_owner_could_read() {
     assert!(e.to_string().contains("uid 65534"), "{e}");
     let e = tree_hash_beneath(&rt, Path::new("src"), &[]).unwrap_err();
     assert!(matches!(e, WorkspaceError::Unreadable { .. }), "{e}");
+    // A tree handed to a sandbox (`--workspace`) is held to its owner the same way; a tree
+    // only hashed or copied for fork itself (`verify --tree`) is not.
+    chown(&src, Some(nobody), Some(nobody)).unwrap();
+    let e = copy_users_tree(&src, &tmp.path().join("to4"), &[]).unwrap_err();
+    assert!(matches!(e, WorkspaceError::Unreadable { .. }), "{e}");
+    copy_tree(&src, &tmp.path().join("to5"), &[]).unwrap();
+    // The runtime named through a link (one swapped in after planning): refused, so the
+    // owner is always the real directory's.
+    symlink(&rt, tmp.path().join("alias")).unwrap();
+    let e = copy_tree_beneath(&tmp.path().join("alias"), Path::new("src"), &to2, &[]).unwrap_err();
+    assert!(matches!(e, WorkspaceError::Link { .. }), "{e}");
     // The same tree as root's own: copied as before.
     chown(&rt, Some(0), Some(0)).unwrap();
     let to3 = tmp.path().join("to3");
