@@ -18,6 +18,15 @@ fn file() -> Entry {
     }
 }
 
+/// What the post-run check finds in `ws` against the snapshot in `stage`.
+fn changes(stage: &Path, ws: &Path) -> Vec<(String, ChangeKind)> {
+    check(stage, ws, &[])
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.path, c.change))
+        .collect()
+}
+
 fn pats(p: &[&str]) -> Vec<String> {
     p.iter().map(|s| s.to_string()).collect()
 }
@@ -113,13 +122,8 @@ fn snapshot_then_check_finds_every_change() {
     std::fs::remove_file(ws.join("tests/test_b.py")).unwrap();
     std::fs::write(ws.join("deps.lock"), "").unwrap();
     std::fs::write(ws.join("code.py"), "changed").unwrap();
-    let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
-        .unwrap()
-        .into_iter()
-        .map(|c| (c.path, c.change))
-        .collect();
     assert_eq!(
-        got,
+        changes(&stage, &ws),
         vec![
             ("deps.lock".into(), ChangeKind::Added),
             ("tests/conftest.py".into(), ChangeKind::Added),
@@ -330,13 +334,8 @@ fn a_named_directory_is_copied_and_checked_whole() {
         std::fs::write(ws.join("judge/lib/util.py"), "U").unwrap();
         std::fs::write(ws.join("judge/new.py"), "").unwrap();
         std::fs::write(ws.join("judgement.py"), "changed").unwrap();
-        let got: Vec<(String, ChangeKind)> = check(&stage, &ws, &[])
-            .unwrap()
-            .into_iter()
-            .map(|c| (c.path, c.change))
-            .collect();
         assert_eq!(
-            got,
+            changes(&stage, &ws),
             vec![
                 ("judge/lib/util.py".into(), ChangeKind::Modified),
                 ("judge/new.py".into(), ChangeKind::Added),

@@ -5,6 +5,22 @@
 use super::tests::make_db;
 use super::*;
 
+/// What the hook runs: `state` exchanged with a link `alt` to `other`, in one step (the
+/// owner's swap: `state` is then the link).
+fn swapper(state: PathBuf, other: PathBuf, alt: PathBuf) -> impl FnOnce() {
+    std::os::unix::fs::symlink(&other, &alt).unwrap();
+    move || {
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &state,
+            nix::fcntl::AT_FDCWD,
+            &alt,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap()
+    }
+}
+
 /// The state's directory swapped for a link to another database's after SQLite has
 /// opened and locked the parent's, just before fork opens the file to copy its bytes
 /// (a swapped-entry race on the state; only the runtime's owner can make it): the snapshot is
@@ -13,7 +29,6 @@ use super::*;
 #[test]
 fn a_state_directory_swapped_for_a_link_is_never_read_through() {
     use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
-    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
     let marker = |p: &Path| -> i64 {
         Connection::open(p)
             .unwrap()
@@ -46,18 +61,7 @@ fn a_state_directory_swapped_for_a_link_is_never_read_through() {
         } else {
             Vec::new()
         };
-        let alt = dir.path().join("alt");
-        std::os::unix::fs::symlink(&other, &alt).unwrap();
-        let swap = move || {
-            renameat2(
-                AT_FDCWD,
-                &state,
-                AT_FDCWD,
-                &alt,
-                RenameFlags::RENAME_EXCHANGE,
-            )
-            .unwrap()
-        };
+        let swap = swapper(state, other, dir.path().join("alt"));
         // In WAL mode fork's first open is its lock, before SQLite's: swap at the next.
         let hook: Box<dyn FnOnce()> = if wal {
             Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap))))
@@ -83,7 +87,6 @@ fn a_state_directory_swapped_for_a_link_is_never_read_through() {
 #[test]
 fn a_parentless_wal_is_never_read_through_a_swapped_directory() {
     use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
-    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
     let dir = tempfile::tempdir().unwrap();
     // A database whose last change (the marker) lies only in its `-wal`, copied out
     // while a connection holds it: what a parent that died leaves.
@@ -107,18 +110,7 @@ fn a_parentless_wal_is_never_read_through_a_swapped_directory() {
     let state = leave("state", 5);
     let other = leave("other", 999);
     assert!(!state.join("s.db-shm").exists());
-    let alt = dir.path().join("alt");
-    std::os::unix::fs::symlink(&other, &alt).unwrap();
-    let swap = move || {
-        renameat2(
-            AT_FDCWD,
-            &state,
-            AT_FDCWD,
-            &alt,
-            RenameFlags::RENAME_EXCHANGE,
-        )
-        .unwrap()
-    };
+    let swap = swapper(state, other, dir.path().join("alt"));
     // fork's first open is its lock on the database; the swap comes at the next, the
     // `-wal`'s.
     let hook: Box<dyn FnOnce()> =
