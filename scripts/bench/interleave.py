@@ -11,15 +11,26 @@ in order (A, B, A, B, ...); each run is timed with time.perf_counter_ns() around
 os.posix_spawn + waitpid (stdout/stderr to /dev/null), so the harness's own cost is the
 same small spawn for every command. A command that exits non-zero stops the benchmark.
 
+The harness is a child subreaper (PR_SET_CHILD_SUBREAPER): a process the command started
+and did not wait for (bubblewrap's monitor, for one, exits on its sandbox's exit code
+without reaping the sandbox's pid 1, which goes on tearing its namespaces down) is
+reparented to the harness, which reaps it after the command's exit, before the next run.
+So each run's CPU counts every process the command started, and the next run never
+overlaps the last one's leftovers. Wall time stays the command's own (what its caller
+waits for); "settled" is the time until every process it started had exited.
+
 Prints, per command, the median, p10, p90, mean and min in ms; for --ratio A/B the
 ratio of medians and the median of the per-round ratios A_r/B_r (paired, so drift on
-a shared machine cancels out); then the CPU time per run (user + system of the command
-and every descendant it reaped, from wait4) with the ratio of medians; then one
-PASS/FAIL line per target. Exit status 0 even
-when a target is missed (the figures are the product); 1 on a failed command or usage.
+a shared machine cancels out); the settled time's median; then the CPU time per run
+(user + system of the command and of every process it started, from wait4; kernel work
+done in kernel threads, such as a network namespace's cleanup, is in neither side's) with
+the ratio of medians; then one PASS/FAIL line per target. Exit status 0 even when a
+target is missed (the figures are the product); 1 on a failed command or usage.
 """
 
+import ctypes
 import os
+import signal
 import shlex
 import shutil
 import statistics
@@ -43,6 +54,41 @@ def percentile(xs, p):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+# A process a command left behind must be gone within this many seconds of its exit.
+ORPHAN_DEADLINE_S = 30
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Orphans of the commands are reparented to this process (Linux 3.4 and later)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        die(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+
+
+def on_deadline(signum, frame):
+    die(
+        f"a process a command started was still running {ORPHAN_DEADLINE_S} s after "
+        "the command exited; nothing more timed"
+    )
+
+
+def reap_orphans():
+    """Wait for every process the last command left behind; their CPU seconds."""
+    cpu = 0.0
+    signal.signal(signal.SIGALRM, on_deadline)
+    signal.alarm(ORPHAN_DEADLINE_S)
+    try:
+        while True:
+            try:
+                _, _, ru = os.wait4(-1, 0)
+            except ChildProcessError:
+                return cpu
+            cpu += ru.ru_utime + ru.ru_stime
+    finally:
+        signal.alarm(0)
+
+
 def spawn_and_time(argv, devnull):
     path = argv[0] if "/" in argv[0] else shutil.which(argv[0])
     if path is None:
@@ -55,8 +101,12 @@ def spawn_and_time(argv, devnull):
     pid = os.posix_spawn(path, argv, os.environ, file_actions=fa)
     _, status, ru = os.wait4(pid, 0)
     t1 = time.perf_counter_ns()
-    # CPU: user + system time of the command and of every descendant it reaped.
-    return t1 - t0, os.waitstatus_to_exitcode(status), ru.ru_utime + ru.ru_stime
+    # CPU: user + system time of the command, of every descendant it reaped, and of
+    # every process it left behind (reparented here and reaped now).
+    orphans = reap_orphans()
+    t2 = time.perf_counter_ns()
+    cpu = ru.ru_utime + ru.ru_stime + orphans
+    return t1 - t0, t2 - t0, os.waitstatus_to_exitcode(status), cpu
 
 
 def main(argv):
@@ -95,19 +145,22 @@ def main(argv):
         if a not in names or b not in names:
             die(f"ratio {a}/{b}: unknown command name")
 
+    become_subreaper()
     devnull = os.open(os.devnull, os.O_WRONLY)
     samples = {n: [] for n in names}
+    settled = {n: [] for n in names}
     cpu = {n: [] for n in names}
     total = warmup + runs
     for r in range(total):
         tag = f"w{r}" if r < warmup else str(r - warmup)
         for name, argv in cmds:
             a = [x.replace("{i}", tag) for x in argv]
-            ns, code, cpu_s = spawn_and_time(a, devnull)
+            ns, settled_ns, code, cpu_s = spawn_and_time(a, devnull)
             if code != 0:
                 die(f"{name} (round {tag}) exited {code}: {shlex.join(a)}")
             if r >= warmup:
                 samples[name].append(ns / 1e6)
+                settled[name].append(settled_ns / 1e6)
                 cpu[name].append(cpu_s * 1e3)
 
     print(f"{runs} interleaved rounds ({warmup} warm-up rounds discarded), wall ms:")
@@ -131,7 +184,10 @@ def main(argv):
                 f"{paired[(a, b)]:.2f} (median of per-round ratios, "
                 f"p10 {percentile(per, 10):.2f}, p90 {percentile(per, 90):.2f})"
             )
-    print("CPU ms (user + system, the command and every descendant it reaped):")
+    print("settled ms (until every process the command started had exited), median:")
+    for n in names:
+        print(f"  settled {n:<{w}}  {statistics.median(settled[n]):8.2f}")
+    print("CPU ms (user + system, the command and every process it started):")
     for n in names:
         xs = cpu[n]
         print(
