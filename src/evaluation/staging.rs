@@ -3,7 +3,9 @@
 
 use super::plan::{combined_state_hash, Plan};
 use super::{check_interrupt, internal, EvaluateError};
+use crate::fork::owner::{Owner, ReadAs};
 use crate::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions};
+use crate::sandbox::fs_identity::FsIdentity;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -238,6 +240,7 @@ fn stores_outside_source(p: &Plan) -> bool {
 fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, EvaluateError> {
     let mut copies = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    let read_as = stores_read_as(&p.runtime)?;
     for s in &p.manifest.runtime.state {
         let name = s
             .file_name()
@@ -254,6 +257,7 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
         let opts = SnapshotOptions {
             check: IntegrityCheck::Skip,
             digest: p.policy.state.digest,
+            read_as: read_as.clone(),
             ..SnapshotOptions::default()
         };
         let stats = snapshot(&p.runtime.join(s), &snap_dir.join(&name), &opts)
@@ -285,4 +289,25 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
     }
     crate::trace::mark("evaluate: state stores copied");
     Ok(copies)
+}
+
+/// Who the state stores of the runtime at `runtime` are opened as: a root-run fork on
+/// another user's runtime opens them as that user (its filesystem identity on the
+/// snapshotting thread), so a store it could not read (a hard link to a root-only
+/// database, where `fs.protected_hardlinks` is 0) is refused, not copied into a sandbox
+/// that runs the owner's code. None: as fork itself.
+fn stores_read_as(runtime: &Path) -> Result<Option<ReadAs>, EvaluateError> {
+    let refused = |e: &dyn std::fmt::Display| {
+        EvaluateError::Input(format!("opening the runtime {}: {e}", runtime.display()))
+    };
+    let fd = crate::fork::tree::open_dir_no_links(runtime).map_err(|e| refused(&e))?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| refused(&e))?;
+    Ok(Owner::of(&st).map(|o| {
+        let id = FsIdentity {
+            uid: o.uid,
+            gid: o.gid,
+            groups: o.gids,
+        };
+        ReadAs::new(o.uid, move |f| id.run(f).map_err(std::io::Error::other))
+    }))
 }

@@ -33,7 +33,7 @@ pub(super) fn copy_image(
     if opts.image_max_bytes == 0 {
         return Ok(None);
     }
-    let source = open_source(src, uri)?;
+    let source = open_source(src, uri, opts, started)?;
     // WAL mode, a live parent (`uri`): the files under the read transaction (`walcopy.rs`),
     // attempt after attempt while the WAL restarts under the copy.
     let mut file_attempts = if wal && uri.is_some() && opts.wal_file_copy {
@@ -73,7 +73,8 @@ pub(super) fn copy_image(
         if file_attempts > 0 {
             file_attempts -= 1;
             let max_wal = (bytes / 2).max(super::walcopy::WAL_ALWAYS);
-            let attempt = super::walcopy::copy_files(src, dest, max_wal, opts.digest)?;
+            let attempt =
+                super::walcopy::copy_files(src, dest, max_wal, opts.digest, opts.read_as.as_ref())?;
             let (held, behind) = match attempt {
                 super::walcopy::Attempt::Copied(held, behind) => (held, behind),
                 super::walcopy::Attempt::Restarted(held) => {

@@ -14,10 +14,18 @@ use nix::unistd::{Gid, Uid};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
     pub uid: u32,
+    /// The user's primary group; [`NO_GROUP`] when the user database has no entry for
+    /// the uid.
+    pub gid: u32,
     /// The user's groups (primary and supplementary), as the user database has them; empty
     /// when it has no entry for the uid (then only the owner and others bits count).
     pub gids: Vec<u32>,
 }
+
+/// The group of a user the user database does not know: a gid no file should carry
+/// (`(gid_t) -2`; -1 means "unchanged" to the kernel), so only the owner and others bits
+/// count for it, as for [`Owner::may_read_file`].
+pub const NO_GROUP: u32 = u32::MAX - 1;
 
 impl Owner {
     /// The owner of the tree whose root `fstat` gave `root`, when fork runs as root and the
@@ -31,9 +39,11 @@ impl Owner {
         if euid != 0 || owner == 0 {
             return None;
         }
-        let gids = nix::unistd::User::from_uid(Uid::from_raw(owner))
+        let user = nix::unistd::User::from_uid(Uid::from_raw(owner))
             .ok()
-            .flatten()
+            .flatten();
+        let gid = user.as_ref().map_or(NO_GROUP, |u| u.gid.as_raw());
+        let gids = user
             .and_then(|u| {
                 let name = std::ffi::CString::new(u.name).ok()?;
                 nix::unistd::getgrouplist(&name, u.gid)
@@ -44,7 +54,11 @@ impl Owner {
             .into_iter()
             .map(Gid::as_raw)
             .collect();
-        Some(Owner { uid: owner, gids })
+        Some(Owner {
+            uid: owner,
+            gid,
+            gids,
+        })
     }
 
     /// Whether the owner may read a file of this `fstat`.
@@ -82,6 +96,92 @@ impl Owner {
     }
 }
 
+/// How a snapshot opens the parent's own files (a state store and its `-wal`, `-shm` and
+/// `-journal`): as fork itself (no `ReadAs`), or, for a root-run fork on another user's
+/// runtime, as that user. The opens are made with the calling thread's filesystem identity
+/// set to the owner's, so the kernel decides each one (mode bits and ACLs) as it opens the
+/// file: what SQLite opens by path is held to the owner as fork's own opens are. How the
+/// identity is taken is the caller's (`sandbox::fs_identity`), handed in as `enter`.
+#[derive(Clone)]
+pub struct ReadAs {
+    uid: u32,
+    enter: std::sync::Arc<Enter>,
+}
+
+/// Runs the closure it is given once as the owner, or fails without running it.
+type Enter = dyn Fn(&mut dyn FnMut()) -> std::io::Result<()> + Send + Sync;
+
+impl std::fmt::Debug for ReadAs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReadAs(uid {})", self.uid)
+    }
+}
+
+/// A parent's file its owner may not open.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "its owner (uid {uid}) may not open it ({source}); fork, running as root, opens another \
+     user's state stores as that user, so a file linked in from elsewhere is never read: make \
+     it readable by uid {uid}, or remove it"
+)]
+pub struct NotTheOwners {
+    pub uid: u32,
+    pub source: std::io::Error,
+}
+
+impl ReadAs {
+    /// `enter` runs the closure it is given once, with the calling thread's opens decided
+    /// as uid `uid`'s, or fails without running it.
+    pub fn new(
+        uid: u32,
+        enter: impl Fn(&mut dyn FnMut()) -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> ReadAs {
+        ReadAs {
+            uid,
+            enter: std::sync::Arc::new(enter),
+        }
+    }
+
+    /// The owner's uid.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// Runs `f` as the owner; an error only when the identity could not be taken or given
+    /// back (then what `f` did is discarded).
+    pub fn run<T>(&self, f: impl FnOnce() -> T) -> std::io::Result<T> {
+        let mut f = Some(f);
+        let mut out = None;
+        (self.enter)(&mut || {
+            if let Some(f) = f.take() {
+                out = Some(f());
+            }
+        })?;
+        out.ok_or_else(|| std::io::Error::other("the owner's identity was never taken"))
+    }
+}
+
+/// `open` made as `read_as` says (as fork itself without one); the owner's refusal is
+/// [`NotTheOwners`].
+pub fn open_as<T>(
+    read_as: Option<&ReadAs>,
+    open: impl FnOnce() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let Some(r) = read_as else {
+        return open();
+    };
+    match r.run(open)? {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            NotTheOwners {
+                uid: r.uid,
+                source: e,
+            },
+        )),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +190,7 @@ mod tests {
     fn the_kernels_order_owner_then_group_then_others() {
         let o = Owner {
             uid: 1000,
+            gid: 1000,
             gids: vec![1000, 27],
         };
         assert!(o.may_read_file(1000, 1000, 0o600));

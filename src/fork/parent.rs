@@ -26,6 +26,7 @@
 //! A rollback-journal source (delete, truncate, persist, memory) is read by a read-only
 //! SQLite connection, which creates no file in these modes.
 
+use super::owner::{open_as, ReadAs};
 use nix::fcntl::{FcntlArg, OFlag};
 use nix::sys::stat::{fstat, Mode};
 use std::fs::File;
@@ -42,6 +43,8 @@ const SHARED_SIZE: i64 = 510;
 pub struct ParentDb {
     fd: OwnedFd,
     path: PathBuf,
+    /// Who opens the parent's files (see [`ReadAs`]).
+    read_as: Option<ReadAs>,
 }
 
 /// How the snapshot reads the parent.
@@ -177,10 +180,14 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
 }
 
 impl ParentDb {
-    /// Opens `path` (no component of it a link) and takes SQLite's SHARED lock
-    /// on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
-    pub fn lock(path: &Path, deadline: std::time::Instant) -> std::io::Result<ParentDb> {
-        let fd = OwnedFd::from(open_no_links(path)?);
+    /// Opens `path` (no component of it a link; as `read_as` says) and takes SQLite's
+    /// SHARED lock on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
+    pub fn lock(
+        path: &Path,
+        deadline: std::time::Instant,
+        read_as: Option<ReadAs>,
+    ) -> std::io::Result<ParentDb> {
+        let fd = OwnedFd::from(open_as(read_as.as_ref(), || open_no_links(path))?);
         let lock = libc::flock {
             l_type: libc::F_RDLCK as libc::c_short,
             l_whence: libc::SEEK_SET as libc::c_short,
@@ -202,6 +209,7 @@ impl ParentDb {
         Ok(ParentDb {
             fd,
             path: path.to_path_buf(),
+            read_as,
         })
     }
 
@@ -225,7 +233,10 @@ impl ParentDb {
             if wal_before.is_some() {
                 // No link in any component: a state directory swapped since the lock was
                 // taken never lends another database's WAL.
-                let f = OwnedFd::from(open_no_links(&wal)?);
+                let f = open_as(self.read_as.as_ref(), || open_no_links(&wal)).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("{}: {e}", wal.display()))
+                })?;
+                let f = OwnedFd::from(f);
                 copy_fd(&f, &side(scratch, "-wal"))?;
             }
             if seen_fd(&self.fd)? == db_before && seen_path(&wal)? == wal_before {

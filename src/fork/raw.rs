@@ -55,7 +55,8 @@ pub(super) fn copy_raw(
 ) -> Result<SnapshotStats, SnapshotError> {
     // Kept open until the read transaction has ended: closing any descriptor of a file
     // drops every POSIX lock the process holds on it, SQLite's SHARED lock included.
-    let file = super::parent::open_no_links(src).map_err(io_err("open", src))?;
+    let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
+        .map_err(io_err("open", src))?;
     // The file SQLite locked is the one at the path now (a parent does not swap its
     // database file under a live connection; if it did, refuse rather than copy the
     // wrong file).

@@ -54,6 +54,7 @@
 //! `quick_check`) runs on the copy and must answer `ok`, and the copy's digest is taken
 //! (BLAKE3 by default: `digest.rs`).
 
+use super::owner::{open_as, ReadAs};
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
 use std::fs;
@@ -68,7 +69,7 @@ pub use super::sqlite::{
 };
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
-fn inspect_source(src: &Path) -> Result<bool, SnapshotError> {
+fn inspect_source(src: &Path, read_as: Option<&ReadAs>) -> Result<bool, SnapshotError> {
     let meta = match fs::metadata(src) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -93,11 +94,12 @@ fn inspect_source(src: &Path) -> Result<bool, SnapshotError> {
         return Ok(false);
     }
     let mut header = [0u8; 100];
-    let mut file = fs::File::open(src).map_err(|source| SnapshotError::Io {
-        action: "open",
-        path: src.to_path_buf(),
-        source,
-    })?;
+    let mut file =
+        open_as(read_as, || fs::File::open(src)).map_err(|source| SnapshotError::Io {
+            action: "open",
+            path: src.to_path_buf(),
+            source,
+        })?;
     match file.read_exact(&mut header) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
@@ -141,7 +143,7 @@ pub fn snapshot(
     opts: &SnapshotOptions,
 ) -> Result<SnapshotStats, SnapshotError> {
     let started = Instant::now();
-    let wal = inspect_source(src)?;
+    let wal = inspect_source(src, opts.read_as.as_ref())?;
     // Create the destination exclusively, so that an existing file is never overwritten.
     match fs::OpenOptions::new()
         .write(true)
@@ -165,19 +167,25 @@ pub fn snapshot(
     let result = if wal {
         // Nothing may be created next to the parent's database: see `parent`.
         let scratch = super::parent::side(dest, ".parent");
-        let route = super::parent::ParentDb::lock(src, started + opts.timeout)
-            .and_then(|db| Ok((db.route(&scratch)?, db)))
-            .map_err(|source| SnapshotError::Io {
-                action: "read",
-                path: src.to_path_buf(),
-                source,
-            });
+        let route =
+            super::parent::ParentDb::lock(src, started + opts.timeout, opts.read_as.clone())
+                .and_then(|db| Ok((db.route(&scratch)?, db)))
+                .map_err(|source| SnapshotError::Io {
+                    action: "read",
+                    path: src.to_path_buf(),
+                    source,
+                });
         let r = route.and_then(|(route, _locked)| match route {
             super::parent::Route::Uri(uri) => {
                 copy_check_hash(src, Some(&uri), dest, wal, opts, started)
             }
+            // fork's own copy of the parent's files, read as fork itself.
             super::parent::Route::Copied(copy) => {
-                copy_check_hash(&copy, None, dest, wal, opts, started)
+                let own = SnapshotOptions {
+                    read_as: None,
+                    ..opts.clone()
+                };
+                copy_check_hash(&copy, None, dest, wal, &own, started)
             }
         });
         super::parent::remove_copy(&scratch);
@@ -250,7 +258,7 @@ fn copy_pages(
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<CopyOutcome, SnapshotError> {
-    let source = open_source(src, uri)?;
+    let source = open_source(src, uri, opts, started)?;
     if wal {
         // One read transaction for the whole copy: a fixed snapshot, writers unblocked.
         source

@@ -4,6 +4,7 @@
 //! busy, checking the copy and hashing it.
 
 pub use super::digest::StateDigest;
+use super::owner::{open_as, ReadAs};
 use rusqlite::{Connection, OpenFlags};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,10 @@ pub struct SnapshotOptions {
     pub wal_file_copy: bool,
     /// The digest that names the copy ([`SnapshotStats::digest`]): BLAKE3 by default.
     pub digest: StateDigest,
+    /// How the parent's own files are opened (by fork, and by SQLite): as fork itself
+    /// (None, the default), or as the runtime's owner (a root-run fork on another user's
+    /// runtime; see [`ReadAs`]).
+    pub read_as: Option<ReadAs>,
 }
 
 /// How a snapshot copied the database (`SnapshotStats::method`).
@@ -107,6 +112,7 @@ impl Default for SnapshotOptions {
             raw_copy: true,
             wal_file_copy: true,
             digest: StateDigest::Blake3,
+            read_as: None,
         }
     }
 }
@@ -217,7 +223,42 @@ pub(super) fn sqlite_err<'a>(
 }
 
 /// Opens the source read-only, never following a link, through `uri` when given.
-pub(super) fn open_source(src: &Path, uri: Option<&str>) -> Result<Connection, SnapshotError> {
+/// The parent's database opened read-only. As its owner (`opts.read_as`): the database and
+/// whichever of its `-wal`, `-shm` and `-journal` exist are first opened by fork as the
+/// owner (a refusal names the file), then SQLite opens them, as the owner too, and reads
+/// once so that every file it reads the parent through is open before the owner's
+/// identity is given back (a read connection keeps them open until it closes).
+pub(super) fn open_source(
+    src: &Path,
+    uri: Option<&str>,
+    opts: &SnapshotOptions,
+    started: Instant,
+) -> Result<Connection, SnapshotError> {
+    let Some(read_as) = &opts.read_as else {
+        return open_source_here(src, uri);
+    };
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let path = super::parent::side(src, suffix);
+        match open_as(Some(read_as), || super::parent::open_no_links(&path)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !suffix.is_empty() => {}
+            Err(e) => return Err(io_err("open", &path)(e)),
+        }
+    }
+    read_as
+        .run(|| {
+            let source = open_source_here(src, uri)?;
+            retry_busy(src, opts, started, "read", || {
+                source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            })?;
+            Ok(source)
+        })
+        .map_err(io_err("open", src))?
+}
+
+fn open_source_here(src: &Path, uri: Option<&str>) -> Result<Connection, SnapshotError> {
     let ro = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;

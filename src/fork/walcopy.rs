@@ -72,6 +72,7 @@
 //! has ended and the source connection is closed: closing any descriptor of a file drops
 //! every POSIX lock the process holds on it (SQLite's own included).
 
+use super::owner::{open_as, ReadAs};
 use super::pieces::Behind;
 use super::sqlite::{io_err, sqlite_err, SnapshotError, StateDigest};
 use rusqlite::{Connection, OpenFlags};
@@ -115,8 +116,8 @@ pub(super) struct Held {
     _wal: Option<File>,
 }
 
-fn open_parent(path: &Path) -> io::Result<File> {
-    super::parent::open_no_links(path)
+fn open_parent(path: &Path, read_as: Option<&ReadAs>) -> io::Result<File> {
+    open_as(read_as, || super::parent::open_no_links(path))
 }
 
 /// Removes the copy's side files (a previous attempt's, or SQLite's after the replay).
@@ -148,11 +149,12 @@ pub(super) fn copy_files(
     dest: &Path,
     max_wal: u64,
     digest: StateDigest,
+    read_as: Option<&ReadAs>,
 ) -> Result<Attempt, SnapshotError> {
     let wal_path = super::parent::side(src, "-wal");
     let dest_wal = super::parent::side(dest, "-wal");
     remove_sides(dest)?;
-    let db = open_parent(src).map_err(io_err("open", src))?;
+    let db = open_parent(src, read_as).map_err(io_err("open", src))?;
     // The file SQLite reads is the one at the path now (refuse rather than copy another).
     let (ours, at_path) = (
         db.metadata().map_err(io_err("stat", src))?,
@@ -165,7 +167,7 @@ pub(super) fn copy_files(
             source: io::Error::other("the database file was replaced during the snapshot"),
         });
     }
-    let wal = match open_parent(&wal_path) {
+    let wal = match open_parent(&wal_path, read_as) {
         Ok(f) => f,
         // The parent's connections keep their `-wal`: gone, something else removed it.
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

@@ -22,6 +22,7 @@ pub mod caps;
 pub mod cgroup;
 mod cgroup_ahead;
 mod disk;
+pub mod fs_identity;
 pub mod init;
 pub mod init_exe;
 pub mod landlock;

@@ -838,3 +838,24 @@ pub fn capset_clear_all() -> nix::Result<()> {
     let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
     Errno::result(rc).map(drop)
 }
+
+// ---------------------------------------------------------------------------------------
+// Per-thread filesystem identity (see `fs_identity`)
+// ---------------------------------------------------------------------------------------
+
+/// Sets the calling thread's supplementary groups to `groups`, and only the calling
+/// thread's: setgroups(2) made directly (glibc's `setgroups`, which nix calls, changes every
+/// thread of the process). Needs CAP_SETGID.
+pub fn thread_setgroups(groups: &[u32]) -> nix::Result<()> {
+    // SAFETY: the kernel reads `groups.len()` gid_t values from the pointer, which points
+    // into the live slice (gid_t is u32 on Linux); a null pointer is never passed with a
+    // nonzero length.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            groups.len() as libc::size_t,
+            groups.as_ptr() as *const libc::gid_t,
+        )
+    };
+    Errno::result(rc).map(drop)
+}
