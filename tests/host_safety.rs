@@ -861,6 +861,25 @@ fn a_foreign_runtimes_state_is_read_only_as_its_owner_could() {
             assert!(e.stderr.contains(want), "{want}: {}", e.ctx());
         }
         assert!(!e.out.exists(), "no bundle: {}", e.ctx());
+        if mode == "delete" {
+            // A gate's REJECT hashes the stores as they stand, opened as the snapshot
+            // opens them: the linked store is as unreadable as any root-only file (the
+            // same state hash as with an empty one), never hashed as root.
+            let reject = common::lifecycle::patch("touches-protected");
+            let linked = common::lifecycle::evaluate(&env, &reject, &rt, "reject-linked", &args);
+            assert_eq!(linked.code, 1, "{}", linked.ctx());
+            std::fs::remove_file(&db).unwrap();
+            std::fs::write(&db, "").unwrap();
+            std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let plain = common::lifecycle::evaluate(&env, &reject, &rt, "reject-plain", &args);
+            assert_eq!(plain.code, 1, "{}", plain.ctx());
+            assert_eq!(
+                linked.verdict["state_hash"],
+                plain.verdict["state_hash"],
+                "{}",
+                linked.ctx()
+            );
+        }
         std::fs::remove_file(&db).unwrap();
         std::fs::rename(rt.join("state/own.db"), &db).unwrap();
     }

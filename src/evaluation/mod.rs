@@ -155,15 +155,22 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             )));
         }
         Err(GateStop { gate, reason }) => {
-            // Rejected before anything is cloned: hashes of the parent as it stands.
+            // Rejected before anything is cloned: hashes of the parent as it stands (its
+            // stores opened as the snapshot opens them).
+            let read_as = staging::stores_read_as(&p.runtime)?;
             let state: Vec<(String, String)> = p
                 .manifest
                 .runtime
                 .state
                 .iter()
                 .map(|s| {
-                    let d = crate::fork::parent::state_digest(&p.runtime, s, p.policy.state.digest)
-                        .unwrap_or_else(|_| "unreadable".into());
+                    let d = crate::fork::parent::state_digest(
+                        &p.runtime,
+                        s,
+                        p.policy.state.digest,
+                        read_as.as_ref(),
+                    )
+                    .unwrap_or_else(|_| "unreadable".into());
                     (s.display().to_string(), d)
                 })
                 .collect();

@@ -296,18 +296,25 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
 /// snapshotting thread), so a store it could not read (a hard link to a root-only
 /// database, where `fs.protected_hardlinks` is 0) is refused, not copied into a sandbox
 /// that runs the owner's code. None: as fork itself.
-fn stores_read_as(runtime: &Path) -> Result<Option<ReadAs>, EvaluateError> {
+pub(super) fn stores_read_as(runtime: &Path) -> Result<Option<ReadAs>, EvaluateError> {
     let refused = |e: &dyn std::fmt::Display| {
         EvaluateError::Input(format!("opening the runtime {}: {e}", runtime.display()))
     };
     let fd = crate::fork::tree::open_dir_no_links(runtime).map_err(|e| refused(&e))?;
     let st = nix::sys::stat::fstat(&fd).map_err(|e| refused(&e))?;
-    Ok(Owner::of(&st).map(|o| {
-        let id = FsIdentity {
-            uid: o.uid,
-            gid: o.gid,
-            groups: o.gids,
-        };
-        ReadAs::new(o.uid, move |f| id.run(f).map_err(std::io::Error::other))
-    }))
+    let Some(o) = Owner::of(&st) else {
+        return Ok(None);
+    };
+    let id = FsIdentity {
+        uid: o.uid,
+        gid: o.gid,
+        groups: o.gids,
+    };
+    // Taken once here, so that a host where it cannot be taken (capabilities fork lacks)
+    // is told so, as fork's own failure rather than as bad input.
+    id.run(|| ())
+        .map_err(|e| EvaluateError::Internal(format!("reading the state stores: {e}")))?;
+    Ok(Some(ReadAs::new(o.uid, move |f| {
+        id.run(f).map_err(std::io::Error::other)
+    })))
 }

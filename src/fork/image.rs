@@ -5,8 +5,8 @@
 //! replayed into the copy: `walcopy.rs`).
 
 use super::sqlite::{
-    check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy, sqlite_err,
-    SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
+    as_reader, check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy,
+    sqlite_err, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
 use std::fs;
 use std::io;
@@ -47,13 +47,15 @@ pub(super) fn copy_image(
             .execute_batch("BEGIN DEFERRED")
             .map_err(sqlite_err("begin a read transaction on", src))?;
         // The first read takes the read lock; everything below reads one state of the file.
-        let (pages, page_size) = retry_busy(src, opts, started, "read", || {
-            source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
-                r.get::<_, i64>(0)
-            })?;
-            let pages: i64 = source.query_row("PRAGMA page_count", [], |r| r.get(0))?;
-            let size: i64 = source.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-            Ok((pages, size))
+        let (pages, page_size) = as_reader(src, opts, || {
+            retry_busy(src, opts, started, "read", || {
+                source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                    r.get::<_, i64>(0)
+                })?;
+                let pages: i64 = source.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+                let size: i64 = source.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+                Ok((pages, size))
+            })
         })?;
         let locked = Instant::now();
         let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);

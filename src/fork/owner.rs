@@ -122,7 +122,7 @@ impl std::fmt::Debug for ReadAs {
 #[error(
     "its owner (uid {uid}) may not open it ({source}); fork, running as root, opens another \
      user's state stores as that user, so a file linked in from elsewhere is never read: make \
-     it readable by uid {uid}, or remove it"
+     it readable by uid {uid} (and the directories above it searchable), or remove it"
 )]
 pub struct NotTheOwners {
     pub uid: u32,

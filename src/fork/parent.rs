@@ -273,15 +273,21 @@ pub fn remove_copy(scratch: &Path) {
 }
 
 /// `<digest>:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
-/// without following any link (a gate's REJECT hashes the live file as it stands).
+/// without following any link (a gate's REJECT hashes the live file as it stands), opened
+/// as `read_as` says.
 pub fn state_digest(
     runtime: &Path,
     rel: &Path,
     digest: super::digest::StateDigest,
+    read_as: Option<&ReadAs>,
 ) -> std::io::Result<String> {
-    let root = crate::fsx::open_dir(runtime, true).map_err(std::io::Error::other)?;
-    let f = crate::fsx::open_beneath(&root, &rel.to_string_lossy(), u64::MAX)
-        .map_err(std::io::Error::other)?;
+    let f = open_as(read_as, || {
+        let root = crate::fsx::open_dir(runtime, true).map_err(std::io::Error::other)?;
+        crate::fsx::open_beneath(&root, &rel.to_string_lossy(), u64::MAX).map_err(|e| match e {
+            crate::fsx::FsxError::Io { source, .. } => source,
+            e => std::io::Error::other(e),
+        })
+    })?;
     let mut h = digest.hasher();
     std::io::copy(&mut f.bounded(), &mut h)?;
     Ok(h.finish())

@@ -62,7 +62,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sqlite::{check_and_hash, open_source, retry_busy, sqlite_err};
+use super::sqlite::{as_reader, check_and_hash, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
     check_copy, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
     StateDigest, IMAGE_MAX_BYTES, SQLITE_MAGIC,
@@ -267,9 +267,11 @@ fn copy_pages(
     }
     // Starts that read transaction (WAL); in any mode, fails early and clearly on a file
     // SQLite cannot read.
-    retry_busy(src, opts, started, "read", || {
-        source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
-            r.get::<_, i64>(0)
+    as_reader(src, opts, || {
+        retry_busy(src, opts, started, "read", || {
+            source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                r.get::<_, i64>(0)
+            })
         })
     })?;
 
@@ -308,9 +310,12 @@ fn copy_pages(
                 });
             }
             let t = Instant::now();
-            let r = backup
-                .step(step_pages)
-                .map_err(sqlite_err("copy pages from", src))?;
+            // In rollback mode each step is a read transaction of its own.
+            let r = as_reader(src, opts, || {
+                backup
+                    .step(step_pages)
+                    .map_err(sqlite_err("copy pages from", src))
+            })?;
             out.longest_step = out.longest_step.max(t.elapsed());
             out.steps += 1;
             let p = backup.progress();
@@ -363,6 +368,10 @@ fn copy_pages(
 #[cfg(test)]
 #[path = "snapshot_link_tests.rs"]
 mod link_tests;
+
+#[cfg(test)]
+#[path = "snapshot_owner_tests.rs"]
+mod owner_tests;
 
 #[cfg(test)]
 mod tests {

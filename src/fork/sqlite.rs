@@ -245,17 +245,43 @@ pub(super) fn open_source(
             Err(e) => return Err(io_err("open", &path)(e)),
         }
     }
-    read_as
-        .run(|| {
-            let source = open_source_here(src, uri)?;
-            retry_busy(src, opts, started, "read", || {
-                source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
-                    r.get::<_, i64>(0)
-                })
-            })?;
-            Ok(source)
-        })
-        .map_err(io_err("open", src))?
+    as_reader(src, opts, || {
+        let source = open_source_here(src, uri)?;
+        retry_busy(src, opts, started, "read", || {
+            source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                r.get::<_, i64>(0)
+            })
+        })?;
+        Ok(source)
+    })
+}
+
+/// Runs `f`, a call on the parent's connection that may make SQLite open one of the
+/// parent's files (the connection's open; the start of each read transaction, when SQLite
+/// looks for a `-wal` or a hot `-journal` beside a rollback-journal database and opens
+/// what it finds; each step of a backup, its own read transaction in that mode), as
+/// `opts.read_as` says.
+pub(super) fn as_reader<T>(
+    src: &Path,
+    opts: &SnapshotOptions,
+    f: impl FnOnce() -> Result<T, SnapshotError>,
+) -> Result<T, SnapshotError> {
+    #[cfg(test)]
+    if let Some(hook) = BEFORE_THE_PARENT_IS_READ.with(|h| h.borrow_mut().pop_front()) {
+        hook();
+    }
+    match &opts.read_as {
+        None => f(),
+        Some(r) => r.run(f).map_err(io_err("open", src))?,
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test hooks: each call of [`as_reader`] on this thread first runs the next one.
+    pub(super) static BEFORE_THE_PARENT_IS_READ: std::cell::RefCell<
+        std::collections::VecDeque<Box<dyn FnOnce()>>,
+    > = const { std::cell::RefCell::new(std::collections::VecDeque::new()) };
 }
 
 fn open_source_here(src: &Path, uri: Option<&str>) -> Result<Connection, SnapshotError> {

@@ -1,13 +1,15 @@
 //! A thread that opens files as another user would: its filesystem uid and gid and its
 //! supplementary groups set to that user's for the length of one call, then given back.
-//! Linux keeps all three per thread (fork's other threads keep root's), and while the
-//! filesystem uid is not 0 the kernel leaves the thread none of the capabilities that
-//! override file permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, ...). So
-//! every open the call makes is decided as for that user (mode bits and ACLs alike), by the
-//! open itself: there is no check apart from the use to race. A root-run fork opens another
-//! user's state stores this way (SQLite opens them by path).
+//! Linux keeps all three per thread (fork's other threads keep root's). While the
+//! filesystem uid is not 0 the kernel takes from the thread's effective set the
+//! capabilities that override file permissions; where it keeps them (the securebit
+//! `SECURE_NO_SETUID_FIXUP`), they are dropped here for the call and raised again after it.
+//! So every open the call makes is decided as for that user (mode bits and ACLs alike), by
+//! the open itself: there is no check apart from the use to race. A root-run fork opens
+//! another user's state stores this way (SQLite opens them by path).
 
 use super::sys::thread_setgroups;
+use caps::{CapSet, Capability};
 use nix::errno::Errno;
 use nix::unistd::{getgroups, setfsgid, setfsuid, Gid, Uid};
 
@@ -23,42 +25,61 @@ pub struct FsIdentity {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsIdentityError {
-    #[error("could not take uid {uid}'s file identity on this thread ({step}: {errno}); it needs CAP_SETUID and CAP_SETGID: run fork as root")]
+    #[error("could not take uid {uid}'s file identity on this thread ({step}: {errno}): it needs CAP_SETUID and CAP_SETGID in the host's user namespace; run fork as the runtime's owner instead")]
     Enter {
         uid: u32,
         step: &'static str,
         errno: Errno,
     },
-    #[error("could not give the thread back its own file identity after opening files as uid {uid}; what it did is discarded")]
-    Restore { uid: u32 },
 }
 
-/// The thread's own identity, given back when dropped (also when the call panics).
+/// The capabilities the kernel takes from a thread whose filesystem uid leaves 0 (those
+/// that override file permissions, capabilities(7)): none may stay effective while the
+/// thread opens files as another user.
+const FILE_CAPS: [Capability; 8] = [
+    Capability::CAP_CHOWN,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_DAC_READ_SEARCH,
+    Capability::CAP_FOWNER,
+    Capability::CAP_FSETID,
+    Capability::CAP_LINUX_IMMUTABLE,
+    Capability::CAP_MAC_OVERRIDE,
+    Capability::CAP_MKNOD,
+];
+
+/// The thread's own identity, given back when dropped (also when the call panics or an
+/// early step fails).
 struct Own {
     uid: Uid,
     gid: Gid,
     groups: Vec<u32>,
-    given_back: bool,
+    /// File capabilities dropped here (the kernel kept them): raised again.
+    dropped: Vec<Capability>,
 }
 
-impl Own {
-    /// Gives the thread its own identity back; whether every part of it is back.
-    fn give_back(&mut self) -> bool {
-        self.given_back = true;
+impl Drop for Own {
+    /// Every part is given back, each whatever became of the others. A thread that cannot
+    /// be given its own identity back would go on creating files as another user, with
+    /// no one to tell: the process stops there (it cannot happen while fork keeps
+    /// CAP_SETUID and CAP_SETGID, which it needed to get here).
+    fn drop(&mut self) {
         setfsuid(self.uid);
         setfsgid(self.gid);
         // setfsuid(2) and setfsgid(2) return the previous value, changed or not: asking
         // again tells whether the first call took.
-        setfsuid(self.uid) == self.uid
-            && setfsgid(self.gid) == self.gid
-            && thread_setgroups(&self.groups).is_ok()
-    }
-}
-
-impl Drop for Own {
-    fn drop(&mut self) {
-        if !self.given_back {
-            self.give_back();
+        let uid_back = setfsuid(self.uid) == self.uid;
+        let gid_back = setfsgid(self.gid) == self.gid;
+        let groups_back = thread_setgroups(&self.groups).is_ok();
+        let caps_back = self
+            .dropped
+            .iter()
+            .all(|c| caps::raise(None, CapSet::Effective, *c).is_ok());
+        if !(uid_back && gid_back && groups_back && caps_back) {
+            tracing::error!(
+                "a thread could not be given back its own file identity (uid {uid_back}, gid \
+                 {gid_back}, groups {groups_back}, capabilities {caps_back}): stopping"
+            );
+            std::process::abort();
         }
     }
 }
@@ -77,11 +98,12 @@ impl FsIdentity {
             .into_iter()
             .map(Gid::as_raw)
             .collect();
+        // setfsuid(-1) and setfsgid(-1) change nothing and return the current values.
         let mut own = Own {
             uid: setfsuid(Uid::from_raw(u32::MAX)),
             gid: setfsgid(Gid::from_raw(u32::MAX)),
             groups,
-            given_back: false,
+            dropped: Vec::new(),
         };
         // From here on `own` gives everything back however this returns.
         thread_setgroups(&self.groups).map_err(|e| enter("setgroups", e))?;
@@ -94,12 +116,24 @@ impl FsIdentity {
         if setfsuid(uid) != uid {
             return Err(enter("setfsuid", Errno::EPERM));
         }
-        let out = f();
-        if own.give_back() {
-            Ok(out)
-        } else {
-            Err(FsIdentityError::Restore { uid: self.uid })
+        let effective = |c: &Capability| caps::has_cap(None, CapSet::Effective, *c);
+        for c in FILE_CAPS {
+            match effective(&c) {
+                Ok(false) => {}
+                Ok(true) => {
+                    caps::drop(None, CapSet::Effective, c)
+                        .map_err(|_| enter("drop a file capability", Errno::EPERM))?;
+                    own.dropped.push(c);
+                }
+                Err(_) => return Err(enter("read the capabilities", Errno::EPERM)),
+            }
         }
+        if FILE_CAPS.iter().any(|c| effective(c).unwrap_or(true)) {
+            return Err(enter("drop the file capabilities", Errno::EPERM));
+        }
+        let out = f();
+        drop(own);
+        Ok(out)
     }
 }
 
@@ -108,6 +142,16 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::{chown, PermissionsExt};
+
+    /// The calling thread's supplementary groups, as the kernel lists them.
+    fn groups_line() -> String {
+        fs::read_to_string("/proc/thread-self/status")
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("Groups:"))
+            .unwrap()
+            .to_string()
+    }
 
     fn file(dir: &std::path::Path, name: &str, gid: u32, mode: u32) -> std::path::PathBuf {
         let p = dir.join(name);
@@ -142,12 +186,13 @@ mod tests {
             let theirs = root_only.clone();
             let other = s.spawn(move || {
                 wait.recv().unwrap();
-                let r = fs::read(&theirs).is_ok();
+                let r = (fs::read(&theirs).is_ok(), groups_line());
                 done.send(()).unwrap();
                 r
             });
             let here = nobody
                 .run(|| {
+                    assert!(groups_line().contains("4242"), "the user's groups inside");
                     go.send(()).unwrap();
                     finished.recv().unwrap();
                     [&root_only, &root_group, &users_group, &public]
@@ -157,7 +202,17 @@ mod tests {
                 .unwrap();
             (other.join().unwrap(), here)
         });
-        assert!(other_thread, "another thread opens as root meanwhile");
+        let own_groups = groups_line();
+        assert!(other_thread.0, "another thread opens as root meanwhile");
+        assert_eq!(
+            other_thread.1, own_groups,
+            "another thread keeps its groups meanwhile"
+        );
+        assert!(!own_groups.contains("4242"), "{own_groups}");
+        assert!(
+            caps::has_cap(None, CapSet::Effective, Capability::CAP_DAC_OVERRIDE).unwrap(),
+            "the thread's file capabilities are back"
+        );
         assert_eq!(
             here,
             [false, false, true, true],

@@ -847,12 +847,17 @@ pub fn capset_clear_all() -> nix::Result<()> {
 /// thread's: setgroups(2) made directly (glibc's `setgroups`, which nix calls, changes every
 /// thread of the process). Needs CAP_SETGID.
 pub fn thread_setgroups(groups: &[u32]) -> nix::Result<()> {
+    // On 32-bit x86 and Arm, `setgroups` is the old 16-bit call.
+    #[cfg(any(target_arch = "x86", target_arch = "arm"))]
+    let nr = libc::SYS_setgroups32;
+    #[cfg(not(any(target_arch = "x86", target_arch = "arm")))]
+    let nr = libc::SYS_setgroups;
     // SAFETY: the kernel reads `groups.len()` gid_t values from the pointer, which points
     // into the live slice (gid_t is u32 on Linux); a null pointer is never passed with a
     // nonzero length.
     let rc = unsafe {
         libc::syscall(
-            libc::SYS_setgroups,
+            nr,
             groups.len() as libc::size_t,
             groups.as_ptr() as *const libc::gid_t,
         )
