@@ -861,11 +861,12 @@ fn a_foreign_runtimes_state_is_read_only_as_its_owner_could() {
             assert!(e.stderr.contains(want), "{want}: {}", e.ctx());
         }
         assert!(!e.out.exists(), "no bundle: {}", e.ctx());
+        let reject = common::lifecycle::patch("touches-protected");
+        let mut linked_reject = None;
         if mode == "delete" {
             // A gate's REJECT hashes the stores as they stand, opened as the snapshot
             // opens them: the linked store is as unreadable as any root-only file (the
             // same state hash as with an empty one), never hashed as root.
-            let reject = common::lifecycle::patch("touches-protected");
             let linked = common::lifecycle::evaluate(&env, &reject, &rt, "reject-linked", &args);
             assert_eq!(linked.code, 1, "{}", linked.ctx());
             std::fs::remove_file(&db).unwrap();
@@ -879,9 +880,21 @@ fn a_foreign_runtimes_state_is_read_only_as_its_owner_could() {
                 "{}",
                 linked.ctx()
             );
+            linked_reject = Some(linked);
         }
         std::fs::remove_file(&db).unwrap();
         std::fs::rename(rt.join("state/own.db"), &db).unwrap();
+        if let Some(linked) = linked_reject {
+            // The control: the owner's own store is hashed, not `unreadable` as well.
+            let own = common::lifecycle::evaluate(&env, &reject, &rt, "reject-own", &args);
+            assert_eq!(own.code, 1, "{}", own.ctx());
+            assert_ne!(
+                own.verdict["state_hash"],
+                linked.verdict["state_hash"],
+                "{}",
+                own.ctx()
+            );
+        }
     }
 
     // A WAL database no parent has open, its `-wal` left behind (no `-shm`): the `-wal`

@@ -108,31 +108,47 @@ fn sqlite_opens_the_parents_database_as_its_owner() {
 /// A rollback-journal parent whose `-wal` appears (a hard link to a root-only database's
 /// `-wal`) after fork looked for one: SQLite, which looks for a `-wal` at the start of
 /// every read transaction and reads the pages it holds, opens it as the owner and is
-/// refused; read as root, the copy would hold the root-only rows.
+/// refused; read as root, the copy would hold the root-only rows. At each read of the
+/// parent that starts a read transaction: the backup's first read, a backup step (each
+/// its own transaction in this mode), the one-image copy's read.
 #[test]
 fn a_wal_that_appears_later_is_opened_as_the_owner() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let (dir, db) = world();
-    let secret = dir.path().join("secret");
-    let _keep = root_only(&secret, "WAL", true);
-    let secret_wal = dir.path().join("secret-wal");
-    assert!(
-        holds(&secret_wal, SECRET),
-        "the root-only rows are in its -wal"
-    );
-    let wal = dir.path().join("state/db-wal");
-    BEFORE_THE_PARENT_IS_READ.with(|h| {
-        let mut h = h.borrow_mut();
-        // The connection's open and first read (fork has just looked for side files).
-        h.push_back(Box::new(|| {}));
-        // The backup's first read transaction.
-        h.push_back(Box::new(move || fs::hard_link(&secret_wal, &wal).unwrap()));
-    });
-    let dest = dir.path().join("copy");
-    let r = snapshot(&db, &dest, &opts());
-    BEFORE_THE_PARENT_IS_READ.with(|h| h.borrow_mut().clear());
-    assert!(!holds(&dest, SECRET), "{r:?}");
-    assert!(r.is_err(), "the -wal is refused: {r:?}");
+    let image = SnapshotOptions {
+        read_as: Some(as_nobody()),
+        ..SnapshotOptions::default()
+    };
+    // How the copy is made, and how many reads of the parent come before the `-wal`
+    // appears (the first: the connection's open and first read, after fork looked for
+    // side files).
+    for (at, opts, reads_before) in [
+        ("the backup's first read", opts(), 1),
+        ("a backup step", opts(), 2),
+        ("the one-image copy's read", image, 1),
+    ] {
+        let (dir, db) = world();
+        let secret = dir.path().join("secret");
+        let _keep = root_only(&secret, "WAL", true);
+        let secret_wal = dir.path().join("secret-wal");
+        assert!(
+            holds(&secret_wal, SECRET),
+            "the root-only rows are in its -wal"
+        );
+        let wal = dir.path().join("state/db-wal");
+        BEFORE_THE_PARENT_IS_READ.with(|h| {
+            let mut h = h.borrow_mut();
+            for _ in 0..reads_before {
+                h.push_back(Box::new(|| {}));
+            }
+            h.push_back(Box::new(move || fs::hard_link(&secret_wal, &wal).unwrap()));
+        });
+        let dest = dir.path().join("copy");
+        let r = snapshot(&db, &dest, &opts);
+        let unused = BEFORE_THE_PARENT_IS_READ.with(|h| h.borrow_mut().drain(..).count());
+        assert_eq!(unused, 0, "{at}: every hook ran");
+        assert!(!holds(&dest, SECRET), "{at}: {r:?}");
+        assert!(r.is_err(), "{at}: the -wal is refused: {r:?}");
+    }
 }

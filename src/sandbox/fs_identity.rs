@@ -25,7 +25,7 @@ pub struct FsIdentity {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsIdentityError {
-    #[error("could not take uid {uid}'s file identity on this thread ({step}: {errno}): it needs CAP_SETUID and CAP_SETGID in the host's user namespace; run fork as the runtime's owner instead")]
+    #[error("could not take uid {uid}'s file identity on this thread ({step}: {errno}): it needs CAP_SETUID and CAP_SETGID, and the owner's uid and gid mapped in fork's user namespace; run fork as the runtime's owner instead")]
     Enter {
         uid: u32,
         step: &'static str,
@@ -52,16 +52,19 @@ const FILE_CAPS: [Capability; 8] = [
 struct Own {
     uid: Uid,
     gid: Gid,
-    groups: Vec<u32>,
+    /// The thread's own groups, once they have been replaced (before that there is
+    /// nothing to give back, and setgroups(2) may be refused: fork without CAP_SETGID).
+    groups: Option<Vec<u32>>,
     /// File capabilities dropped here (the kernel kept them): raised again.
     dropped: Vec<Capability>,
 }
 
 impl Drop for Own {
-    /// Every part is given back, each whatever became of the others. A thread that cannot
-    /// be given its own identity back would go on creating files as another user, with
-    /// no one to tell: the process stops there (it cannot happen while fork keeps
-    /// CAP_SETUID and CAP_SETGID, which it needed to get here).
+    /// Every part changed is given back, each whatever became of the others (the
+    /// filesystem uid and gid can always return to the real ones, root's). A thread that
+    /// cannot be given its own identity back would go on creating files as another user,
+    /// with no one to tell: the process stops there (it cannot happen while fork keeps
+    /// CAP_SETGID, which replacing the groups took).
     fn drop(&mut self) {
         setfsuid(self.uid);
         setfsgid(self.gid);
@@ -69,7 +72,10 @@ impl Drop for Own {
         // again tells whether the first call took.
         let uid_back = setfsuid(self.uid) == self.uid;
         let gid_back = setfsgid(self.gid) == self.gid;
-        let groups_back = thread_setgroups(&self.groups).is_ok();
+        let groups_back = self
+            .groups
+            .as_ref()
+            .is_none_or(|g| thread_setgroups(g).is_ok());
         let caps_back = self
             .dropped
             .iter()
@@ -102,11 +108,12 @@ impl FsIdentity {
         let mut own = Own {
             uid: setfsuid(Uid::from_raw(u32::MAX)),
             gid: setfsgid(Gid::from_raw(u32::MAX)),
-            groups,
+            groups: None,
             dropped: Vec::new(),
         };
-        // From here on `own` gives everything back however this returns.
+        // From here on `own` gives back whatever was changed, however this returns.
         thread_setgroups(&self.groups).map_err(|e| enter("setgroups", e))?;
+        own.groups = Some(groups);
         let (uid, gid) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
         setfsgid(gid);
         if setfsgid(gid) != gid {
@@ -142,6 +149,75 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::{chown, PermissionsExt};
+
+    /// Without CAP_SETGID (a thread that dropped it from its effective set) the identity
+    /// cannot be taken: an error naming the fix, nothing run, the thread's own identity
+    /// untouched, and no abort (there was nothing to give back).
+    #[test]
+    fn an_identity_fork_cannot_take_is_an_error() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        std::thread::spawn(|| {
+            caps::drop(None, CapSet::Effective, Capability::CAP_SETGID).unwrap();
+            let id = FsIdentity {
+                uid: 65534,
+                gid: 65534,
+                groups: vec![65534],
+            };
+            let mut ran = false;
+            let e = id.run(|| ran = true).unwrap_err();
+            assert!(!ran);
+            assert!(
+                matches!(
+                    e,
+                    FsIdentityError::Enter {
+                        step: "setgroups",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("CAP_SETGID"), "{e}");
+            assert_eq!(setfsuid(Uid::from_raw(u32::MAX)), Uid::from_raw(0));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Where the kernel keeps the file capabilities across the filesystem uid's change
+    /// (the securebit SECURE_NO_SETUID_FIXUP, set here on a thread of its own), they are
+    /// dropped for the call: a root-only file is refused inside, and they are back after.
+    #[test]
+    fn file_capabilities_the_kernel_keeps_are_dropped_for_the_call() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let root_only = file(dir.path(), "root-only", 0, 0o600);
+        std::thread::spawn(move || {
+            // SECBIT_NO_SETUID_FIXUP (1 << 2), for this thread only.
+            crate::sandbox::sys::set_securebits(1 << 2).unwrap();
+            let id = FsIdentity {
+                uid: 65534,
+                gid: 65534,
+                groups: vec![65534],
+            };
+            let inside = id.run(|| fs::File::open(&root_only).is_ok()).unwrap();
+            assert!(
+                !inside,
+                "refused inside although the kernel kept the capabilities"
+            );
+            assert!(
+                caps::has_cap(None, CapSet::Effective, Capability::CAP_DAC_OVERRIDE).unwrap(),
+                "raised again after"
+            );
+            assert!(fs::File::open(&root_only).is_ok());
+        })
+        .join()
+        .unwrap();
+    }
 
     /// The calling thread's supplementary groups, as the kernel lists them.
     fn groups_line() -> String {
