@@ -6,7 +6,7 @@
 #   scripts/vm-test.sh            # smoke: fork check + fork run, as root and as a user
 #   scripts/vm-test.sh full       # smoke, the demo's plan as root and as the user, then the
 #                                 # suites as the user (sandbox, evaluate) and as root (sandbox,
-#                                 # portability, evaluate)
+#                                 # portability, evaluate, host_safety)
 # Each `fork evaluate` of the demo patch in the guest must give the verdict this build gives
 # on this host (evaluated here first; scripts/vm-verdict.py says what is compared).
 #   scripts/vm-test.sh full ARGS  # ARGS go to the suites' test binaries (a name filter...)
@@ -51,7 +51,7 @@ kernel=${FORK_VM_KERNEL:-$(ls /boot/vmlinuz-* | sort -V | tail -n 1)}
 
 # Build on the host (the guest sees the tree read-only) and find the suites' test binaries.
 cargo build --all-targets --locked
-tests=$(cargo test --locked --no-run --message-format=json --test sandbox --test portability --test evaluate 2>/dev/null |
+tests=$(cargo test --locked --no-run --message-format=json --test sandbox --test portability --test evaluate --test host_safety 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
