@@ -560,9 +560,8 @@ pub fn snapshot(
     };
     let runtime_fd = crate::fork::tree::open_dir_no_links(runtime)
         .map_err(|e| refused(runtime.display().to_string(), &e))?;
-    let owner = nix::sys::stat::fstat(&runtime_fd)
-        .map_err(|e| refused(runtime.display().to_string(), &e))
-        .map(|st| Owner::of(&st))?;
+    let owner =
+        Owner::of_dir(&runtime_fd).map_err(|e| refused(runtime.display().to_string(), &e))?;
     let root = crate::fork::tree::open_dir_beneath(&runtime_fd, source)
         .map_err(|e| refused(shown.display().to_string(), &e))?;
     let copy = copy_root(staging);

@@ -301,8 +301,7 @@ pub(super) fn stores_read_as(runtime: &Path) -> Result<Option<ReadAs>, EvaluateE
         EvaluateError::Input(format!("opening the runtime {}: {e}", runtime.display()))
     };
     let fd = crate::fork::tree::open_dir_no_links(runtime).map_err(|e| refused(&e))?;
-    let st = nix::sys::stat::fstat(&fd).map_err(|e| refused(&e))?;
-    let Some(o) = Owner::of(&st) else {
+    let Some(o) = Owner::of_dir(&fd).map_err(|e| refused(&e))? else {
         return Ok(None);
     };
     let id = FsIdentity {

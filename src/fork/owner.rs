@@ -34,6 +34,11 @@ impl Owner {
         Self::of_as(Uid::effective().as_raw(), root.st_uid)
     }
 
+    /// [`Owner::of`] of the directory open at `dir` (a runtime, a `--workspace`).
+    pub fn of_dir(dir: &impl std::os::fd::AsFd) -> nix::Result<Option<Owner>> {
+        nix::sys::stat::fstat(dir).map(|st| Self::of(&st))
+    }
+
     /// [`Owner::of`] for a given effective uid (the planner; tests).
     pub fn of_as(euid: u32, owner: u32) -> Option<Owner> {
         if euid != 0 || owner == 0 {
@@ -140,11 +145,6 @@ impl ReadAs {
             uid,
             enter: std::sync::Arc::new(enter),
         }
-    }
-
-    /// The owner's uid.
-    pub fn uid(&self) -> u32 {
-        self.uid
     }
 
     /// Runs `f` as the owner; an error only when the identity could not be taken or given

@@ -151,16 +151,7 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
             format!("{} names no file", path.display()),
         ));
     };
-    let (start, rel) = match dir.strip_prefix("/") {
-        Ok(rel) => (Path::new("/"), rel),
-        Err(_) => (Path::new("."), dir),
-    };
-    let top = nix::fcntl::open(
-        start,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let dir_fd = super::tree::open_dir_beneath(&top, rel).map_err(|e| {
+    let dir_fd = super::tree::open_dir_no_links(dir).map_err(|e| {
         use crate::fsx::FsxError;
         // The kinds `openat2` would have given (a missing `-wal` is looked for by kind).
         let kind = match &e {

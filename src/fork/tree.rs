@@ -81,9 +81,7 @@ impl Tree {
     /// component of `path` a link, and as root, read only as far as its owner could.
     pub fn open_users(path: &Path) -> Result<Tree, WorkspaceError> {
         let root = open_dir_no_links(path).map_err(|e| fsx_err(path, e))?;
-        let owner = fstat(&root)
-            .map_err(|e| io("stat", path, e))
-            .map(|st| super::owner::Owner::of(&st))?;
+        let owner = super::owner::Owner::of_dir(&root).map_err(|e| io("stat", path, e))?;
         Ok(Tree {
             root,
             shown: path.to_path_buf(),
@@ -98,9 +96,7 @@ impl Tree {
         // swapped in since (its owner's doing), and would hand another tree, or another
         // owner, to what follows.
         let r = open_dir_no_links(root).map_err(|e| fsx_err(root, e))?;
-        let owner = fstat(&r)
-            .map_err(|e| io("stat", root, e))
-            .map(|st| super::owner::Owner::of(&st))?;
+        let owner = super::owner::Owner::of_dir(&r).map_err(|e| io("stat", root, e))?;
         let shown = root.join(rel);
         let fd = open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
         Ok(Tree {
@@ -247,10 +243,6 @@ fn digest(mut f: File, shown: &Path) -> Result<[u8; 32], WorkspaceError> {
     Ok(h.finalize().into())
 }
 
-/// Opens the directory `rel` beneath the directory `dir` (`""` is `dir` itself), reached
-/// without following any symbolic link and without leaving `dir` (`openat2` with
-/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
-/// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
 /// The directory `path`, no component of it a link (from `/` when absolute, else from the
 /// working directory), as [`open_dir_beneath`] opens one.
 pub fn open_dir_no_links(path: &Path) -> Result<OwnedFd, FsxError> {
@@ -262,6 +254,10 @@ pub fn open_dir_no_links(path: &Path) -> Result<OwnedFd, FsxError> {
     open_dir_beneath(&top, rel)
 }
 
+/// Opens the directory `rel` beneath the directory `dir` (`""` is `dir` itself), reached
+/// without following any symbolic link and without leaving `dir` (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk where
+/// `openat2` is refused). No component limit: the trees read this way are fork's inputs.
 pub fn open_dir_beneath(dir: impl AsFd, rel: &Path) -> Result<OwnedFd, FsxError> {
     use crate::fsx::{errno_error, expect_kind, openat2_unavailable};
     use nix::errno::Errno;

@@ -123,20 +123,25 @@ impl FsIdentity {
         if setfsuid(uid) != uid {
             return Err(enter("setfsuid", Errno::EPERM));
         }
-        let effective = |c: &Capability| caps::has_cap(None, CapSet::Effective, *c);
-        for c in FILE_CAPS {
-            match effective(&c) {
-                Ok(false) => {}
-                Ok(true) => {
-                    caps::drop(None, CapSet::Effective, c)
-                        .map_err(|_| enter("drop a file capability", Errno::EPERM))?;
-                    own.dropped.push(c);
-                }
-                Err(_) => return Err(enter("read the capabilities", Errno::EPERM)),
+        // One read of the effective set (the kernel has usually taken them already); a
+        // second only after dropping what it kept.
+        let effective = || {
+            caps::read(None, CapSet::Effective)
+                .map_err(|_| enter("read the capabilities", Errno::EPERM))
+        };
+        let mut eff = effective()?;
+        let kept: Vec<Capability> = FILE_CAPS.into_iter().filter(|c| eff.contains(c)).collect();
+        if !kept.is_empty() {
+            for c in &kept {
+                eff.remove(c);
             }
-        }
-        if FILE_CAPS.iter().any(|c| effective(c).unwrap_or(true)) {
-            return Err(enter("drop the file capabilities", Errno::EPERM));
+            own.dropped = kept;
+            caps::set(None, CapSet::Effective, &eff)
+                .map_err(|_| enter("drop the file capabilities", Errno::EPERM))?;
+            let after = effective()?;
+            if FILE_CAPS.iter().any(|c| after.contains(c)) {
+                return Err(enter("drop the file capabilities", Errno::EPERM));
+            }
         }
         let out = f();
         drop(own);
@@ -160,11 +165,7 @@ mod tests {
         }
         std::thread::spawn(|| {
             caps::drop(None, CapSet::Effective, Capability::CAP_SETGID).unwrap();
-            let id = FsIdentity {
-                uid: 65534,
-                gid: 65534,
-                groups: vec![65534],
-            };
+            let id = nobody();
             let mut ran = false;
             let e = id.run(|| ran = true).unwrap_err();
             assert!(!ran);
@@ -199,11 +200,7 @@ mod tests {
         std::thread::spawn(move || {
             // SECBIT_NO_SETUID_FIXUP (1 << 2), for this thread only.
             crate::sandbox::sys::set_securebits(1 << 2).unwrap();
-            let id = FsIdentity {
-                uid: 65534,
-                gid: 65534,
-                groups: vec![65534],
-            };
+            let id = nobody();
             let inside = id.run(|| fs::File::open(&root_only).is_ok()).unwrap();
             assert!(
                 !inside,
@@ -217,6 +214,15 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// `nobody`, in its own group only.
+    fn nobody() -> FsIdentity {
+        FsIdentity {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+        }
     }
 
     /// The calling thread's supplementary groups, as the kernel lists them.
