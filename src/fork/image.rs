@@ -101,13 +101,15 @@ pub(super) fn copy_image(
             let held_for = locked.elapsed();
             drop(source);
             drop(held);
-            // The database file's pieces, hashed beside the thread behind the copy now
-            // that the parent is let go; the pages the replay may rewrite, read from the
-            // copied `-wal` before it goes.
+            // The thread behind the copy hashes on while this one replays the copied WAL
+            // and then checks the copy: the replay rewrites only pages its frames name
+            // (read from the copied `-wal` before the replay removes it), whose pieces are
+            // hashed again after it, and a piece read while the replay had cut the file
+            // is hashed again too (`pieces.rs`).
             let behind = match behind {
                 Some((b, len)) => {
-                    let pieces = b.finish(len).map_err(io_err("hash", dest))?;
-                    super::walcopy::frame_pages(dest)?.map(|dirty| (pieces, dirty))
+                    b.ended(len);
+                    super::walcopy::frame_pages(dest)?.map(|dirty| (b, len, dirty))
                 }
                 None => None,
             };
@@ -115,13 +117,20 @@ pub(super) fn copy_image(
             let copy_elapsed = started.elapsed();
             let mut again = None;
             let (integrity_ok, check_elapsed, digest, hash_elapsed) = match behind {
-                Some(((pieces, busy), dirty)) => {
-                    let (ok, checked, digest, rehashed) = check_beside(dest, opts.check, || {
+                Some((b, len, dirty)) => {
+                    // The check on this thread; on another, the hash finished beside the
+                    // thread behind, then the pieces the replay rewrote hashed again.
+                    // Its time: what the hashing threads were busy, not their waits.
+                    let mut busy = Duration::ZERO;
+                    let (ok, checked, digest, _) = check_beside(dest, opts.check, || {
+                        let (pieces, behind) = b.finish(len)?;
+                        let t = Instant::now();
                         let (digest, n) = rehash(dest, bytes, pieces, dirty)?;
+                        busy = behind + t.elapsed();
                         again = Some(n);
                         Ok(digest)
                     })?;
-                    (ok, checked, digest, busy + rehashed)
+                    (ok, checked, digest, busy)
                 }
                 None => check_and_hash(dest, opts.check, opts.digest)?,
             };

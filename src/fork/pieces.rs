@@ -1,7 +1,13 @@
 //! A file's BLAKE3 kept as the chaining values of its 8 KiB pieces, so that pieces
 //! rewritten after they were hashed can be hashed again alone (WAL mode's snapshot: the
-//! database file is hashed behind its copy, then SQLite's replay rewrites the pages the
-//! copied WAL holds; only their pieces are hashed again, see `walcopy.rs`).
+//! database file is hashed behind its copy, and SQLite's replay rewrites the pages the
+//! copied WAL holds, meanwhile or after; only their pieces are hashed again, see
+//! `walcopy.rs`).
+//!
+//! A piece read while the file was shorter than it (the replay may cut the file to its
+//! page count while the thread behind reads) is not trusted: every piece from the first
+//! such one on is hashed again by [`Pieces::rehash`], and until then the pieces give no
+//! root.
 //!
 //! The root is the file's ordinary BLAKE3 (what `b3sum` prints): BLAKE3's tree over 1 KiB
 //! chunks splits every subtree at [`hazmat::left_subtree_len`], a power of two. A subtree
@@ -28,6 +34,9 @@ pub(super) const PIECE: u64 = 8 << 10;
 pub(super) struct Pieces {
     len: u64,
     cvs: Vec<ChainingValue>,
+    /// Bytes from here on were not all there when their pieces were read (`len` when
+    /// every piece was read whole).
+    unread_from: u64,
 }
 
 impl Pieces {
@@ -42,8 +51,9 @@ impl Pieces {
     ) -> io::Result<usize> {
         let count = new_len.div_ceil(PIECE) as usize;
         let mut again: BTreeSet<usize> = BTreeSet::new();
-        // From the piece holding the old or new end on, the pieces changed length or bytes.
-        let stable = (self.len.min(new_len) / PIECE) as usize;
+        // From the piece holding the old or new end on, the pieces changed length or bytes;
+        // from the first piece read short on, they were never hashed whole.
+        let stable = (self.len.min(new_len).min(self.unread_from) / PIECE) as usize;
         again.extend(stable..count);
         for (start, end) in dirty {
             let end = end.min(new_len);
@@ -61,13 +71,15 @@ impl Pieces {
             self.cvs[i] = piece_cv(off, &buf[..n]);
         }
         self.len = new_len;
+        self.unread_from = new_len;
         Ok(again.len())
     }
 
     /// `blake3:<hex>` of the bytes hashed, or None when they fit in one piece (then the
-    /// root is not made from a chaining value: hash the file in one pass).
+    /// root is not made from a chaining value) or a piece was read short and not hashed
+    /// again since: hash the file in one pass.
     pub fn root(&self) -> Option<String> {
-        if self.len <= PIECE {
+        if self.len <= PIECE || self.unread_from < self.len {
             return None;
         }
         let left = hazmat::left_subtree_len(self.len);
@@ -101,6 +113,8 @@ struct Hashing {
     moved: Condvar,
     /// The next block to claim.
     next: AtomicU64,
+    /// The lowest offset at which a read found the file ended (u64::MAX: none did).
+    unread: AtomicU64,
 }
 
 /// A claim: 128 pieces, read in one `pread`.
@@ -138,7 +152,13 @@ impl Hashing {
             }
             let t = Instant::now();
             let bytes = &mut buf[..(end - start) as usize];
-            file.read_exact_at(bytes, start)?;
+            let got = read_upto(file, bytes, start)?;
+            if got < bytes.len() {
+                // Cut under the read (the replay's doing): zeros stand in, and the pieces
+                // from here on are hashed again (see `Pieces::rehash`).
+                bytes[got..].fill(0);
+                self.unread.fetch_min(start + got as u64, Ordering::Relaxed);
+            }
             let cvs = bytes
                 .chunks(PIECE as usize)
                 .enumerate()
@@ -167,6 +187,7 @@ impl Behind {
             copied: Mutex::new((0, false)),
             moved: Condvar::new(),
             next: AtomicU64::new(0),
+            unread: AtomicU64::new(u64::MAX),
         });
         let copy = Arc::new(copy);
         let (h, f) = (Arc::clone(&hashing), Arc::clone(&copy));
@@ -186,10 +207,16 @@ impl Behind {
         self.hashing.set(|c| c.0 = upto);
     }
 
+    /// The copier: the copy has ended at `len` bytes (the thread behind may hash its last
+    /// block before [`finish`](Self::finish)).
+    pub fn ended(&self, len: u64) {
+        self.hashing.set(|c| *c = (len, true));
+    }
+
     /// The copier, once the copy of `len` bytes has ended: hashes what is left beside the
     /// thread behind it, joins it, and returns the pieces and the time both were busy.
     pub fn finish(mut self, len: u64) -> io::Result<(Pieces, Duration)> {
-        self.hashing.set(|c| *c = (len, true));
+        self.ended(len);
         let mine = self.hashing.work(&self.copy);
         let theirs = match self.thread.take() {
             Some(t) => t
@@ -210,7 +237,15 @@ impl Behind {
                 cvs.len()
             )));
         }
-        Ok((Pieces { len, cvs }, theirs.1 + mine.1))
+        let unread_from = self.hashing.unread.load(Ordering::Relaxed).min(len);
+        Ok((
+            Pieces {
+                len,
+                cvs,
+                unread_from,
+            },
+            theirs.1 + mine.1,
+        ))
     }
 }
 
@@ -227,6 +262,21 @@ impl std::fmt::Debug for Pieces {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Pieces({} bytes, {} pieces)", self.len, self.cvs.len())
     }
+}
+
+/// Reads into `buf` from `off` until it is full or the file ends; returns how many bytes
+/// were read.
+fn read_upto(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 fn piece_cv(off: u64, bytes: &[u8]) -> ChainingValue {
@@ -256,6 +306,7 @@ mod tests {
         Pieces {
             len: data.len() as u64,
             cvs,
+            unread_from: data.len() as u64,
         }
     }
 
@@ -349,17 +400,54 @@ mod tests {
     fn a_copy_shorter_than_said_or_dropped_is_no_hash() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        std::fs::write(&path, bytes(BLOCK as usize, 1)).unwrap();
-        // Said to have copied two blocks where the file holds one: an error, not a hash.
+        let data = bytes(BLOCK as usize, 1);
+        std::fs::write(&path, &data).unwrap();
+        // Said to have copied two blocks where the file holds one: no root from the
+        // pieces, and hashed again to the length said, an error, not a hash.
         let behind = Behind::start(File::open(&path).unwrap());
         behind.copied(BLOCK);
-        let e = behind.finish(2 * BLOCK).unwrap_err();
+        let (mut p, _) = behind.finish(2 * BLOCK).unwrap();
+        assert!(p.root().is_none());
+        let f = File::open(&path).unwrap();
+        let e = p.rehash(&f, 2 * BLOCK, []).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
         // Dropped before the copy ended (an error on the way): the thread is told and
         // joined, nothing hangs.
         let behind = Behind::start(File::open(&path).unwrap());
         behind.copied(BLOCK / 2);
         drop(behind);
+    }
+
+    #[test]
+    fn a_file_cut_under_the_hasher_is_hashed_again_from_the_cut() {
+        // The replay may cut the copy while the thread behind reads it (and a file may
+        // grow again past the cut): the pieces read short give no root, and hashed again
+        // they give the file's own BLAKE3, with no dirty range named for the cut.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let full = 3 * BLOCK as usize;
+        let cut = BLOCK as usize + BLOCK as usize / 2 + 100;
+        for regrow in [0usize, BLOCK as usize / 2] {
+            std::fs::write(&path, bytes(full, 2)).unwrap();
+            let behind = Behind::start(File::open(&path).unwrap());
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(cut as u64).unwrap();
+            if regrow > 0 {
+                f.write_all_at(&bytes(regrow, 9), cut as u64).unwrap();
+            }
+            behind.copied(full as u64);
+            let (mut p, _) = behind.finish(full as u64).unwrap();
+            assert!(p.root().is_none(), "a piece read short gave a root");
+            let now = std::fs::read(&path).unwrap();
+            assert_eq!(now.len(), cut + regrow);
+            p.rehash(&File::open(&path).unwrap(), now.len() as u64, [])
+                .unwrap();
+            assert_eq!(
+                p.root().unwrap(),
+                format!("blake3:{}", blake3::hash(&now).to_hex()),
+                "regrown by {regrow}"
+            );
+        }
     }
 
     #[test]
