@@ -113,7 +113,12 @@ pub(super) fn copy_image(
                 }
                 None => None,
             };
-            let (pages, bytes) = super::walcopy::replay(dest)?;
+            let replayed = super::walcopy::replay(dest);
+            #[cfg(test)]
+            if let Some(g) = super::pieces::tests::BEHIND_GATE.with(|g| g.borrow_mut().take()) {
+                g.open();
+            }
+            let (pages, bytes) = replayed?;
             let copy_elapsed = started.elapsed();
             let mut again = None;
             let (integrity_ok, check_elapsed, digest, hash_elapsed) = match behind {

@@ -191,9 +191,17 @@ impl Behind {
         });
         let copy = Arc::new(copy);
         let (h, f) = (Arc::clone(&hashing), Arc::clone(&copy));
+        #[cfg(test)]
+        let gate = tests::BEHIND_GATE.with(|g| g.borrow().clone());
         let thread = std::thread::Builder::new()
             .name("fork-hash-behind".into())
-            .spawn(move || h.work(&f))
+            .spawn(move || {
+                #[cfg(test)]
+                if let Some(g) = gate {
+                    g.wait();
+                }
+                h.work(&f)
+            })
             .ok();
         Behind {
             hashing,
@@ -287,9 +295,38 @@ fn piece_cv(off: u64, bytes: &[u8]) -> ChainingValue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use std::cell::RefCell;
     use std::os::unix::fs::FileExt;
+
+    thread_local! {
+        /// Set on the copier's thread: the thread behind its next copy hashes nothing
+        /// until the gate opens (or 20 s pass: a test that forgets it does not hang).
+        pub(in crate::fork) static BEHIND_GATE: RefCell<Option<Arc<Gate>>> =
+            const { RefCell::new(None) };
+    }
+
+    #[derive(Default)]
+    pub(in crate::fork) struct Gate {
+        open: Mutex<bool>,
+        moved: Condvar,
+    }
+
+    impl Gate {
+        pub(in crate::fork) fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.moved.notify_all();
+        }
+
+        pub(in crate::fork) fn wait(&self) {
+            let open = self.open.lock().unwrap();
+            let _ = self
+                .moved
+                .wait_timeout_while(open, Duration::from_secs(20), |o| !*o)
+                .unwrap();
+        }
+    }
 
     fn bytes(len: usize, salt: u8) -> Vec<u8> {
         (0..len)
