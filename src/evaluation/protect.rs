@@ -675,30 +675,18 @@ pub fn check(
             change: ChangeKind::Unchecked,
         }]
     };
+    let mut changes = match scan(ws_src, &m.patterns, exclude, &same_size) {
+        Ok(found) => compare(&m.entries, &found, &|_| true, true),
+        Err(e) => unchecked(e),
+    };
     let bound = |rel: &str| {
         m.binds.iter().any(|(b, _)| {
             rel == b || (rel.starts_with(b.as_str()) && rel.as_bytes().get(b.len()) == Some(&b'/'))
         })
     };
-    // The two trees are read side by side (each read and hashed whole; neither is written
-    // any more: the sandbox is dead, and the copy was only ever bound read-only).
-    let (workspace, copy) = std::thread::scope(|s| {
-        let copy = s.spawn(|| scan(&copy_root(staging), &m.patterns, exclude, &same_size));
-        let workspace = scan(ws_src, &m.patterns, exclude, &same_size);
-        (workspace, copy.join())
-    });
-    let mut changes = match workspace {
-        Ok(found) => compare(&m.entries, &found, &|_| true, true),
-        Err(e) => unchecked(e),
-    };
-    match copy {
-        Ok(Ok(found)) => changes.extend(compare(&m.entries, &found, &bound, false)),
-        Ok(Err(e)) => changes.extend(unchecked(e)),
-        // A panic while reading the copy: the copy is unchecked, never passed.
-        Err(_) => changes.extend(unchecked((
-            String::new(),
-            "reading the protected copy failed".to_string(),
-        ))),
+    match scan(&copy_root(staging), &m.patterns, exclude, &same_size) {
+        Ok(found) => changes.extend(compare(&m.entries, &found, &bound, false)),
+        Err(e) => changes.extend(unchecked(e)),
     }
     changes.sort();
     changes.dedup();
