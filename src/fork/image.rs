@@ -104,8 +104,9 @@ pub(super) fn copy_image(
             // The thread behind the copy hashes on while this one replays the copied WAL
             // and then checks the copy: the replay rewrites only pages its frames name
             // (read from the copied `-wal` before the replay removes it), whose pieces are
-            // hashed again after it, and a piece read while the replay had cut the file
-            // is hashed again too (`pieces.rs`).
+            // hashed again after it, as is every piece from the first one the thread
+            // behind read while the replay had cut the file (`pieces.rs`). Dropped
+            // unfinished (an error, or a `-wal` that is not one), the thread behind stops.
             let behind = match behind {
                 Some((b, len)) => {
                     b.ended(len);

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,15 @@ pub(super) struct Pieces {
 impl Pieces {
     /// The file at `file` now holds `new_len` bytes, and its bytes changed (at most) in
     /// the byte ranges `dirty` (start, end) and wherever it grew or shrank: hashes those
-    /// pieces again from `file`. Returns how many pieces were hashed again.
+    /// pieces again from `file`, and every piece from the first one read short on.
+    /// Returns how many pieces were hashed again.
+    ///
+    /// Sound when, from the first read of the pieces on, the file only grew and was then
+    /// cut at most once, to `new_len`: then no length it had was below the shorter of the
+    /// two, and a piece read whole below that changed only inside `dirty`. SQLite's replay
+    /// of a copied WAL is such a change: it writes frames' pages (all in `dirty`), growing
+    /// the file where they lie past its end, and cuts it to its page count last. A file cut
+    /// and then grown back over pieces already read is not: their old bytes would stand.
     pub fn rehash(
         &mut self,
         file: &File,
@@ -102,11 +110,11 @@ impl Pieces {
 }
 
 /// The pieces of a file while it is copied, hashed by whoever is free: a thread behind the
-/// copier from the start, and the copier's thread too once it calls
-/// [`Behind::finish`] (reading a finished chunk back and hashing it takes longer than the
-/// kernel's copy of it, so one hasher alone would still be hashing when the copy ends).
-/// The file is claimed a block at a time; a block is hashed once the copy has passed its
-/// end (or the copy has ended).
+/// copier from the start, and the thread that calls [`Behind::finish`] too (in WAL mode,
+/// once the copy is replayed, beside its check: reading a finished chunk back and hashing
+/// it takes longer than the kernel's copy of it, so one hasher alone is still hashing
+/// when the copy ends). The file is claimed a block at a time; a block is hashed once the
+/// copy has passed its end (or the copy has ended).
 struct Hashing {
     /// How far the copy has come, and whether it has ended.
     copied: Mutex<(u64, bool)>,
@@ -115,6 +123,10 @@ struct Hashing {
     next: AtomicU64,
     /// The lowest offset at which a read found the file ended (u64::MAX: none did).
     unread: AtomicU64,
+    /// The hashing was dropped unfinished: claim no more blocks.
+    stop: AtomicBool,
+    #[cfg(test)]
+    gate: Option<Arc<tests::Gate>>,
 }
 
 /// A claim: 128 pieces, read in one `pread`.
@@ -137,6 +149,9 @@ impl Hashing {
         let mut busy = Duration::ZERO;
         let mut buf = vec![0u8; BLOCK as usize];
         loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok((mine, busy));
+            }
             let b = self.next.fetch_add(1, Ordering::Relaxed);
             let start = b * BLOCK;
             // Wait until the copy has passed the block's end, or has ended.
@@ -158,6 +173,10 @@ impl Hashing {
                 // from here on are hashed again (see `Pieces::rehash`).
                 bytes[got..].fill(0);
                 self.unread.fetch_min(start + got as u64, Ordering::Relaxed);
+                #[cfg(test)]
+                if let Some(g) = &self.gate {
+                    g.short_reads.fetch_add(1, Ordering::Relaxed);
+                }
             }
             let cvs = bytes
                 .chunks(PIECE as usize)
@@ -171,8 +190,9 @@ impl Hashing {
 }
 
 /// The hashing of a copy under way (see [`Hashing`]): told how far the copy has come,
-/// then finished by the copier's thread, which hashes beside the thread behind it. Dropped
-/// unfinished, it tells that thread the copy has ended and joins it.
+/// then finished by a thread that hashes beside the thread behind it. Dropped unfinished
+/// (an error on the way, or a copy to be hashed whole), it stops that thread after the
+/// block it is hashing and joins it.
 pub(super) struct Behind {
     hashing: Arc<Hashing>,
     copy: Arc<File>,
@@ -183,16 +203,19 @@ impl Behind {
     /// Starts hashing `copy` (opened for reading) behind its copier. Without a thread to
     /// be had, [`finish`](Self::finish) hashes it all.
     pub fn start(copy: File) -> Behind {
+        #[cfg(test)]
+        let gate = tests::BEHIND_GATE.with(|g| g.borrow().clone());
         let hashing = Arc::new(Hashing {
             copied: Mutex::new((0, false)),
             moved: Condvar::new(),
             next: AtomicU64::new(0),
             unread: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+            #[cfg(test)]
+            gate: gate.clone(),
         });
         let copy = Arc::new(copy);
         let (h, f) = (Arc::clone(&hashing), Arc::clone(&copy));
-        #[cfg(test)]
-        let gate = tests::BEHIND_GATE.with(|g| g.borrow().clone());
         let thread = std::thread::Builder::new()
             .name("fork-hash-behind".into())
             .spawn(move || {
@@ -260,6 +283,11 @@ impl Behind {
 impl Drop for Behind {
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
+            self.hashing.stop.store(true, Ordering::Relaxed);
+            #[cfg(test)]
+            if let Some(g) = &self.hashing.gate {
+                g.open();
+            }
             self.hashing.set(|c| c.1 = true);
             let _ = t.join();
         }
@@ -311,6 +339,10 @@ pub(super) mod tests {
     pub(in crate::fork) struct Gate {
         open: Mutex<bool>,
         moved: Condvar,
+        /// Reads the thread behind found cut short.
+        pub(in crate::fork) short_reads: AtomicU64,
+        /// The thread behind went on after 20 s without the gate opening.
+        pub(in crate::fork) timed_out: AtomicBool,
     }
 
     impl Gate {
@@ -321,10 +353,13 @@ pub(super) mod tests {
 
         pub(in crate::fork) fn wait(&self) {
             let open = self.open.lock().unwrap();
-            let _ = self
+            let (_open, waited) = self
                 .moved
                 .wait_timeout_while(open, Duration::from_secs(20), |o| !*o)
                 .unwrap();
+            if waited.timed_out() {
+                self.timed_out.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -457,9 +492,10 @@ pub(super) mod tests {
 
     #[test]
     fn a_file_cut_under_the_hasher_is_hashed_again_from_the_cut() {
-        // The replay may cut the copy while the thread behind reads it (and a file may
-        // grow again past the cut): the pieces read short give no root, and hashed again
-        // they give the file's own BLAKE3, with no dirty range named for the cut.
+        // The replay may cut the copy while the thread behind reads it (here cut, and in
+        // the second round grown part of the way back, before the thread reads): the
+        // pieces read short give no root, and hashed again they give the file's own
+        // BLAKE3, with no dirty range named for the cut.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let full = 3 * BLOCK as usize;

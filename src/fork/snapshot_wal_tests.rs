@@ -474,6 +474,14 @@ fn a_copy_cut_by_the_replay_under_the_hasher_is_named_by_its_own_bytes() {
     super::pieces::tests::BEHIND_GATE.with(|g| *g.borrow_mut() = None);
     assert_eq!(st.method, SnapshotMethod::WalFiles, "{st:?}");
     assert!(
+        !gate.timed_out.load(std::sync::atomic::Ordering::Relaxed),
+        "the gate was opened by the replay, not by its timeout"
+    );
+    assert!(
+        gate.short_reads.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the thread behind read past the cut"
+    );
+    assert!(
         st.bytes < file / 2,
         "the replay cut the copy: {} of {file} bytes",
         st.bytes

@@ -141,7 +141,8 @@ pub struct SnapshotStats {
     pub copy_elapsed: Duration,
     /// Time spent in the integrity check.
     pub check_elapsed: Duration,
-    /// Time spent hashing the copy (by the thread that finished last).
+    /// Time spent hashing the copy: the busy time of every hashing thread, summed (two
+    /// threads hashing side by side count twice), waits not included.
     pub hash_elapsed: Duration,
     /// The longest single step. In rollback-journal mode a step holds the source's shared
     /// lock throughout, so this is the longest a committing writer could have waited on us.

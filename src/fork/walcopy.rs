@@ -251,8 +251,8 @@ const DB_CHUNK: u64 = 2 << 20;
 /// cut it shorter meanwhile), chunk by chunk by the kernel. With BLAKE3 a second thread
 /// reads back each finished chunk and hashes it piece by piece (`pieces.rs`), so that
 /// once the WAL is replayed only the pieces the replay rewrote are hashed again; returns
-/// that hashing, under way, and the bytes copied. The caller finishes it (this thread
-/// then hashes beside the one behind) once the read transaction has ended.
+/// that hashing, under way, and the bytes copied. The caller finishes it once the read
+/// transaction has ended and the WAL is replayed (see `image.rs`).
 fn copy_db(
     db: &File,
     out: &File,
