@@ -49,8 +49,9 @@ impl Pieces {
     /// cut at most once, to `new_len`: then no length it had was below the shorter of the
     /// two, and a piece read whole below that changed only inside `dirty`. SQLite's replay
     /// of a copied WAL is such a change: it writes frames' pages (all in `dirty`), growing
-    /// the file where they lie past its end, and cuts it to its page count last. A file cut
-    /// and then grown back over pieces already read is not: their old bytes would stand.
+    /// the file where they lie past its end, and cuts it to its page count last. Pieces
+    /// read short are read again whatever followed; a file cut and then grown back over
+    /// pieces read whole before the cut is not covered: their old bytes would stand.
     pub fn rehash(
         &mut self,
         file: &File,
@@ -521,6 +522,35 @@ pub(super) mod tests {
                 "regrown by {regrow}"
             );
         }
+    }
+
+    #[test]
+    fn pieces_read_short_are_hashed_again_though_the_file_grew_back_over_them() {
+        // Read while the file was cut, then the file grown back to its old length with
+        // other bytes and no dirty range named: only the record of the short reads makes
+        // `rehash` read those pieces again (the lengths alone say nothing changed).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let full = 3 * BLOCK as usize;
+        let cut = BLOCK as usize + BLOCK as usize / 2 + 100;
+        std::fs::write(&path, bytes(full, 2)).unwrap();
+        let behind = Behind::start(File::open(&path).unwrap());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(cut as u64).unwrap();
+        behind.copied(full as u64);
+        let (mut p, _) = behind.finish(full as u64).unwrap();
+        let back = bytes(full - cut, 5);
+        f.write_all_at(&back, cut as u64).unwrap();
+        let now = std::fs::read(&path).unwrap();
+        assert_eq!(now.len(), full);
+        let again = p
+            .rehash(&File::open(&path).unwrap(), full as u64, [])
+            .unwrap();
+        assert!(again >= (full - cut) / PIECE as usize, "{again} pieces");
+        assert_eq!(
+            p.root().unwrap(),
+            format!("blake3:{}", blake3::hash(&now).to_hex())
+        );
     }
 
     #[test]
