@@ -14,6 +14,8 @@ command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v newuidmap >/dev/null 2>&1 || missing+=(uidmap)
 # The AppArmor profile under policies/apparmor is checked with apparmor_parser -Q.
 [ -x /sbin/apparmor_parser ] || [ -x /usr/sbin/apparmor_parser ] || missing+=(apparmor)
+# The launch-by-layer benchmark's test times bubblewrap beside fork.
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 # The mesh tests run a real NATS server (loopback only).
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -71,3 +71,66 @@ fn what_a_command_leaves_running_is_timed_and_counted() {
         "settled waits for the 0.2 s sleep ({left_settled} ms):\n{report}"
     );
 }
+
+/// `scripts/bench-launch-layers.sh`: each variant it times runs first with `--report`, and
+/// its isolation block must have exactly the layers the variant claims (a policy that kept
+/// a layer on, or dropped another, stops the script); then every variant and bwrap get a
+/// figure in the summary, and each layer its cost.
+#[test]
+fn the_launch_by_layer_times_each_variant_with_the_layers_it_claims() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the benchmark runs fork as root");
+        return;
+    }
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-launch-layers.sh");
+    let out = Command::new(script)
+        .arg("2")
+        .env("FORK_BIN", env!("CARGO_BIN_EXE_fork"))
+        .output()
+        .expect("the script runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bench-launch-layers.sh failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = text
+        .split("---- summary")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no summary in:\n{text}"));
+    for name in [
+        "builtin",
+        "file",
+        "no-netns",
+        "no-seccomp",
+        "no-landlock",
+        "no-cgroup",
+        "bwrap-layers",
+        "bwrap",
+    ] {
+        let row: Vec<f64> = summary
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no `{name}` row in:\n{summary}"))
+            .split_whitespace()
+            .skip(1)
+            .take(2)
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect();
+        assert!(
+            row.len() == 2 && row.iter().all(|x| *x > 0.0),
+            "`{name}`: a wall and a CPU figure:\n{summary}"
+        );
+    }
+    for layer in [
+        "the network namespace:",
+        "seccomp:",
+        "Landlock:",
+        "the cgroups (and cgroup namespace):",
+        "seccomp + Landlock + cgroups:",
+    ] {
+        assert!(summary.contains(layer), "no cost of {layer}\n{summary}");
+    }
+    assert!(summary.contains("builtin/bwrap") && summary.contains("bwrap-layers/bwrap"));
+}
