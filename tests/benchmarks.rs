@@ -82,8 +82,7 @@ fn the_launch_by_layer_times_each_variant_with_the_layers_it_claims() {
         eprintln!("skipped: the benchmark runs fork as root");
         return;
     }
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-launch-layers.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-launch-layers.sh");
     let out = Command::new(script)
         .arg("2")
         .env("FORK_BIN", env!("CARGO_BIN_EXE_fork"))
