@@ -72,14 +72,24 @@ fn what_a_command_leaves_running_is_timed_and_counted() {
     );
 }
 
-/// `scripts/bench-launch-layers.sh`: each variant it times runs first with `--report`, and
-/// its isolation block must have exactly the layers the variant claims (a policy that kept
-/// a layer on, or dropped another, stops the script); then every variant and bwrap get a
-/// figure in the summary, and each layer its cost.
+/// `scripts/bench-launch-layers.sh`: each fork variant it times runs first with `--report`,
+/// and its isolation block must have exactly the layers the variant claims (a policy that
+/// kept a layer on, or dropped another, stops the script); then every variant and both
+/// bwraps get a figure in the summary, and each layer its cost.
 #[test]
 fn the_launch_by_layer_times_each_variant_with_the_layers_it_claims() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: the benchmark runs fork as root");
+        return;
+    }
+    // Its peer: scripts/test.sh installs it; a bare `cargo test` without it returns here
+    // rather than have the script install a package.
+    let on_path = |cmd: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(cmd).is_file()))
+    };
+    if !on_path("bwrap") {
+        eprintln!("skipped: bwrap (bubblewrap) is not installed; scripts/test.sh installs it");
         return;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench-launch-layers.sh");
@@ -94,20 +104,27 @@ fn the_launch_by_layer_times_each_variant_with_the_layers_it_claims() {
         "bench-launch-layers.sh failed: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary = text
-        .split("---- summary")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no summary in:\n{text}"));
-    for name in [
+    let variants = [
         "builtin",
         "file",
         "no-netns",
         "no-seccomp",
         "no-landlock",
         "no-cgroup",
+        "no-disk",
         "bwrap-layers",
-        "bwrap",
-    ] {
+    ];
+    for name in variants {
+        assert!(
+            text.lines().any(|l| l == format!("isolation ok: {name}")),
+            "`{name}` was not checked against what it claims:\n{text}"
+        );
+    }
+    let summary = text
+        .split("---- summary")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no summary in:\n{text}"));
+    for name in variants.into_iter().chain(["bwrap", "bwrap-no-netns"]) {
         let row: Vec<f64> = summary
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name))
@@ -127,7 +144,9 @@ fn the_launch_by_layer_times_each_variant_with_the_layers_it_claims() {
         "seccomp:",
         "Landlock:",
         "the cgroups (and cgroup namespace):",
+        "the capped disk:",
         "seccomp + Landlock + cgroups:",
+        "bwrap's network namespace:",
     ] {
         assert!(summary.contains(layer), "no cost of {layer}\n{summary}");
     }
