@@ -174,8 +174,20 @@ evaluate_demo() {
   return 1
 }
 
+# scripts/bench-launch-layers.sh's checks on this kernel (cgroup v2, an older Landlock ABI):
+# each variant's isolation block is what the variant claims (the timings of an emulated
+# guest mean nothing). It runs fork through the shim, a fresh cgroup per run.
+launch_layers() {
+  local out
+  out=$(FORK_BIN=$fork TMPDIR=/tmp/fork-vm "$FORK_VM_REPO/scripts/bench-launch-layers.sh" 1 2>&1) ||
+    { echo "$out" | tail -n 5; return 1; }
+  echo "$(echo "$out" | grep -c '^isolation ok: ') variants checked; $(echo "$out" | grep '^builtin/bwrap')"
+  [ "$(echo "$out" | grep -c '^isolation ok: ')" = 8 ]
+}
+
 step "root: no sandbox cgroup left" leftovers
 step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
+step "root: the launch-by-layer benchmark's variants have the layers they claim (v2, this ABI)" launch_layers
 step "root: fork evaluate of the demo patch (--task judged) gives the host's verdict" evaluate_demo root judged --task judged
 
 as_user() {

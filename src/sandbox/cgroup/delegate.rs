@@ -10,6 +10,7 @@
 use std::fs;
 use std::io;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::CgroupError;
 use crate::ioerr::{IoContext, IoError};
@@ -20,6 +21,45 @@ pub(super) const SUPERVISOR_LEAF: &str = "fork-supervisor";
 pub(super) const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 /// The fix for missing v2 delegation.
 pub const DELEGATE_FIX: &str = "start fork as the only process of a delegated cgroup: `systemd-run --user --scope -p Delegate=yes fork ...` (for root's own runs: `systemd-run --scope -p Delegate=yes fork ...`), or enable the controllers in the parent's cgroup.subtree_control";
+
+/// How long fork waits, once it has moved itself into its leaf, for its own cgroup to empty
+/// (see [`after_busy`]).
+const EMPTY_WAIT: Duration = Duration::from_secs(2);
+/// The longest pause between two tries within [`EMPTY_WAIT`].
+const EMPTY_POLL_MAX: Duration = Duration::from_millis(50);
+
+/// What to do when enabling the controllers is refused as busy (the "no internal
+/// processes" rule), given the processes `cgroup.procs` lists, our own pid, and how long we
+/// have waited since we first moved into the leaf (`None`: not moved yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Busy {
+    /// Another process is in our cgroup: fork is not the only process of a delegated cgroup.
+    Refuse { others: usize },
+    /// Only we are (or nobody is listed): move into the leaf (again), wait `pause`, try again.
+    /// A thread of ours that was exiting when the process moved is not moved by the kernel
+    /// and keeps the cgroup populated until its exit is done; it is listed under our pid,
+    /// or not at all when it is not the thread-group leader.
+    MoveAndRetry { pause: Duration },
+    /// Still busy after [`EMPTY_WAIT`]: the write's error stands.
+    GiveUp,
+}
+
+fn after_busy(procs: &[i32], me: i32, waited: Option<Duration>) -> Busy {
+    let others = procs.iter().filter(|&&p| p != me).count();
+    if others > 0 {
+        return Busy::Refuse { others };
+    }
+    match waited {
+        None => Busy::MoveAndRetry {
+            pause: Duration::ZERO,
+        },
+        Some(w) if w >= EMPTY_WAIT => Busy::GiveUp,
+        // 1, 2, 4, ... ms, at most EMPTY_POLL_MAX.
+        Some(w) => Busy::MoveAndRetry {
+            pause: (w + Duration::from_millis(1)).min(EMPTY_POLL_MAX),
+        },
+    }
+}
 
 /// The whitespace-separated words of a file (`cgroup.controllers`, `cgroup.subtree_control`).
 pub(super) fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {
@@ -67,31 +107,64 @@ pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
     match fs::write(&subtree, &line) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            // We may be the only process: then move into a leaf so the parent may enable
+            // controllers, and try again until our own stragglers are gone (see `Busy`).
             let procs_path = own_dir.join("cgroup.procs");
-            let procs = parse_pids(&fs::read_to_string(&procs_path).ctx("reading", &procs_path)?);
             let me = std::process::id() as i32;
-            let others = procs.iter().filter(|&&p| p != me).count();
-            if others > 0 {
-                return Err(CgroupError::InternalProcesses {
-                    path: own_dir.to_path_buf(),
-                    others,
-                    fix: format!("{DELEGATE_FIX}; fork then moves itself into {SUPERVISOR_LEAF}"),
-                });
-            }
-            // We are the only process: move into a leaf so the parent may enable controllers.
             let leaf = own_dir.join(SUPERVISOR_LEAF);
-            match fs::create_dir(&leaf) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(IoError::new("creating", &leaf, e).into()),
-            }
             let leaf_procs = leaf.join("cgroup.procs");
-            fs::write(&leaf_procs, me.to_string()).ctx("writing", &leaf_procs)?;
-            fs::write(&subtree, &line).map_err(|source| CgroupError::Write {
-                file: subtree.clone(),
-                value: line.clone(),
-                source: Box::new(source),
-            })
+            let mut moved: Option<Instant> = None;
+            loop {
+                let procs =
+                    parse_pids(&fs::read_to_string(&procs_path).ctx("reading", &procs_path)?);
+                match after_busy(&procs, me, moved.map(|t| t.elapsed())) {
+                    Busy::Refuse { others } => {
+                        return Err(CgroupError::InternalProcesses {
+                            path: own_dir.to_path_buf(),
+                            others,
+                            fix: format!(
+                                "{DELEGATE_FIX}; fork then moves itself into {SUPERVISOR_LEAF}"
+                            ),
+                        })
+                    }
+                    Busy::GiveUp => {
+                        return Err(CgroupError::Write {
+                            file: subtree.clone(),
+                            value: line.clone(),
+                            source: Box::new(io::Error::from_raw_os_error(libc::EBUSY)),
+                        })
+                    }
+                    Busy::MoveAndRetry { pause } => {
+                        if moved.is_some() {
+                            tracing::debug!(
+                                "{} still busy after fork moved into {SUPERVISOR_LEAF} (a thread of ours still exiting there?): trying again in {pause:?}",
+                                own_dir.display()
+                            );
+                        }
+                        std::thread::sleep(pause)
+                    }
+                }
+                if moved.is_none() {
+                    match fs::create_dir(&leaf) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(IoError::new("creating", &leaf, e).into()),
+                    }
+                    moved = Some(Instant::now());
+                }
+                fs::write(&leaf_procs, me.to_string()).ctx("writing", &leaf_procs)?;
+                match fs::write(&subtree, &line) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                    Err(source) => {
+                        return Err(CgroupError::Write {
+                            file: subtree.clone(),
+                            value: line.clone(),
+                            source: Box::new(source),
+                        })
+                    }
+                }
+            }
         }
         Err(e)
             if matches!(
@@ -116,6 +189,47 @@ pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Busy with another process in our cgroup: refused at once, whatever the wait. Busy with
+    /// only us (or nobody listed: a thread of ours still exiting there): move into the leaf
+    /// and retry, pausing 1 ms, then longer, never more than EMPTY_POLL_MAX, and give up
+    /// after EMPTY_WAIT.
+    #[test]
+    fn a_busy_cgroup_is_waited_for_only_while_the_stragglers_are_ours() {
+        let me = 4242;
+        for waited in [None, Some(Duration::ZERO), Some(EMPTY_WAIT)] {
+            assert_eq!(
+                after_busy(&[me, 17, 18], me, waited),
+                Busy::Refuse { others: 2 }
+            );
+        }
+        assert_eq!(
+            after_busy(&[me], me, None),
+            Busy::MoveAndRetry {
+                pause: Duration::ZERO
+            }
+        );
+        assert_eq!(
+            after_busy(&[], me, Some(Duration::ZERO)),
+            Busy::MoveAndRetry {
+                pause: Duration::from_millis(1)
+            }
+        );
+        assert_eq!(
+            after_busy(&[me], me, Some(Duration::from_millis(3))),
+            Busy::MoveAndRetry {
+                pause: Duration::from_millis(4)
+            }
+        );
+        assert_eq!(
+            after_busy(&[], me, Some(EMPTY_WAIT - Duration::from_millis(1))),
+            Busy::MoveAndRetry {
+                pause: EMPTY_POLL_MAX
+            }
+        );
+        assert_eq!(after_busy(&[], me, Some(EMPTY_WAIT)), Busy::GiveUp);
+        assert_eq!(after_busy(&[me], me, Some(EMPTY_WAIT * 2)), Busy::GiveUp);
+    }
 
     #[test]
     fn parses_cgroup_procs() {
