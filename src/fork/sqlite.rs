@@ -314,8 +314,29 @@ fn open_source_here(src: &Path, uri: Option<&str>) -> Result<Connection, Snapsho
     Ok(source)
 }
 
-/// Runs `f` until it stops failing with SQLITE_BUSY or SQLITE_LOCKED (a writer holds the
-/// lock), sleeping `opts.pause` (at least 1 ms) between tries, until `opts.timeout`.
+/// Whether a failed read of the parent is worth trying again: SQLITE_BUSY or SQLITE_LOCKED
+/// (a writer holds the lock), and the two answers a read-only wal-index connection
+/// (`readonly_shm=1`, see `parent`) gives while another connection is rebuilding or
+/// initialising the parent's `-shm`, which it may not do itself: SQLITE_READONLY_RECOVERY
+/// and SQLITE_READONLY_CANTINIT (seen while a parent checkpoints and restarts its WAL
+/// without pause: `hostile_parent_in_another_process`).
+fn transient(e: &rusqlite::Error) -> bool {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ) || matches!(
+                f.extended_code,
+                rusqlite::ffi::SQLITE_READONLY_RECOVERY | rusqlite::ffi::SQLITE_READONLY_CANTINIT
+            )
+        }
+        _ => false,
+    }
+}
+
+/// Runs `f` until it stops failing with a [`transient`] error, sleeping `opts.pause` (at
+/// least 1 ms) between tries, until `opts.timeout`.
 pub(super) fn retry_busy<T>(
     src: &Path,
     opts: &SnapshotOptions,
@@ -326,12 +347,7 @@ pub(super) fn retry_busy<T>(
     loop {
         match f() {
             Ok(v) => return Ok(v),
-            Err(e)
-                if matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                ) =>
-            {
+            Err(e) if transient(&e) => {
                 if started.elapsed() > opts.timeout {
                     return Err(SnapshotError::Timeout {
                         path: src.to_path_buf(),
@@ -429,4 +445,68 @@ pub(super) fn check_beside(
         source,
     })?;
     Ok((integrity_ok, check_elapsed, digest, hash.1))
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+
+    fn failure(extended_code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(extended_code), None)
+    }
+
+    /// A read the parent's wal-index state refuses for a moment (another connection
+    /// rebuilding or initialising its `-shm`, which a `readonly_shm` reader may not do) is
+    /// tried again, as a busy one is; a read-only refusal of another kind, or any other
+    /// error, is the snapshot's error at once.
+    #[test]
+    fn a_wal_index_being_rebuilt_is_waited_for_and_other_refusals_are_not() {
+        let src = Path::new("/parent/live.db");
+        let opts = SnapshotOptions {
+            pause: Duration::from_millis(1),
+            ..SnapshotOptions::default()
+        };
+        for transient_code in [
+            rusqlite::ffi::SQLITE_BUSY,
+            rusqlite::ffi::SQLITE_LOCKED,
+            rusqlite::ffi::SQLITE_READONLY_RECOVERY,
+            rusqlite::ffi::SQLITE_READONLY_CANTINIT,
+        ] {
+            let mut tries = 0;
+            let got = retry_busy(src, &opts, Instant::now(), "read", || {
+                tries += 1;
+                if tries < 3 {
+                    Err(failure(transient_code))
+                } else {
+                    Ok(tries)
+                }
+            });
+            assert_eq!(got.unwrap(), 3, "code {transient_code}");
+        }
+        for final_code in [
+            rusqlite::ffi::SQLITE_READONLY,
+            rusqlite::ffi::SQLITE_READONLY_DBMOVED,
+            rusqlite::ffi::SQLITE_CORRUPT,
+        ] {
+            let mut tries = 0;
+            let got: Result<(), _> = retry_busy(src, &opts, Instant::now(), "read", || {
+                tries += 1;
+                Err(failure(final_code))
+            });
+            assert!(
+                matches!(got, Err(SnapshotError::Sqlite { .. })),
+                "code {final_code}: {got:?}"
+            );
+            assert_eq!(tries, 1, "code {final_code} is not tried again");
+        }
+        // A transient refusal that lasts is a timeout, named.
+        let short = SnapshotOptions {
+            timeout: Duration::from_millis(20),
+            ..opts.clone()
+        };
+        let got: Result<(), _> = retry_busy(src, &short, Instant::now(), "read", || {
+            Err(failure(rusqlite::ffi::SQLITE_READONLY_CANTINIT))
+        });
+        assert!(matches!(got, Err(SnapshotError::Timeout { .. })), "{got:?}");
+    }
 }

@@ -23,8 +23,9 @@ pub(super) const V2_CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
 pub const DELEGATE_FIX: &str = "start fork as the only process of a delegated cgroup: `systemd-run --user --scope -p Delegate=yes fork ...` (for root's own runs: `systemd-run --scope -p Delegate=yes fork ...`), or enable the controllers in the parent's cgroup.subtree_control";
 
 /// How long fork waits, once it has moved itself into its leaf, for its own cgroup to empty
-/// (see [`after_busy`]).
-const EMPTY_WAIT: Duration = Duration::from_secs(2);
+/// (see [`after_busy`]): an exiting thread is gone within milliseconds (the longest wait
+/// seen, on an emulated guest, was about 20 ms).
+const EMPTY_WAIT: Duration = Duration::from_millis(500);
 /// The longest pause between two tries within [`EMPTY_WAIT`].
 const EMPTY_POLL_MAX: Duration = Duration::from_millis(50);
 
@@ -35,10 +36,10 @@ const EMPTY_POLL_MAX: Duration = Duration::from_millis(50);
 enum Busy {
     /// Another process is in our cgroup: fork is not the only process of a delegated cgroup.
     Refuse { others: usize },
-    /// Only we are (or nobody is listed): move into the leaf (again), wait `pause`, try again.
-    /// A thread of ours that was exiting when the process moved is not moved by the kernel
-    /// and keeps the cgroup populated until its exit is done; it is listed under our pid,
-    /// or not at all when it is not the thread-group leader.
+    /// Only we are listed (before the move), or nobody (after it): move into the leaf if not
+    /// done yet, wait `pause`, try again. A thread of ours that was exiting when the
+    /// process moved is not moved by the kernel and keeps the cgroup populated until its
+    /// exit is done; `cgroup.procs` lists thread-group leaders only, so it does not show.
     MoveAndRetry { pause: Duration },
     /// Still busy after [`EMPTY_WAIT`]: the write's error stands.
     GiveUp,
@@ -54,7 +55,7 @@ fn after_busy(procs: &[i32], me: i32, waited: Option<Duration>) -> Busy {
             pause: Duration::ZERO,
         },
         Some(w) if w >= EMPTY_WAIT => Busy::GiveUp,
-        // 1, 2, 4, ... ms, at most EMPTY_POLL_MAX.
+        // The time waited so far plus 1 ms (the total roughly doubles), at most EMPTY_POLL_MAX.
         Some(w) => Busy::MoveAndRetry {
             pause: (w + Duration::from_millis(1)).min(EMPTY_POLL_MAX),
         },
@@ -150,11 +151,21 @@ pub(super) fn ensure_v2_controllers(own_dir: &Path) -> Result<(), CgroupError> {
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(IoError::new("creating", &leaf, e).into()),
                     }
+                    // The whole thread group, once: threads made later start in the leaf.
+                    fs::write(&leaf_procs, me.to_string()).ctx("writing", &leaf_procs)?;
                     moved = Some(Instant::now());
                 }
-                fs::write(&leaf_procs, me.to_string()).ctx("writing", &leaf_procs)?;
                 match fs::write(&subtree, &line) {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => {
+                        if let Some(t) = moved.filter(|t| t.elapsed() > Duration::from_millis(1)) {
+                            tracing::debug!(
+                                "{} emptied {:?} after fork moved into {SUPERVISOR_LEAF}",
+                                own_dir.display(),
+                                t.elapsed()
+                            );
+                        }
+                        return Ok(());
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                     Err(source) => {
                         return Err(CgroupError::Write {
@@ -192,8 +203,8 @@ mod tests {
 
     /// Busy with another process in our cgroup: refused at once, whatever the wait. Busy with
     /// only us (or nobody listed: a thread of ours still exiting there): move into the leaf
-    /// and retry, pausing 1 ms, then longer, never more than EMPTY_POLL_MAX, and give up
-    /// after EMPTY_WAIT.
+    /// and retry, pausing the time waited so far plus 1 ms, never more than EMPTY_POLL_MAX,
+    /// and give up after EMPTY_WAIT.
     #[test]
     fn a_busy_cgroup_is_waited_for_only_while_the_stragglers_are_ours() {
         let me = 4242;
