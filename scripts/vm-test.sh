@@ -33,14 +33,16 @@ esac
 . scripts/target-dir.sh
 
 venv=${FORK_VM_VENV:-/var/tmp/fork-vng}
+# bubblewrap: the guest runs scripts/bench-launch-layers.sh (its bwrap rows) with the
+# host's binaries, read over 9p.
 if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! ls /boot/vmlinuz-* >/dev/null 2>&1 \
-  || ! command -v busybox >/dev/null 2>&1; then
+  || ! command -v busybox >/dev/null 2>&1 || ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then
-    echo "scripts/vm-test.sh: install qemu-system-x86 linux-image-amd64 busybox-static (as root)" >&2
+    echo "scripts/vm-test.sh: install qemu-system-x86 linux-image-amd64 busybox-static bubblewrap (as root)" >&2
     exit 1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 linux-image-amd64 busybox-static
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 linux-image-amd64 busybox-static bubblewrap
 fi
 if [ ! -x "$venv/bin/vng" ]; then
   python3 -m venv "$venv"
@@ -67,6 +69,8 @@ log=$out/console.log
 # a rebuild on the host while the VM runs (a test binary or fork rewritten under a running
 # guest dies with SIGSEGV) cannot disturb it.
 mkdir -p "$out/bin"
+# The snapshot (hundreds of MB) goes however the run ends; the logs stay.
+trap 'rm -rf "$out/bin"' EXIT
 cp "$target/debug/fork" "$out/bin/fork"
 cp "$target/debug/fork-init" "$out/bin/fork-init"   # the sandbox init, beside fork
 # bash reads a script as it runs it: the guest runs a copy, so editing the tree's

@@ -11,8 +11,9 @@
 //!   mounted.
 //! - **v2** (unified mode): memory, cpu and pids must be delegated to our cgroup; fork enables
 //!   them for its children and, when the "no internal processes" rule requires it, moves itself
-//!   (and only itself) into the leaf `fork-supervisor`. The v2 path is unit-tested for its pure
-//!   parts only: it has not run on a live v2 host.
+//!   (and only itself) into the leaf `fork-supervisor`. The v2 path's pure parts are
+//!   unit-tested; the whole of it runs on a live v2 host in the VM harness
+//!   (`scripts/vm-test.sh`: Debian's stock kernel, as root and as a delegated user).
 //!
 //! The sandbox init joins its cgroups by itself (see [`SandboxCgroup::paths`]).
 //!
