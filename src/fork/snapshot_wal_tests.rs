@@ -261,6 +261,101 @@ fn hostile_parent_in_this_process() {
     hostile_parent(false);
 }
 
+/// The child of `a_wal_index_being_rebuilt_is_waited_for` (ignored otherwise): a parent
+/// connection that has read its database once (its wal-index mapped, its shared memory
+/// vouched for by its lock), then idles until stdin closes.
+#[test]
+#[ignore]
+fn idle_parent_child() {
+    let Some(db) = std::env::var_os("FORK_TEST_IDLE_PARENT") else {
+        return;
+    };
+    let c = Connection::open(db).unwrap();
+    c.query_row("SELECT count(*) FROM acct", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    println!("fork-test-idle-ready");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+/// A live parent's wal-index header found invalid (as while another of its connections
+/// rebuilds it after a crash): fork's `readonly_shm` reader may not rebuild it and SQLite
+/// refuses the read (`SQLITE_READONLY_RECOVERY`). The snapshot waits, as for a busy
+/// parent, and copies the committed state once the header is whole again; it failed at
+/// once before. The parent is another process, as a real one is (in this one, fork's
+/// connection would share SQLite's writable wal-index and rebuild it itself).
+#[test]
+fn a_wal_index_being_rebuilt_is_waited_for() {
+    use std::os::unix::fs::FileExt;
+    const HELD: Duration = Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("live.db");
+    make_db(&db);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fork::snapshot_wal_tests::idle_parent_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FORK_TEST_IDLE_PARENT", &db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("idle-ready"))),
+        "the parent child did not start"
+    );
+    std::thread::spawn(move || lines.for_each(drop));
+    // Commits left in the WAL (the child's connection keeps it from being checkpointed
+    // away when this one closes): the copy has frames to replay.
+    {
+        let c = Connection::open(&db).unwrap();
+        c.execute_batch("PRAGMA wal_autocheckpoint = 0").unwrap();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..50 {
+            transfer(&c, &mut x);
+        }
+    }
+    // Both copies of the wal-index header (its first 96 bytes) zeroed, then put back.
+    let shm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("live.db-shm"))
+        .unwrap();
+    let mut header = [0u8; 96];
+    shm.read_exact_at(&mut header, 0).unwrap();
+    assert_ne!(header, [0u8; 96], "the wal-index has a header");
+    shm.write_all_at(&[0u8; 96], 0).unwrap();
+    let began = Instant::now();
+    let restorer = std::thread::spawn(move || {
+        std::thread::sleep(HELD);
+        shm.write_all_at(&header, 0).unwrap();
+    });
+    let dest = dir.path().join("copy.db");
+    let st = snapshot(&db, &dest, &SnapshotOptions::default());
+    let waited = began.elapsed();
+    restorer.join().unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success(), "the parent child failed");
+    let st = st.expect("the snapshot waits for the wal-index to be whole");
+    assert!(st.integrity_ok && st.wal, "{st:?}");
+    assert!(
+        waited >= HELD,
+        "the snapshot ended after {waited:?}, before the header was back"
+    );
+    assert_eq!(
+        st.digest,
+        StateDigest::Blake3.of_path(&dest).unwrap(),
+        "{st:?}"
+    );
+    // Every commit of the WAL is in the copy.
+    assert_eq!(check_invariants(&dest), 50);
+}
+
 /// On a quiet parent whose WAL holds frames not yet checkpointed, the file copy replayed
 /// is byte for byte the image SQLite's pager serializes (the replay is needed: the
 /// database file alone lacks the WAL's commits).
