@@ -86,7 +86,11 @@ pub fn run_task(
     let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
     let mut baseline: Vec<RunResult> = Vec::new();
     let mut assessed: Vec<BTreeMap<String, Assessed>> = vec![BTreeMap::new(); replicas];
-    let mut spending = vec![sequential::Spending::new(rules.alpha, &schedule); replicas];
+    // The most severe replica's decision stands (below), so any replica's false finding
+    // would be the verdict's: each replica spends its share of `alpha` (Bonferroni), and
+    // the verdict's error rate holds over all of them.
+    let replica_alpha = rules.alpha / replicas as f64;
+    let mut spending = vec![sequential::Spending::new(replica_alpha, &schedule); replicas];
     let mut stopped = format!("ran all {cap} pairs");
     let decided = |patched: &[Vec<RunResult>]| {
         patched
@@ -95,7 +99,8 @@ pub fn run_task(
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
     };
     for round in 0..cap {
-        let baseline_first = paired && sequential::baseline_first(order_seed, round);
+        // Drawn for every pair with a baseline, a task's single pair too.
+        let baseline_first = t.spec.baseline && sequential::baseline_first(order_seed, round);
         if baseline_first {
             run_baseline(p, t, s, round, &mut baseline)?;
         }
@@ -316,20 +321,27 @@ fn look_at(
         .iter()
         .filter_map(|(k, p)| bs.get(k).map(|b| (k, b, p)))
         .collect();
+    // Metrics decided exactly spend nothing; every other one gets its share of the look's.
+    let exact = |name: &str, b: &[f64], p: &[f64]| {
+        let changes_exactly = rules.constant_change_is_exact(name);
+        sequential::exact_outcome(b, p, rules.band_for(name), changes_exactly).is_some()
+    };
     let tested = pairs
         .iter()
-        .filter(|(_, b, p)| !(sequential::is_constant(b) && sequential::is_constant(p)))
+        .filter(|(name, b, p)| !exact(name, b, p))
         .count();
     let a = spending.level(look.index, tested);
     for (name, b, p) in &pairs {
+        // A tested decision stands (the design spent its error on it); an exact one is
+        // looked at again, since a side constant so far may vary from this look on.
         if assessed
             .get(*name)
-            .is_some_and(|x| x.outcome != Outcome::Inconclusive)
+            .is_some_and(|x| x.outcome != Outcome::Inconclusive && x.alpha > 0.0)
         {
             continue;
         }
         let band = rules.band_for(name);
-        let r = sequential::assess(b, p, band, a);
+        let r = sequential::assess(b, p, band, a, rules.constant_change_is_exact(name));
         assessed.insert(
             (*name).clone(),
             Assessed {

@@ -24,8 +24,18 @@
 //! errs with probability at most `a` per metric.
 //!
 //! **Zero variance.** When both sides are constant (at least 2 samples each, every value
-//! equal), the change is exact: equivalent when `|change| ≤ band`, else higher or lower. No
-//! error can be made, so such metrics spend no error budget.
+//! equal) and agree within the band, the metric is equivalent, exactly. When they differ
+//! by more, the change is exact (higher or lower, no error budget spent) only for a metric
+//! declared deterministic (`changes_exactly`: its band is 0, or the policy says so);
+//! otherwise it is tested like any sample: a noisy metric rounded coarsely can be constant
+//! on both sides by chance (a timing of 3 or 4 whole ms, three pairs: 3 in 64 identical
+//! patches would show a 33% change), and the rank test prices that chance (fully separated
+//! sides of `n` pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6).
+//!
+//! **A zero baseline.** With a baseline median of 0 a relative band has no scale: only a
+//! change beyond 0 can be shown (the rank test against the unshifted baseline, the
+//! interval in the metric's own units, not reported as relative); equivalence needs both
+//! sides constant at 0.
 //!
 //! **Multiplicity and looks.** The verdict's stated error rate `alpha` is spent over the
 //! looks of the group-sequential design ([`looks`]) by the Pocock-type spending function
@@ -63,7 +73,7 @@ pub struct Assessment {
     pub outcome: Outcome,
     /// The `1 − a` interval of the relative change (`(c, c)` when exact).
     pub ci: Option<(f64, f64)>,
-    /// Both sides were constant: decided exactly, no error budget spent.
+    /// Decided exactly from two constant sides, no error budget spent.
     pub exact: bool,
 }
 
@@ -162,9 +172,39 @@ fn shifted(xs: &[f64], by: f64) -> Vec<f64> {
     xs.iter().map(|x| x + by).collect()
 }
 
+/// The exact outcome of two constant sides (see the module documentation), or None when the
+/// samples are to be tested: not both constant (at least 2 finite values each, every value
+/// equal), or different beyond `band` when `changes_exactly` is false.
+pub fn exact_outcome(
+    baseline: &[f64],
+    patched: &[f64],
+    band: f64,
+    changes_exactly: bool,
+) -> Option<Outcome> {
+    if !(is_constant(baseline) && is_constant(patched)) {
+        return None;
+    }
+    let (b, p) = (baseline[0], patched[0]);
+    match relative_change(b, p) {
+        Some(c) if c.abs() <= band => Some(Outcome::Equivalent),
+        _ if !changes_exactly => None,
+        Some(c) if c > 0.0 => Some(Outcome::Higher),
+        Some(_) => Some(Outcome::Lower),
+        None if p > 0.0 => Some(Outcome::Higher),
+        None => Some(Outcome::Lower),
+    }
+}
+
 /// Classify one metric (see the module documentation). `a` is this metric's error level at
-/// this look ([`Spending::level`]).
-pub fn assess(baseline: &[f64], patched: &[f64], band: f64, a: f64) -> Assessment {
+/// this look ([`Spending::level`]); `changes_exactly`: a change between two constant sides
+/// is exact (the metric is declared deterministic).
+pub fn assess(
+    baseline: &[f64],
+    patched: &[f64],
+    band: f64,
+    a: f64,
+    changes_exactly: bool,
+) -> Assessment {
     let inconclusive = |ci| Assessment {
         outcome: Outcome::Inconclusive,
         ci,
@@ -180,33 +220,42 @@ pub fn assess(baseline: &[f64], patched: &[f64], band: f64, a: f64) -> Assessmen
     } else {
         0.0
     };
-    if is_constant(&b) && is_constant(&p) && b.len() == baseline.len() && p.len() == patched.len() {
-        let outcome = match relative_change(b[0], p[0]) {
-            Some(c) if c.abs() <= band => Outcome::Equivalent,
-            Some(c) if c > 0.0 => Outcome::Higher,
-            Some(_) => Outcome::Lower,
-            None if p[0] > 0.0 => Outcome::Higher,
-            None => Outcome::Lower,
-        };
-        let c = relative_change(b[0], p[0]);
-        return Assessment {
-            outcome,
-            ci: c.map(|c| (c, c)),
-            exact: true,
-        };
+    if b.len() == baseline.len() && p.len() == patched.len() {
+        if let Some(outcome) = exact_outcome(&b, &p, band, changes_exactly) {
+            return Assessment {
+                outcome,
+                ci: relative_change(b[0], p[0]).map(|c| (c, c)),
+                exact: true,
+            };
+        }
     }
     if b.len() < MIN_SAMPLES || p.len() < MIN_SAMPLES {
         return inconclusive(None);
     }
-    let Some(mb) = median(&b).filter(|m| *m != 0.0) else {
+    let Some(mb) = median(&b) else {
         return inconclusive(None);
     };
     let Some((lo, hi)) = shift_interval(&b, &p, a) else {
         return inconclusive(None);
     };
+    let level = a / 2.0;
+    if mb == 0.0 {
+        // No scale for the band: a change beyond 0, in the metric's own units.
+        let outcome = if lo > 0.0 && p_greater(&p, &b) < level {
+            Outcome::Higher
+        } else if hi < 0.0 && p_greater(&b, &p) < level {
+            Outcome::Lower
+        } else {
+            Outcome::Inconclusive
+        };
+        return Assessment {
+            outcome,
+            ci: None,
+            exact: false,
+        };
+    }
     let (lo, hi) = (lo / mb.abs(), hi / mb.abs());
     let shift = band * mb.abs();
-    let level = a / 2.0;
     let outcome = if lo >= -band && hi <= band {
         // TOST: patched below baseline + band, and above baseline − band.
         let below_upper = p_greater(&shifted(&b, shift), &p) < level;
@@ -314,27 +363,76 @@ mod tests {
     #[test]
     fn zero_variance_is_decided_exactly() {
         let a = 0.001;
-        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a);
+        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a, false);
         assert_eq!(
             (same.outcome, same.ci, same.exact),
             (Outcome::Equivalent, Some((0.0, 0.0)), true)
         );
-        let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a);
+        // A deterministic metric (band 0, or the policy's `constant_changes = "exact"`):
+        // a change between constant sides is exact.
+        let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a, true);
         assert_eq!(
             (down.outcome, down.ci),
             (Outcome::Lower, Some((-0.4, -0.4)))
         );
-        let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a);
+        let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a, true);
         assert_eq!(up.outcome, Outcome::Higher);
-        // Within a 1% band, exactly.
-        let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a);
-        assert_eq!(small.outcome, Outcome::Equivalent);
+        // Within a 1% band, exactly, declared deterministic or not.
+        for changes_exactly in [false, true] {
+            let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a, changes_exactly);
+            assert_eq!((small.outcome, small.exact), (Outcome::Equivalent, true));
+        }
         // From zero: a change without a relative size.
-        let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a);
+        let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a, true);
         assert_eq!((from0.outcome, from0.ci), (Outcome::Higher, None));
         // One sample per side is no evidence of zero variance.
-        let one = assess(&[500.0], &[500.0], 0.01, a);
+        let one = assess(&[500.0], &[500.0], 0.01, a, true);
         assert_eq!(one.outcome, Outcome::Inconclusive);
+    }
+
+    /// A noisy metric constant on both sides by chance (whole milliseconds, 3 or 4) is no
+    /// proof of a change: tested, it stays inconclusive until the rank test can price the
+    /// separation (1/20 at 3 pairs, 1/924 at 6), and is then decided at the look's level.
+    #[test]
+    fn constant_sides_of_a_noisy_metric_are_tested_not_taken_as_exact() {
+        let a = 0.0104;
+        for (b, p, at6) in [(3.0, 4.0, Outcome::Higher), (4.0, 3.0, Outcome::Lower)] {
+            let three = assess(&[b; 3], &[p; 3], 0.05, a, false);
+            assert_eq!((three.outcome, three.exact), (Outcome::Inconclusive, false));
+            let six = assess(&[b; 6], &[p; 6], 0.05, a, false);
+            assert_eq!((six.outcome, six.exact), (at6, false), "{b} -> {p}");
+            // Below 1/924 / 2 per side, not even 6 pairs decide.
+            let strict = assess(&[b; 6], &[p; 6], 0.05, 0.002, false);
+            assert_eq!(strict.outcome, Outcome::Inconclusive);
+        }
+        assert_eq!(
+            exact_outcome(&[3.0; 3], &[4.0; 3], 0.05, false),
+            None,
+            "tested"
+        );
+        assert_eq!(
+            exact_outcome(&[3.0; 3], &[4.0; 3], 0.05, true),
+            Some(Outcome::Higher)
+        );
+        assert_eq!(
+            exact_outcome(&[3.0; 3], &[3.0; 3], 0.05, false),
+            Some(Outcome::Equivalent)
+        );
+        assert_eq!(exact_outcome(&[3.0, 3.0, 4.0], &[3.0; 3], 0.05, true), None);
+    }
+
+    /// A zero baseline median: a change beyond 0 is shown by the rank test in the metric's
+    /// own units (no relative interval); noise around 0 is never equivalent.
+    #[test]
+    fn a_zero_baseline_is_decided_by_a_change_beyond_zero() {
+        let a = 0.0104;
+        let up = assess(&[0.0; 6], &[2.0, 3.0, 2.0, 4.0, 2.0, 3.0], 0.01, a, false);
+        assert_eq!(
+            (up.outcome, up.ci, up.exact),
+            (Outcome::Higher, None, false)
+        );
+        let noise = assess(&[0.0, 1.0, 0.0, 0.0, 0.0, 0.0], &[0.0; 6], 0.01, a, false);
+        assert_eq!(noise.outcome, Outcome::Inconclusive);
     }
 
     #[test]
@@ -343,7 +441,7 @@ mod tests {
         // from about 0 to +100%: neither a regression proven beyond 10% nor equivalence.
         let b = [1.40, 1.81, 1.44, 1.40, 1.38];
         let p = [1.90, 2.50, 1.45, 1.43, 2.28];
-        let r = assess(&b, &p, 0.10, 0.005);
+        let r = assess(&b, &p, 0.10, 0.005, false);
         assert_eq!(r.outcome, Outcome::Inconclusive, "{r:?}");
         let (lo, hi) = r.ci.unwrap();
         assert!(lo < 0.10 && hi > 0.10, "{r:?}");
@@ -351,33 +449,36 @@ mod tests {
         // reach the level, and not before.
         let b = [100.0, 100.4, 99.7, 100.2, 99.9, 100.1, 99.8, 100.3];
         let p = [100.1, 99.8, 100.2, 99.9, 100.3, 100.0, 99.6, 100.2];
-        assert_eq!(assess(&b, &p, 0.05, 0.005).outcome, Outcome::Equivalent);
         assert_eq!(
-            assess(&b[..3], &p[..3], 0.05, 0.005).outcome,
+            assess(&b, &p, 0.05, 0.005, false).outcome,
+            Outcome::Equivalent
+        );
+        assert_eq!(
+            assess(&b[..3], &p[..3], 0.05, 0.005, false).outcome,
             Outcome::Inconclusive
         );
         // A clear 40% drop: lower.
         let p2: Vec<f64> = b.iter().map(|x| x * 0.6).collect();
-        let r = assess(&b, &p2, 0.05, 0.005);
+        let r = assess(&b, &p2, 0.05, 0.005, false);
         assert_eq!(r.outcome, Outcome::Lower, "{r:?}");
         // A gain of uncertain size (the interval reaches back inside the band, though not
         // past 0) is inconclusive, like a regression of uncertain size: more pairs decide.
         let b = [1.0, 1.3, 0.9, 1.6, 1.1, 2.4, 1.2, 1.0];
         let p = [0.5, 0.55, 0.4, 0.9, 0.45, 0.6, 0.42, 0.48];
-        let r = assess(&b, &p, 0.50, 0.005);
+        let r = assess(&b, &p, 0.50, 0.005, false);
         let (_, hi) = r.ci.unwrap();
         assert!(hi < 0.0 && hi > -0.50, "{r:?}");
         assert_eq!(r.outcome, Outcome::Inconclusive, "{r:?}");
         // A regression of uncertain size alike (here about +60%, the interval from inside
         // the band to far beyond it).
         let q = [1.5, 2.4, 1.3, 2.9, 1.8, 1.4, 2.0, 1.6];
-        let worse = assess(&b, &q, 0.50, 0.005);
+        let worse = assess(&b, &q, 0.50, 0.005, false);
         let (lo, hi) = worse.ci.unwrap();
         assert!(lo < 0.50 && hi > 0.50, "{worse:?}");
         assert_eq!(worse.outcome, Outcome::Inconclusive, "{worse:?}");
         // Every patched run beyond +50% of every baseline run: higher, although one baseline
         // run (2.4) is twice the others (the rank interval is not dragged by it).
-        let up = assess(&p, &b, 0.50, 0.005);
+        let up = assess(&p, &b, 0.50, 0.005, false);
         assert_eq!(up.outcome, Outcome::Higher, "{up:?}");
     }
 
@@ -406,7 +507,7 @@ mod tests {
                 if out[i] != Outcome::Inconclusive {
                     continue; // a decided metric keeps its decision
                 }
-                out[i] = assess(&b[i], &p[i], m.3, a).outcome;
+                out[i] = assess(&b[i], &p[i], m.3, a, m.3 == 0.0).outcome;
             }
             if out.iter().all(|o| *o != Outcome::Inconclusive) {
                 return (out, n);
@@ -477,7 +578,7 @@ mod tests {
             assert!(n <= 6, "{n} pairs");
         }
         // A deterministic metric is decided at the first look.
-        let r = assess(&[296_095.0; 3], &[169_394.0; 3], 0.0, 0.01);
+        let r = assess(&[296_095.0; 3], &[169_394.0; 3], 0.0, 0.01, true);
         assert_eq!((r.outcome, r.exact), (Outcome::Lower, true));
     }
 
@@ -642,13 +743,14 @@ mod tests {
                     p[i].push(pat[i]);
                 }
             }
+            // As `look_at` does: a band of 0 declares a metric deterministic.
             let tested = (0..ms.len())
-                .filter(|&i| !(is_constant(&b[i]) && is_constant(&p[i])))
+                .filter(|&i| exact_outcome(&b[i], &p[i], ms[i].band, ms[i].band == 0.0).is_none())
                 .count();
             let a = spending.level(j, tested);
             for (i, m) in ms.iter().enumerate() {
                 if out[i] == Outcome::Inconclusive {
-                    out[i] = assess(&b[i], &p[i], m.band, a).outcome;
+                    out[i] = assess(&b[i], &p[i], m.band, a, m.band == 0.0).outcome;
                 }
             }
             if out.iter().all(|o| *o != Outcome::Inconclusive) {

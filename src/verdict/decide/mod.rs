@@ -59,7 +59,7 @@ use confidence::{
 };
 pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
-pub use rules::{DecisionRules, RulesError, SelfReported};
+pub use rules::{ConstantChanges, DecisionRules, RulesError, SelfReported};
 
 /// One metric, as reported in the verdict's `metrics` array (the verdict's own type).
 pub use crate::verdict::Metric as MetricChange;
@@ -684,7 +684,7 @@ pub(crate) mod tests {
         assert_eq!(d.verdict, VerdictKind::Approve);
         assert_eq!(
             d.summary,
-            "Test suite passed (5/5). throughput unchanged within the 1.0% noise band."
+            "Test suite passed (5/5). throughput within the 1.0% noise band (not tested for equivalence)."
         );
         // exactly at the band is still noise; just past it is a change
         let at_band = Evidence {

@@ -36,9 +36,9 @@ pub struct DecisionRules {
     /// written by people).
     pub self_reported: SelfReported,
     /// Noise bands per metric kind: metric name (or `*` pattern, as in `lower_is_better`)
-    /// -> band. An exact name wins, then the matching pattern with the most characters
-    /// other than `*` (ties: the first in name order); metrics matching none get
-    /// `noise_band`. `0` means exact: a deterministic metric must not move at all.
+    /// -> band. An exact name wins, then the widest band of the matching patterns; metrics
+    /// matching none get `noise_band`. `0` means exact: a deterministic metric must not
+    /// move at all (and a change between two constant sides of it is decided exactly).
     pub bands: BTreeMap<String, f64>,
     /// Metrics (names or patterns) that are reported but never decide the verdict: an
     /// inconclusive or regressed informational metric is a caveat, not a NEEDS_REVISION.
@@ -46,10 +46,28 @@ pub struct DecisionRules {
     /// Sequential stopping for tasks with a baseline and `repeat` > 1: pairs run until
     /// every metric is decided or the cap; `false` runs every pair and looks once.
     pub sequential: bool,
+    /// How a change between two constant sides is decided (see [`ConstantChanges`]).
+    pub constant_changes: ConstantChanges,
     /// Pairs (baseline + patched) of the first look (default 3, at least 2).
     pub min_pairs: u32,
     /// The most pairs any task runs, whatever its `repeat` (default 20).
     pub max_pairs: u32,
+}
+
+/// How a metric constant on both sides but different between them is decided
+/// (`[decision] constant_changes`). Constant sides that agree within the band are
+/// equivalent either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConstantChanges {
+    /// Exactly only when the metric's band is 0 (declared deterministic); otherwise by the
+    /// rank test like any sample, spending its share of `alpha`: a noisy metric rounded
+    /// coarsely can come out constant on both sides by chance, and a few equal values
+    /// prove no change.
+    #[default]
+    Tested,
+    /// Exactly, whatever the band, spending no `alpha` (before this setting existed).
+    Exact,
 }
 
 /// How far self-reported evidence goes (`[decision] self_reported`).
@@ -164,6 +182,12 @@ impl DecisionRules {
             return Err(RulesError::Pairs(self.min_pairs, self.max_pairs));
         }
         Ok(())
+    }
+
+    /// Whether a change between two constant sides of `metric` is decided exactly (see
+    /// [`ConstantChanges`]).
+    pub fn constant_change_is_exact(&self, metric: &str) -> bool {
+        self.constant_changes == ConstantChanges::Exact || self.band_for(metric) == 0.0
     }
 
     /// The noise band of `metric`: its `bands` entry by exact name, else the widest band of
@@ -300,6 +324,7 @@ impl Default for DecisionRules {
                 .collect(),
             informational: Vec::new(),
             sequential: true,
+            constant_changes: ConstantChanges::Tested,
             min_pairs: Self::DEFAULT_MIN_PAIRS,
             max_pairs: Self::DEFAULT_MAX_PAIRS,
         }

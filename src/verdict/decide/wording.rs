@@ -389,12 +389,27 @@ pub(super) fn improvements(improved_metrics: &[&Metric], noise: &[&Metric], band
     s
 }
 
-/// Every compared metric stayed within the band (at least one did).
+/// Every compared metric stayed within the band (at least one did). "Unchanged" only when
+/// every one of them was shown equivalent; a change measured without a test (one pair) is
+/// only "within" the band.
 pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
-    match noise {
-        [m] => format!("{} unchanged within {}.", m.name, bands_of(noise, band)),
-        _ => format!(
+    let tested = noise
+        .iter()
+        .all(|m| m.class == Some(crate::verdict::MetricVerdict::Equivalent));
+    match (noise, tested) {
+        ([m], true) => format!("{} unchanged within {}.", m.name, bands_of(noise, band)),
+        ([m], false) => format!(
+            "{} within {} (not tested for equivalence).",
+            m.name,
+            bands_of(noise, band)
+        ),
+        (_, true) => format!(
             "All {} metrics unchanged within {}.",
+            noise.len(),
+            bands_of(noise, band)
+        ),
+        (_, false) => format!(
+            "All {} metrics within {} (not tested for equivalence).",
             noise.len(),
             bands_of(noise, band)
         ),
