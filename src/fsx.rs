@@ -421,6 +421,56 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
     Ok((File::from(fd), u64::try_from(st.st_size).unwrap_or(0)))
 }
 
+/// An input file the user named (a policy, a manifest, a key, a bundle's document),
+/// opened as [`open_regular`] opens a patch: without waiting for a FIFO's writer, and
+/// refused unless it is a regular file, so no input can hang a command. The errors are
+/// plain I/O errors (`NotFound` kept), for the caller's own error type.
+pub fn open_input(path: &Path) -> std::io::Result<File> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(std::io::Error::from)?;
+    let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, socket, device or directory is never read)",
+        ));
+    }
+    Ok(File::from(fd))
+}
+
+/// [`open_input`], read whole as text.
+pub fn read_input_to_string(path: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    open_input(path)?.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// Writes `bytes` as the file at `path`, whole or not at all: into a temporary file beside
+/// it, synced, then renamed over it, so a reader (a CI step parsing a report) never sees it
+/// half written and a failure leaves the old file, if any, as it was. A path that names
+/// something other than a regular file (`/dev/stdout`, a FIFO) is written in place, as a
+/// rename would replace it.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return std::fs::write(path, bytes),
+        _ => {}
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().unwrap_or_else(|| OsStr::new("file"));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
 /// Walks the tree beneath the directory `root` (itself never followed if it is a link),
 /// depth first, holding one directory descriptor at a time: every path is resolved relative
 /// to its own directory, so no depth of nesting makes a path too long, and nesting cannot
@@ -559,6 +609,30 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
     use std::time::Duration;
+
+    #[test]
+    fn a_replaced_file_is_whole_and_nothing_is_left_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("report.xml");
+        replace_file(&p, b"first").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"first");
+        replace_file(&p, b"second, longer").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second, longer");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("report.xml")]);
+        // A directory that cannot take the file: an error, the old file as it was.
+        assert!(replace_file(&dir.path().join("missing/report.xml"), b"x").is_err());
+        // Not a regular file (a device): written in place, never replaced by a rename.
+        replace_file(Path::new("/dev/null"), b"gone").unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
 
     const STRATEGIES: [Strategy; 3] = [Strategy::Auto, Strategy::Openat2, Strategy::Walk];
 

@@ -61,6 +61,8 @@ const MAX_KEY_FILE_BYTES: u64 = 4096;
 pub enum IdentityError {
     #[error("a node key already exists at {path}: pass --force to replace it (the old identity is then lost for good)")]
     KeyExists { path: PathBuf },
+    #[error("{path} ends in .pub, where its public half would be written: give the key another name (the public half goes to NAME.pub)")]
+    KeyIsPublicPath { path: PathBuf },
     #[error("no node key at {path}: create one with `fork keygen` (or pass --key FILE)")]
     KeyMissing { path: PathBuf },
     #[error("node key {path} is accessible by group or others (mode {mode:04o}): run `chmod 600 {path}`")]
@@ -468,18 +470,31 @@ fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
 }
 
 /// Creates the node key at `path` (mode 0600; parent directories created 0700) and its
-/// public half beside it ([`public_key_path`], mode 0644). The file is written to a
-/// temporary name and moved into place, so it is never seen half written; without
-/// `force` the move refuses to replace an existing file (atomically, like `O_EXCL`).
+/// public half beside it ([`public_key_path`], mode 0644). Both are written whole to
+/// temporary names and synced first; then the public half takes its name, then the key
+/// (a failure in between removes the public half again), so a failure never leaves a key
+/// without its public half. Without `force` neither may exist (the moves refuse to replace
+/// one, atomically, like `O_EXCL`); a key path that is its own public path (`X.pub`) is
+/// refused, since the public half would replace the key.
 pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, IdentityError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    if !force && fs::symlink_metadata(path).is_ok() {
-        return Err(IdentityError::KeyExists {
+    let pub_path = public_key_path(path);
+    if pub_path == path {
+        return Err(IdentityError::KeyIsPublicPath {
             path: path.to_path_buf(),
         });
+    }
+    if !force {
+        for p in [path, pub_path.as_path()] {
+            if fs::symlink_metadata(p).is_ok() {
+                return Err(IdentityError::KeyExists {
+                    path: p.to_path_buf(),
+                });
+            }
+        }
     }
     fs::DirBuilder::new()
         .recursive(true)
@@ -492,48 +507,65 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
     let text = crate::keyformat::encode_private_pkcs8(&signing)
         .map_err(|e| IoError::new("encode", path, io::Error::other(e)))?;
 
-    let mut tmp = tempfile::Builder::new()
+    let mut key_tmp = tempfile::Builder::new()
         .prefix(".node-key-")
         .permissions(fs::Permissions::from_mode(0o600))
         .tempfile_in(&parent)
         .ctx("create a temporary file in", &parent)?;
-    tmp.write_all(text.as_bytes())
-        .and_then(|_| tmp.as_file().sync_all())
-        .ctx("write", tmp.path())?;
-    if force {
-        tmp.persist(path)
-            .map_err(|e| IoError::new("write", path, e.error))?;
-    } else {
-        tmp.persist_noclobber(path).map_err(|e| {
-            if e.error.kind() == io::ErrorKind::AlreadyExists {
-                IdentityError::KeyExists {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                IoError::new("write", path, e.error).into()
-            }
-        })?;
-    }
-
-    let pub_path = public_key_path(path);
-    let mut tmp = tempfile::Builder::new()
+    key_tmp
+        .write_all(text.as_bytes())
+        .and_then(|_| key_tmp.as_file().sync_all())
+        .ctx("write", key_tmp.path())?;
+    let mut pub_tmp = tempfile::Builder::new()
         .prefix(".node-pub-")
         .permissions(fs::Permissions::from_mode(0o644))
         .tempfile_in(&parent)
         .ctx("create a temporary file in", &parent)?;
-    write!(tmp, "{}", public.to_spki_pem())
-        .and_then(|_| tmp.as_file().sync_all())
-        .ctx("write", tmp.path())?;
-    tmp.persist(&pub_path)
-        .map_err(|e| IoError::new("write", &pub_path, e.error))?;
+    write!(pub_tmp, "{}", public.to_spki_pem())
+        .and_then(|_| pub_tmp.as_file().sync_all())
+        .ctx("write", pub_tmp.path())?;
+
+    let placed = |r: Result<fs::File, tempfile::PersistError>, to: &Path| {
+        r.map(drop).map_err(|e| {
+            if e.error.kind() == io::ErrorKind::AlreadyExists {
+                IdentityError::KeyExists {
+                    path: to.to_path_buf(),
+                }
+            } else {
+                IoError::new("write", to, e.error).into()
+            }
+        })
+    };
+    if force {
+        placed(pub_tmp.persist(&pub_path), &pub_path)?;
+        placed(key_tmp.persist(path), path)?;
+    } else {
+        placed(pub_tmp.persist_noclobber(&pub_path), &pub_path)?;
+        if let Err(e) = placed(key_tmp.persist_noclobber(path), path) {
+            // Ours, made just now: the key it belongs to is not there.
+            let _ = fs::remove_file(&pub_path);
+            return Err(e);
+        }
+    }
     sync_dir(&parent)?;
     Ok(public)
+}
+
+/// Opens a key file without waiting for a FIFO's writer (`O_NONBLOCK`; a regular file reads
+/// as usual).
+fn open_key(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
 }
 
 /// Loads the node key at `path`. Refuses a key file that group or others may access
 /// (the error names the `chmod 600` fix) and anything that is not a regular file.
 pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
-    let file = match fs::File::open(path) {
+    // Never waits on a FIFO; anything but a regular file is refused just below.
+    let file = match open_key(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(IdentityError::KeyMissing {
@@ -691,6 +723,36 @@ mod tests {
         let new_public = generate_node_key(&path, true).unwrap();
         assert_ne!(new_public, public);
         assert_eq!(load_node_key(&path).unwrap().public(), new_public);
+        assert_eq!(read_public_key(&pub_path).unwrap(), new_public);
+
+        // A key named like its own public half is refused before anything is written (the
+        // public half replaced the key, exit 0).
+        let steward = dir.path().join("steward.pub");
+        let err = generate_node_key(&steward, false).unwrap_err();
+        assert!(
+            matches!(err, IdentityError::KeyIsPublicPath { .. }),
+            "{err}"
+        );
+        assert!(generate_node_key(&steward, true).is_err());
+        assert!(!steward.exists());
+        // Someone's existing public key beside a new key's path is not replaced without
+        // force, and no key is left without its public half.
+        let other = dir.path().join("other.key");
+        fs::write(dir.path().join("other.pub"), "theirs").unwrap();
+        let err = generate_node_key(&other, false).unwrap_err();
+        assert!(matches!(err, IdentityError::KeyExists { .. }), "{err}");
+        assert!(!other.exists());
+        assert_eq!(fs::read(dir.path().join("other.pub")).unwrap(), b"theirs");
+        // A public path that cannot be written: no key is left behind either.
+        let third = dir.path().join("third.key");
+        fs::create_dir(dir.path().join("third.pub")).unwrap();
+        assert!(generate_node_key(&third, true).is_err());
+        assert!(!third.exists());
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.starts_with(".node-")), "{names:?}");
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600

@@ -206,7 +206,7 @@ fn deserialize_tasks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, Tas
 /// Loads and checks `<runtime_dir>/fork.toml`.
 pub fn load(runtime_dir: &Path) -> Result<Manifest, ManifestError> {
     let path = runtime_dir.join(MANIFEST_FILE);
-    let text = match std::fs::read_to_string(&path) {
+    let text = match crate::fsx::read_input_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(ManifestError::Missing { path })

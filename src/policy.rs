@@ -273,10 +273,11 @@ impl Policy {
         match path {
             None => Self::builtin(),
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| PolicyError::Read {
-                    path: p.to_path_buf(),
-                    source,
-                })?;
+                let text =
+                    crate::fsx::read_input_to_string(p).map_err(|source| PolicyError::Read {
+                        path: p.to_path_buf(),
+                        source,
+                    })?;
                 Self::parse(&text, &p.display().to_string(), p.parent())
             }
         }

@@ -100,9 +100,21 @@ pub fn verify(e: &VerifyError) -> i32 {
         VerifyError::NotABundle { .. }
         | VerifyError::Missing { .. }
         | VerifyError::Malformed { .. } => BAD_INPUT,
+        // What the user named is not a readable file (a directory, a device, bytes that
+        // are not text): bad input; any other failure to read is fork's.
+        VerifyError::Io(e) if bad_input_io(&e.source) => BAD_INPUT,
         VerifyError::Io(_) => INTERNAL,
         _ => INVALID,
     }
+}
+
+/// An I/O error that says the input is not what a file of that name must be.
+fn bad_input_io(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        IsADirectory | NotADirectory | InvalidData | InvalidInput | NotFound
+    ) || e.raw_os_error() == Some(libc::ELOOP)
 }
 
 /// `fork verify --patch/--tree`: a patch or tree the verdict does not speak for is the
@@ -174,14 +186,16 @@ pub fn ledger(e: &LedgerError) -> i32 {
 /// Reading or creating the node key (`fork keygen`: an existing key is a usage error).
 pub fn identity(e: &IdentityError) -> i32 {
     match e {
-        IdentityError::KeyExists { .. } => USAGE,
+        IdentityError::KeyExists { .. } | IdentityError::KeyIsPublicPath { .. } => USAGE,
         _ => INTERNAL,
     }
 }
 
 pub fn approve(e: &ApproveError) -> i32 {
     match e {
-        ApproveError::Verify { .. } | ApproveError::NotApprove { .. } => REJECT,
+        // As `fork verify` answers for the same bundle: invalid is 1, unreadable input 65.
+        ApproveError::Verify { source, .. } => verify(source),
+        ApproveError::NotApprove { .. } => REJECT,
         ApproveError::Exists { .. } => USAGE,
         _ => INTERNAL,
     }
@@ -227,6 +241,29 @@ mod tests {
         assert_eq!(verify(&e), 1);
         // In reverify, an invalid verdict is bad input, not an answer.
         assert_eq!(reverify(&ReverifyError::Invalid(e)), BAD_INPUT);
+        // A bundle file that is a directory is bad input; a failing disk is fork's.
+        let io = |kind: std::io::ErrorKind| {
+            VerifyError::Io(IoError::new(
+                "read",
+                std::path::Path::new("b/verdict.dsse.json"),
+                std::io::Error::from(kind),
+            ))
+        };
+        assert_eq!(verify(&io(std::io::ErrorKind::IsADirectory)), BAD_INPUT);
+        assert_eq!(verify(&io(std::io::ErrorKind::Other)), INTERNAL);
+        // `fork approve` answers as `fork verify` does for the same bundle.
+        let missing = ApproveError::Verify {
+            path: "b".into(),
+            source: VerifyError::Missing {
+                path: "b/verdict.dsse.json".into(),
+            },
+        };
+        assert_eq!(approve(&missing), BAD_INPUT);
+        let invalid = ApproveError::Verify {
+            path: "b".into(),
+            source: VerifyError::VerdictSignature { key: "k".into() },
+        };
+        assert_eq!(approve(&invalid), INVALID);
     }
 
     #[test]

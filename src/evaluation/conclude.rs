@@ -6,7 +6,7 @@ use super::plan::{Plan, TaskPlan};
 use super::task_run::TaskRun;
 use super::{internal, sha256_hex, EvaluateError, Evaluation};
 use crate::budget::Exceeded;
-use crate::fork::workspace::{copy_tree, copy_tree_beneath, tree_hash};
+use crate::fork::workspace::{copy_tree_beneath, tree_hash};
 use crate::identity::{EphemeralKey, NodeKey};
 use crate::sandbox::{BudgetKind, Outcome};
 use crate::task::results;
@@ -73,7 +73,7 @@ pub fn cached(
         return Ok(None);
     }
     // Hand the cached bundle over at --out too, so pipelines find it where they asked.
-    copy_tree(&dir, &p.out_dir, &[])
+    crate::verdict::bundle::copy_bundle(&dir, &p.out_dir)
         .map_err(|e| internal("copying the cached bundle")(e.to_string()))?;
     eprintln!(
         "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",

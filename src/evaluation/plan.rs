@@ -230,7 +230,13 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
         .map(|t| t.budgets.evaluation_wall)
         .min()
         .unwrap_or(policy.budgets.evaluation_wall);
-    let deadline = std::time::Instant::now() + evaluation_wall;
+    let deadline = std::time::Instant::now()
+        .checked_add(evaluation_wall)
+        .ok_or_else(|| {
+            EvaluateError::Input(format!(
+                "the evaluation's wall ({evaluation_wall:?}) is past the clock's range"
+            ))
+        })?;
     Ok(Plan {
         use_cache: a.use_cache,
         replicas: a.replicas.max(1) as usize,

@@ -375,6 +375,58 @@ pub fn write_bundle_then<E>(
     }))
 }
 
+/// A copy of the bundle at `from` (a verified one: the cache's) published at `out_dir` as
+/// a written bundle is: copied under a temporary name beside it, every file and directory
+/// synced, then renamed into place without replacing anything, so `out_dir` holds the
+/// whole bundle or nothing (an error or an interrupt leaves no half bundle under its name).
+pub fn copy_bundle(from: &Path, out_dir: &Path) -> Result<(), BundleError> {
+    if fs::symlink_metadata(out_dir).is_ok() {
+        return Err(BundleError::Exists {
+            path: out_dir.to_path_buf(),
+        });
+    }
+    let name = out_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "bundle".into());
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).ctx("create directory", &parent)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}{PARTIAL_INFIX}"))
+        .tempdir_in(&parent)
+        .ctx("create a temporary directory in", &parent)?;
+    let staged = tmp.path().to_path_buf();
+    crate::fork::workspace::copy_tree(from, &staged, &[]).map_err(|e| {
+        IoError::new(
+            "copy the bundle to",
+            &staged,
+            io::Error::other(e.to_string()),
+        )
+    })?;
+    let mut unsynced = Vec::new();
+    let mut dirs = vec![staged.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).ctx("read directory", &dir)? {
+            let path = entry.ctx("read directory", &dir)?.path();
+            if fs::symlink_metadata(&path).ctx("stat", &path)?.is_dir() {
+                dirs.push(path);
+            } else {
+                unsynced.push((fs::File::open(&path).ctx("open", &path)?, path));
+            }
+        }
+        unsynced.push((fs::File::open(&dir).ctx("open", &dir)?, dir));
+    }
+    sync_together(&unsynced)?;
+    rename_no_replace(&parent, &staged, out_dir)?;
+    // The directory now has its final name; nothing is left to clean up.
+    let _ = tmp.keep();
+    sync_dir(&parent)?;
+    Ok(())
+}
+
 /// Renames `from` to `to` (both in `parent`), failing if `to` exists.
 fn rename_no_replace(parent: &Path, from: &Path, to: &Path) -> Result<(), BundleError> {
     let dir = fs::File::open(parent).ctx("open directory", parent)?;
@@ -407,6 +459,34 @@ fn rename_no_replace(parent: &Path, from: &Path, to: &Path) -> Result<(), Bundle
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copied_bundle_is_whole_and_never_replaces_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("cached");
+        fs::create_dir_all(from.join(ARTIFACTS_DIR)).unwrap();
+        fs::write(from.join(VERDICT_FILE), "{}").unwrap();
+        fs::write(from.join(ARTIFACTS_DIR).join("patch.diff"), "p").unwrap();
+        let out = dir.path().join("out");
+        copy_bundle(&from, &out).unwrap();
+        assert_eq!(fs::read(out.join(VERDICT_FILE)).unwrap(), b"{}");
+        assert_eq!(fs::read(out.join("artifacts/patch.diff")).unwrap(), b"p");
+        // Nothing but the two directories: no partial copy left beside them.
+        let mut names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["cached", "out"]);
+        // An existing --out is never replaced, even an empty directory.
+        let empty = dir.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        assert!(matches!(
+            copy_bundle(&from, &empty),
+            Err(BundleError::Exists { .. })
+        ));
+        assert_eq!(fs::read_dir(&empty).unwrap().count(), 0);
+    }
 
     #[test]
     fn names_are_sanitized_and_unique() {

@@ -226,7 +226,7 @@ fn statement_reason(e: SignError) -> String {
 }
 
 fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
-    let f = fs::File::open(path).ctx("open", path)?;
+    let f = crate::fsx::open_input(path).ctx("open", path)?;
     let mut bytes = Vec::new();
     f.take(MAX_JSON_BYTES + 1)
         .read_to_end(&mut bytes)

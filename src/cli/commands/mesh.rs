@@ -50,7 +50,7 @@ pub struct ApproveArgs {
     #[arg(long)]
     pub proposal: Option<String>,
     /// How long to wait for the verdicts, e.g. 60s, 10m.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = crate::units::parse_duration)]
     pub timeout: Duration,
     /// Where the received bundles and the approvals go (default: ./fork-mesh-approvals).
     #[arg(long)]
@@ -105,7 +105,7 @@ pub struct ProposeArgs {
     #[arg(long)]
     pub task: Option<String>,
     /// How long to wait for the verdicts, e.g. 60s, 5m.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::units::parse_duration)]
     pub timeout: Duration,
     /// The fraction of the responding trusted nodes that must approve.
     #[arg(long, default_value = "2/3")]

@@ -54,15 +54,12 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     if let Some(path) = &a.report {
         let json = serde_json::to_vec_pretty(&r.report(&limits))
             .map_err(|e| CliError::new(exit::INTERNAL, e))?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &json)
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                CliError::new(
-                    exit::INTERNAL,
-                    format!("writing report {}: {e}", path.display()),
-                )
-            })?;
+        crate::fsx::replace_file(path, &json).map_err(|e| {
+            CliError::new(
+                exit::INTERNAL,
+                format!("writing report {}: {e}", path.display()),
+            )
+        })?;
     }
     Ok(r.outcome.exit_code)
 }

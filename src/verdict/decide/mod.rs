@@ -937,6 +937,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// An interval wholly beyond the band that the test could not yet back (a constant
+    /// ratio in 3 pairs) is inconclusive for too few pairs, not "across the band".
+    #[test]
+    fn an_untested_interval_beyond_the_band_says_too_few_pairs() {
+        use crate::verdict::sequential::Outcome;
+        let mut e = Evidence {
+            metrics: m(&[("ratio", 0.49)]),
+            baseline_metrics: m(&[("ratio", 0.86)]),
+            ..ok_run(Some(report(5, 0, 0, 0)))
+        };
+        e.assessments.insert(
+            "ratio".into(),
+            assessed(Outcome::Inconclusive, (-0.428, -0.428), 0.01),
+        );
+        let d = decide(&e, &DecisionRules::default());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision);
+        assert!(
+            d.summary
+                .contains("band ±1.0%: too few pairs for the test to reach its level)"),
+            "{}",
+            d.summary
+        );
+        assert!(!d.summary.contains("across"), "{}", d.summary);
+    }
+
     #[test]
     fn not_significant_is_inconclusive_not_unchanged() {
         use crate::verdict::sequential::Outcome;
@@ -956,7 +981,7 @@ pub(crate) mod tests {
         let d = decide(&e, &DecisionRules::default());
         assert_eq!(d.verdict, VerdictKind::NeedsRevision);
         assert!(
-            d.summary.starts_with("The evidence was inconclusive for p99_ms (change +35.7%, interval +0.8% to +107.0%, 1 pair, band ±10.0%)"),
+            d.summary.starts_with("The evidence was inconclusive for p99_ms (change +35.7%, interval +0.8% to +107.0%, 1 pair, band ±10.0%: the interval reaches across an edge of the band)"),
             "{}",
             d.summary
         );

@@ -99,6 +99,7 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
     let items: Vec<String> = metrics
         .iter()
         .map(|m| {
+            let b = m.band.unwrap_or(band);
             let change = m.change.map(signed_pct).unwrap_or_else(|| "unknown".into());
             let interval = match (m.ci_low, m.ci_high) {
                 (Some(lo), Some(hi)) => {
@@ -110,20 +111,24 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
                 .samples
                 .map(|n| format!(", {}", plural(n, "pair", "pairs")))
                 .unwrap_or_default();
+            // Why: an interval across an edge of the band, or (wholly inside or beyond
+            // it, or none) too few pairs for the rank test to reach its level.
+            let across = matches!((m.ci_low, m.ci_high), (Some(lo), Some(hi))
+                if (lo < -b && hi > -b) || (lo < b && hi > b));
+            let why = if across {
+                "the interval reaches across an edge of the band"
+            } else {
+                "too few pairs for the test to reach its level"
+            };
             format!(
-                "{} (change {change}, {interval}{pairs}, band ±{})",
+                "{} (change {change}, {interval}{pairs}, band ±{}: {why})",
                 m.name,
-                pct(m.band.unwrap_or(band))
+                pct(b)
             )
         })
         .collect();
-    let its = if metrics.len() == 1 {
-        "its interval"
-    } else {
-        "each interval"
-    };
     format!(
-        "The evidence was inconclusive for {}: {its} reaches beyond the noise band, so the change is shown neither inside the band nor beyond it.",
+        "The evidence was inconclusive for {}: the change is shown neither inside the band nor beyond it.",
         list(&items, 3)
     )
 }

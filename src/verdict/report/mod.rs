@@ -121,7 +121,7 @@ fn write_ci_outputs_to(
     step_summary: Option<&Path>,
 ) -> io::Result<()> {
     if let Some(p) = junit_path {
-        std::fs::write(p, junit(v, tests, rules))
+        crate::fsx::replace_file(p, junit(v, tests, rules).as_bytes())
             .map_err(|e| named(p, "writing the JUnit report", e))?;
     }
     let step_summary = step_summary.filter(|p| !p.as_os_str().is_empty());
@@ -132,7 +132,8 @@ fn write_ci_outputs_to(
     if let Some(p) = summary_path {
         // `--summary "$GITHUB_STEP_SUMMARY"`: append once below, never truncate it.
         if !step_summary.is_some_and(|s| same_file(p, s)) {
-            std::fs::write(p, &md).map_err(|e| named(p, "writing the summary", e))?;
+            crate::fsx::replace_file(p, md.as_bytes())
+                .map_err(|e| named(p, "writing the summary", e))?;
         }
     }
     if let Some(s) = step_summary {
