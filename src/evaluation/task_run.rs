@@ -99,8 +99,12 @@ pub fn run_task(
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
     };
     for round in 0..cap {
-        // Drawn for every pair with a baseline, a task's single pair too.
-        let baseline_first = t.spec.baseline && sequential::baseline_first(order_seed, round);
+        // Drawn for every pair with a baseline, a task's single pair too; but a patched side
+        // already prepared (the evaluation's first, where the patch was tried) runs first,
+        // so that sandboxes stay one at a time (a baseline prepared beside it would be a
+        // second).
+        let baseline_first =
+            t.spec.baseline && first.is_none() && sequential::baseline_first(order_seed, round);
         if baseline_first {
             run_baseline(p, t, s, round, &mut baseline)?;
         }
