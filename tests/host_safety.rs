@@ -533,11 +533,25 @@ fn tools_swapped_for_a_link_mid_evaluation_are_never_followed() {
          \"ls -la $FORK_TOOLS > $FORK_REPORTS/inventory.txt; \
          cat $FORK_TOOLS/* >> $FORK_REPORTS/inventory.txt 2>&1; sleep 2\"]\nrepeat = 3\n",
     );
-    // The runtime's owner swaps tools/ for a link once the plan has validated the manifest
-    // (during the first run).
+    // The runtime's owner swaps tools/ for a link once the plan has validated the manifest:
+    // as soon as the first sandbox's run directory appears (during the first run; a fixed
+    // delay of 1 s came before the plan's end under software emulation, where the manifest
+    // check then refused the link instead), at most 120 s.
     let (tools, moved, target) = (rt.join("tools"), rt.join("tools.orig"), secret_dir.clone());
+    let run_root = env.run_root.clone();
     let swapper = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(1000));
+        let began = std::time::Instant::now();
+        let sandbox_seen = || {
+            std::fs::read_dir(&run_root).is_ok_and(|rd| {
+                rd.flatten().any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("fork-") && !name.starts_with("fork-eval-")
+                })
+            })
+        };
+        while !sandbox_seen() && began.elapsed() < std::time::Duration::from_secs(120) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         std::fs::rename(&tools, &moved).unwrap();
         std::os::unix::fs::symlink(&target, &tools).unwrap();
     });
@@ -551,8 +565,13 @@ fn tools_swapped_for_a_link_mid_evaluation_are_never_followed() {
     swapper.join().unwrap();
     // Refused as bad input naming the tools, not the manifest check (which ran before).
     assert_eq!(e.code, 65, "{}", e.ctx());
+    // (The copy that meets the link first refuses it: a side's source tree, which holds
+    // tools/, or a run's tools.)
     assert!(
-        e.stderr.contains("copying the tools of the runtime") && e.stderr.contains("symbolic link"),
+        (e.stderr.contains("copying the tools of the runtime")
+            || e.stderr.contains("copying the source tree of the runtime"))
+            && e.stderr.contains("tools")
+            && e.stderr.contains("is a symbolic link"),
         "{}",
         e.stderr
     );
