@@ -446,16 +446,20 @@ pub fn read_input_to_string(path: &Path) -> std::io::Result<String> {
 }
 
 /// Writes `bytes` as the file at `path`, whole or not at all: into a temporary file beside
-/// it, synced, then renamed over it, so a reader (a CI step parsing a report) never sees it
-/// half written and a failure leaves the old file, if any, as it was. A path that names
-/// something other than a regular file (`/dev/stdout`, a FIFO) is written in place, as a
-/// rename would replace it.
+/// it (with the old file's mode bits, else 0644 less the umask), synced, then renamed over
+/// it, so a reader (a CI step parsing a report) never sees it half written and a failure
+/// leaves the old file, if any, as it was. Only a missing path or a regular file that is
+/// not a link is replaced so: anything else (a symbolic link, `/dev/stdout`, a FIFO, a file
+/// with other hard links) is written through in place, as a plain write would, since a
+/// rename would replace the link or split the links instead of writing their file.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => return std::fs::write(path, bytes),
-        _ => {}
-    }
+    use std::os::unix::fs::MetadataExt;
+    let mode = match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() || m.nlink() > 1 => return std::fs::write(path, bytes),
+        Ok(m) => m.mode() & 0o7777,
+        Err(_) => 0o644,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -463,7 +467,7 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path.file_name().unwrap_or_else(|| OsStr::new("file"));
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
@@ -627,6 +631,22 @@ mod tests {
         assert!(replace_file(&dir.path().join("missing/report.xml"), b"x").is_err());
         // Not a regular file (a device): written in place, never replaced by a rename.
         replace_file(Path::new("/dev/null"), b"gone").unwrap();
+        // A link to a file: written through, the link kept; the old mode kept.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link.xml");
+        symlink(&p, &link).unwrap();
+        replace_file(&link, b"through").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&p).unwrap(), b"through");
+        replace_file(&p, b"mode").unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         use std::os::unix::fs::FileTypeExt;
         assert!(std::fs::metadata("/dev/null")
             .unwrap()

@@ -471,9 +471,9 @@ fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
 
 /// Creates the node key at `path` (mode 0600; parent directories created 0700) and its
 /// public half beside it ([`public_key_path`], mode 0644). Both are written whole to
-/// temporary names and synced first; then the public half takes its name, then the key
-/// (a failure in between removes the public half again), so a failure never leaves a key
-/// without its public half. Without `force` neither may exist (the moves refuse to replace
+/// temporary names and synced first; then the key takes its name, then the public half
+/// (without `force`, a failure there removes the key again), so another process that finds
+/// the key finds all of it. Without `force` neither may exist (the moves refuse to replace
 /// one, atomically, like `O_EXCL`); a key path that is its own public path (`X.pub`) is
 /// refused, since the public half would replace the key.
 pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, IdentityError> {
@@ -537,13 +537,13 @@ pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, Identity
         })
     };
     if force {
-        placed(pub_tmp.persist(&pub_path), &pub_path)?;
         placed(key_tmp.persist(path), path)?;
+        placed(pub_tmp.persist(&pub_path), &pub_path)?;
     } else {
-        placed(pub_tmp.persist_noclobber(&pub_path), &pub_path)?;
-        if let Err(e) = placed(key_tmp.persist_noclobber(path), path) {
-            // Ours, made just now: the key it belongs to is not there.
-            let _ = fs::remove_file(&pub_path);
+        placed(key_tmp.persist_noclobber(path), path)?;
+        if let Err(e) = placed(pub_tmp.persist_noclobber(&pub_path), &pub_path) {
+            // Ours, made just now: no key is left without its public half.
+            let _ = fs::remove_file(path);
             return Err(e);
         }
     }
@@ -746,7 +746,7 @@ mod tests {
         // A public path that cannot be written: no key is left behind either.
         let third = dir.path().join("third.key");
         fs::create_dir(dir.path().join("third.pub")).unwrap();
-        assert!(generate_node_key(&third, true).is_err());
+        assert!(generate_node_key(&third, false).is_err());
         assert!(!third.exists());
         let names: Vec<String> = fs::read_dir(dir.path())
             .unwrap()

@@ -552,8 +552,16 @@ fn tools_swapped_for_a_link_mid_evaluation_are_never_followed() {
         while !sandbox_seen() && began.elapsed() < std::time::Duration::from_secs(120) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        std::fs::rename(&tools, &moved).unwrap();
-        std::os::unix::fs::symlink(&target, &tools).unwrap();
+        // One atomic exchange: `tools` is never missing in between.
+        std::os::unix::fs::symlink(&target, &moved).unwrap();
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &moved,
+            nix::fcntl::AT_FDCWD,
+            &tools,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
     });
     let e = common::lifecycle::evaluate(
         &env,

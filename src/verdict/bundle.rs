@@ -411,9 +411,10 @@ pub fn copy_bundle(from: &Path, out_dir: &Path) -> Result<(), BundleError> {
     while let Some(dir) = dirs.pop() {
         for entry in fs::read_dir(&dir).ctx("read directory", &dir)? {
             let path = entry.ctx("read directory", &dir)?.path();
-            if fs::symlink_metadata(&path).ctx("stat", &path)?.is_dir() {
+            let kind = fs::symlink_metadata(&path).ctx("stat", &path)?.file_type();
+            if kind.is_dir() {
                 dirs.push(path);
-            } else {
+            } else if kind.is_file() {
                 unsynced.push((fs::File::open(&path).ctx("open", &path)?, path));
             }
         }

@@ -115,7 +115,9 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
             // it, or none) too few pairs for the rank test to reach its level.
             let across = matches!((m.ci_low, m.ci_high), (Some(lo), Some(hi))
                 if (lo < -b && hi > -b) || (lo < b && hi > b));
-            let why = if across {
+            let why = if m.baseline == Some(0.0) && m.ci_low.is_none() {
+                "a baseline of 0 gives the band no scale: give the metric band 0 or list it as informational"
+            } else if across {
                 "the interval reaches across an edge of the band"
             } else {
                 "too few pairs for the test to reach its level"
