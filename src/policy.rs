@@ -458,6 +458,71 @@ pub fn home_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
 
+    /// Every input a user names is refused at once when it is a FIFO, never waited on (a
+    /// read of a FIFO without a writer blocked: `--policy <(...)` or a planted `fork.toml`
+    /// hung the command, which ignored SIGTERM while planning): the policy, the manifest,
+    /// a node key and a bundle's document. Each load runs on a thread of its own and must
+    /// answer within 10 s.
+    #[test]
+    fn inputs_that_are_fifos_are_refused_at_once() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = |p: &std::path::Path| {
+            nix::unistd::mkfifo(p, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        };
+        let (policy, rt, key, bundle) = (
+            dir.path().join("policy.toml"),
+            dir.path().join("rt"),
+            dir.path().join("node.key"),
+            dir.path().join("bundle"),
+        );
+        std::fs::create_dir_all(&rt).unwrap();
+        std::fs::create_dir_all(&bundle).unwrap();
+        for p in [
+            policy.clone(),
+            rt.join(crate::manifest::MANIFEST_FILE),
+            key.clone(),
+            bundle.join("verdict.dsse.json"),
+        ] {
+            fifo(&p);
+        }
+        let trusted = crate::identity::EphemeralKey::generate().public();
+        let loads: Vec<(&str, Box<dyn FnOnce() -> String + Send>)> = vec![
+            (
+                "policy",
+                Box::new(move || format!("{:?}", super::Policy::load(Some(&policy)).err())),
+            ),
+            (
+                "manifest",
+                Box::new(move || format!("{:?}", crate::manifest::load(&rt).err())),
+            ),
+            (
+                "node key",
+                Box::new(move || format!("{:?}", crate::identity::load_node_key(&key).err())),
+            ),
+            (
+                "bundle",
+                Box::new(move || {
+                    format!(
+                        "{:?}",
+                        crate::verdict::verify_bundle(&bundle, &[trusted]).err()
+                    )
+                }),
+            ),
+        ];
+        for (what, load) in loads {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(load());
+            });
+            let err = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("the {what} that is a FIFO was waited on"));
+            assert!(err.starts_with("Some("), "{what}: {err}");
+        }
+    }
+
     #[test]
     fn secret_values_are_the_set_and_passed_values_but_locale_and_short_ones() {
         let p = Policy::parse(

@@ -194,6 +194,24 @@ fn a_busy_wait_is_never_approved() {
     }
 }
 
+/// `text` written as the policy at `policy`, then the demo's swap-compressor evaluated on
+/// `task` under it: it must be refused as bad input (65); returns its stderr.
+fn refused_policy(env: &Env, policy: &std::path::Path, task: &str, text: &str) -> String {
+    std::fs::write(policy, text).unwrap();
+    let o = env
+        .cmd()
+        .arg("evaluate")
+        .arg(patch("swap-compressor"))
+        .arg("--runtime")
+        .arg(demo())
+        .args(["--task", task, "--no-ledger", "--policy"])
+        .arg(policy)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(65), "{o:?}");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// A change between two constant sides is exact only for a metric declared deterministic
 /// (band 0); `[decision] constant_changes = "exact"` restores the earlier rule, under which
 /// any constant metric was decided at once. Two pairs, one look: the compress demo's
@@ -240,19 +258,12 @@ fn constant_changes_are_tested_unless_the_policy_says_exact() {
     assert_eq!(ratio["class"], "improved", "{}", exact.ctx());
     assert_eq!(ratio["alpha"], 0.0, "{ratio}");
     // Anything else is bad input naming the field.
-    std::fs::write(&policy, "[decision]\nconstant_changes = \"sometimes\"\n").unwrap();
-    let o = env
-        .cmd()
-        .arg("evaluate")
-        .arg(patch("swap-compressor"))
-        .arg("--runtime")
-        .arg(demo())
-        .args(["--task", "compress", "--no-ledger", "--policy"])
-        .arg(&policy)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(65), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused_policy(
+        &env,
+        &policy,
+        "compress",
+        "[decision]\nconstant_changes = \"sometimes\"\n",
+    );
     assert!(err.contains("constant_changes"), "{err}");
 }
 
@@ -288,18 +299,6 @@ fn fixed_pairs_run_every_pair_and_the_policy_caps_repeat() {
         "{stopped}"
     );
     // A band that is no band is bad input naming the field.
-    std::fs::write(&policy, "[decision.bands]\n\"*_ms\" = -1\n").unwrap();
-    let o = env
-        .cmd()
-        .arg("evaluate")
-        .arg(patch("swap-compressor"))
-        .arg("--runtime")
-        .arg(demo())
-        .args(["--task", "bench", "--no-ledger", "--policy"])
-        .arg(&policy)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(65), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = refused_policy(&env, &policy, "bench", "[decision.bands]\n\"*_ms\" = -1\n");
     assert!(err.contains("bands") && err.contains("*_ms"), "{err}");
 }

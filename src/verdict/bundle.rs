@@ -283,29 +283,7 @@ pub fn write_bundle_then<E>(
             path: out_dir.to_path_buf(),
         });
     }
-    let name = out_dir
-        .file_name()
-        .ok_or_else(|| {
-            IoError::new(
-                "use as a bundle directory",
-                out_dir,
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "the path has no final component",
-                ),
-            )
-        })?
-        .to_string_lossy()
-        .into_owned();
-    let parent = match out_dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).ctx("create directory", &parent)?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}{PARTIAL_INFIX}"))
-        .tempdir_in(&parent)
-        .ctx("create a temporary directory in", &parent)?;
+    let (parent, tmp) = partial_dir(out_dir)?;
     let staging = tmp.path().to_path_buf();
 
     // Artifacts first: their hashes go into the verdict.
@@ -375,6 +353,35 @@ pub fn write_bundle_then<E>(
     }))
 }
 
+/// The directory a bundle for `out_dir` is assembled in: a hidden `.<name>.partial-*`
+/// beside it (its parent made as needed), removed when dropped unless kept; and the parent.
+fn partial_dir(out_dir: &Path) -> Result<(PathBuf, tempfile::TempDir), BundleError> {
+    let name = out_dir
+        .file_name()
+        .ok_or_else(|| {
+            IoError::new(
+                "use as a bundle directory",
+                out_dir,
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the path has no final component",
+                ),
+            )
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).ctx("create directory", &parent)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}{PARTIAL_INFIX}"))
+        .tempdir_in(&parent)
+        .ctx("create a temporary directory in", &parent)?;
+    Ok((parent, tmp))
+}
+
 /// A copy of the bundle at `from` (a verified one: the cache's) published at `out_dir` as
 /// a written bundle is: copied under a temporary name beside it, every file and directory
 /// synced, then renamed into place without replacing anything, so `out_dir` holds the
@@ -385,19 +392,7 @@ pub fn copy_bundle(from: &Path, out_dir: &Path) -> Result<(), BundleError> {
             path: out_dir.to_path_buf(),
         });
     }
-    let name = out_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "bundle".into());
-    let parent = match out_dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).ctx("create directory", &parent)?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}{PARTIAL_INFIX}"))
-        .tempdir_in(&parent)
-        .ctx("create a temporary directory in", &parent)?;
+    let (parent, tmp) = partial_dir(out_dir)?;
     let staged = tmp.path().to_path_buf();
     crate::fork::workspace::copy_tree(from, &staged, &[]).map_err(|e| {
         IoError::new(
