@@ -488,7 +488,9 @@ mod tests {
             fifo(&p);
         }
         let trusted = crate::identity::EphemeralKey::generate().public();
-        let loads: Vec<(&str, Box<dyn FnOnce() -> String + Send>)> = vec![
+        // What each load answered, as text (`Some(error)` when it refused).
+        type Load = Box<dyn FnOnce() -> String + Send>;
+        let loads: Vec<(&str, Load)> = vec![
             (
                 "policy",
                 Box::new(move || format!("{:?}", super::Policy::load(Some(&policy)).err())),
