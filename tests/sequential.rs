@@ -212,18 +212,19 @@ fn refused_policy(env: &Env, policy: &std::path::Path, task: &str, text: &str) -
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A change between two constant sides is exact only for a metric declared deterministic
-/// (band 0); `[decision] constant_changes = "exact"` restores the earlier rule, under which
-/// any constant metric was decided at once. Two pairs, one look: the compress demo's
-/// `ratio` (band 1%, constant on both sides) is inconclusive by default (the rank test's
-/// smallest p at 2 pairs against 2 is 1/6) and improved, exactly, with the setting;
-/// `compressed_bytes` (band 0) is exact either way.
+/// Two constant sides are decided exactly only for a metric declared deterministic (band
+/// 0); `[decision] constant_changes = "exact"` restores the earlier rule, under which any
+/// constant metric was decided at once, equal or not. Two pairs, one look: the compress
+/// demo's `ratio` (band 1%, constant on both sides) is inconclusive by default, changed
+/// (swap-compressor) or not (a no-op: equal sides prove no equivalence either), since the
+/// rank test's smallest p at 2 pairs against 2 is 1/6; with the setting it is improved and
+/// equivalent, exactly. `compressed_bytes` (band 0) is exact either way.
 #[test]
-fn constant_changes_are_tested_unless_the_policy_says_exact() {
+fn constant_sides_are_tested_unless_the_policy_says_exact() {
     need_root!();
     let env = Env::new("seq-constant");
     let policy = env.dir.join("constant.toml");
-    let run = |setting: &str, name: &str| {
+    let run = |diff: &str, setting: &str, name: &str| {
         std::fs::write(
             &policy,
             format!("[decision]\nmin_pairs = 2\nmax_pairs = 2\n{setting}"),
@@ -231,7 +232,7 @@ fn constant_changes_are_tested_unless_the_policy_says_exact() {
         .unwrap();
         evaluate(
             &env,
-            &patch("swap-compressor"),
+            &patch(diff),
             &demo(),
             name,
             &[
@@ -243,20 +244,36 @@ fn constant_changes_are_tested_unless_the_policy_says_exact() {
             ],
         )
     };
-    let tested = run("", "tested");
-    let ratio = tested.metric("ratio");
-    assert_eq!(ratio["class"], "inconclusive", "{}", tested.ctx());
-    assert!(ratio["alpha"].as_f64().unwrap() > 0.0, "{ratio}");
-    let bytes = tested.metric("compressed_bytes");
-    assert_eq!(
-        (&bytes["class"], &bytes["alpha"]),
-        (&"improved".into(), &0.0.into()),
-        "{bytes}"
-    );
-    let exact = run("constant_changes = \"exact\"\n", "exact");
-    let ratio = exact.metric("ratio");
-    assert_eq!(ratio["class"], "improved", "{}", exact.ctx());
-    assert_eq!(ratio["alpha"], 0.0, "{ratio}");
+    let exactly = "constant_changes = \"exact\"\n";
+    for (diff, bytes_class, ratio_exact) in [
+        ("swap-compressor", "improved", "improved"),
+        ("noop-comment", "equivalent", "equivalent"),
+    ] {
+        let tested = run(diff, "", &format!("{diff}-tested"));
+        let ratio = tested.metric("ratio");
+        assert_eq!(ratio["class"], "inconclusive", "{}", tested.ctx());
+        assert!(ratio["alpha"].as_f64().unwrap() > 0.0, "{ratio}");
+        assert_eq!(tested.code, 2, "{}", tested.ctx());
+        // Two pairs can decide no tested metric at alpha 0.05 (4 can): said on stderr
+        // before the first pair, and in the verdict.
+        let why = "at most 2 pairs (the policy's max_pairs = 2) are too few for the rank test";
+        assert!(tested.stderr.contains(why), "{}", tested.ctx());
+        let caveats = tested.verdict["caveats"].to_string();
+        assert!(
+            caveats.contains(why) && caveats.contains("at least 4 pairs"),
+            "{caveats}"
+        );
+        let bytes = tested.metric("compressed_bytes");
+        assert_eq!(
+            (&bytes["class"], &bytes["alpha"]),
+            (&bytes_class.into(), &0.0.into()),
+            "{bytes}"
+        );
+        let exact = run(diff, exactly, &format!("{diff}-exact"));
+        let ratio = exact.metric("ratio");
+        assert_eq!(ratio["class"], ratio_exact, "{}", exact.ctx());
+        assert_eq!(ratio["alpha"], 0.0, "{ratio}");
+    }
     // Anything else is bad input naming the field.
     let err = refused_policy(
         &env,

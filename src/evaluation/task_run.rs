@@ -91,6 +91,14 @@ pub fn run_task(
     // the verdict's error rate holds over all of them.
     let replica_alpha = rules.alpha / replicas as f64;
     let mut spending = vec![sequential::Spending::new(replica_alpha, &schedule); replicas];
+    // A cap below what the rank test needs decides only the metrics declared deterministic:
+    // said before the first pair (the user may stop and raise it) and in the verdict.
+    let too_few = paired
+        .then(|| too_few_pairs(cap, repeat, &rules, replicas))
+        .flatten();
+    if let Some(why) = &too_few {
+        tracing::warn!("task `{}`: {why}", t.name);
+    }
     let mut stopped = format!("ran all {cap} pairs");
     let decided = |patched: &[Vec<RunResult>]| {
         patched
@@ -176,6 +184,12 @@ pub fn run_task(
         unused.into_sandbox().destroy()?;
     }
 
+    // Whether any metric was tested (not decided exactly) in any replica.
+    let tested = assessed
+        .iter()
+        .flat_map(|m| m.values())
+        .any(|x| x.alpha > 0.0);
+
     // A decision per replica, then agreement.
     let baseline_samples = evidence::samples(&baseline);
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
@@ -226,6 +240,9 @@ pub fn run_task(
                 .map(|k| format!(" ({} budget)", k.as_str()))
                 .unwrap_or_default()
         ));
+    }
+    if let Some(why) = too_few.filter(|_| tested) {
+        decision.caveats.push(why);
     }
     // What fork could not do with what a successor left is said, never an error.
     for note in patched
@@ -308,6 +325,41 @@ impl Settled {
     }
 }
 
+/// Why `cap` pairs can never decide a metric that is tested (not declared deterministic):
+/// the rank test's smallest p at `cap` pairs is not below half a replica's whole `alpha`
+/// (the most any one metric can be given), or None when it is.
+fn too_few_pairs(
+    cap: usize,
+    repeat: usize,
+    rules: &DecisionRules,
+    replicas: usize,
+) -> Option<String> {
+    let a = rules.alpha / replicas as f64;
+    let need = sequential::fewest_pairs(a);
+    if need.is_some_and(|n| n <= cap) {
+        return None;
+    }
+    let limit = if cap < repeat {
+        format!("the policy's max_pairs = {}", rules.max_pairs)
+    } else {
+        format!("repeat = {repeat}")
+    };
+    let split = if replicas > 1 {
+        format!(" (alpha {} split over {replicas} replicas)", rules.alpha)
+    } else {
+        String::new()
+    };
+    let need = match need {
+        Some(n) => format!("at least {n} pairs, more when several metrics are tested"),
+        None => "more than 1000 pairs".into(),
+    };
+    Some(format!(
+        "at most {cap} pairs ({limit}) are too few for the rank test to decide any metric \
+         not declared deterministic (band 0) at alpha {a}{split}: it needs {need}; such a \
+         metric stays inconclusive"
+    ))
+}
+
 /// Looks at one replica's pairs: each metric not yet decided is assessed at this look's
 /// error level (the look's share of the policy's alpha, split over the tested metrics, from
 /// the replica's `spending`); a decided metric keeps its decision.
@@ -327,8 +379,8 @@ fn look_at(
         .collect();
     // Metrics decided exactly spend nothing; every other one gets its share of the look's.
     let exact = |name: &str, b: &[f64], p: &[f64]| {
-        let changes_exactly = rules.constant_change_is_exact(name);
-        sequential::exact_outcome(b, p, rules.band_for(name), changes_exactly).is_some()
+        let exactly = rules.constant_sides_are_exact(name);
+        sequential::exact_outcome(b, p, rules.band_for(name), exactly).is_some()
     };
     let tested = pairs
         .iter()
@@ -345,7 +397,7 @@ fn look_at(
             continue;
         }
         let band = rules.band_for(name);
-        let r = sequential::assess(b, p, band, a, rules.constant_change_is_exact(name));
+        let r = sequential::assess(b, p, band, a, rules.constant_sides_are_exact(name));
         assessed.insert(
             (*name).clone(),
             Assessed {

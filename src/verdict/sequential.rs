@@ -23,19 +23,23 @@
 //! heavy-tailed samples. A false decision needs a false rank-test rejection, so each look
 //! errs with probability at most `a` per metric.
 //!
-//! **Zero variance.** When both sides are constant (at least 2 samples each, every value
-//! equal) and agree within the band, the metric is equivalent, exactly. When they differ
-//! by more, the change is exact (higher or lower, no error budget spent) only for a metric
-//! declared deterministic (`changes_exactly`: its band is 0, or the policy says so);
-//! otherwise it is tested like any sample: a noisy metric rounded coarsely can be constant
-//! on both sides by chance (a timing of 3 or 4 whole ms, three pairs: 3 in 64 identical
-//! patches would show a 33% change), and the rank test prices that chance (fully separated
-//! sides of `n` pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6).
+//! **Zero variance.** Two constant sides (at least 2 samples each, every value equal) are
+//! decided exactly, spending no error budget, only for a metric declared deterministic
+//! (`exactly`: its band is 0, or the policy says so): equivalent when they agree within the
+//! band, higher or lower otherwise. Any other metric's constant sides are tested like any
+//! sample, whether they agree or not: a noisy metric rounded coarsely can be constant on
+//! both sides by chance (a timing of 3 or 4 whole ms, three pairs: 3 in 64 identical
+//! patches would show a 33% change; a timing of 3-4 ms against one of 4-5 ms reads 4 on all
+//! six runs in 1 of 64), and the rank test prices that chance (fully separated sides of `n`
+//! pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6; equal sides against the baseline
+//! shifted by the band alike). The one exception is two sides constant at 0: a relative
+//! band has no scale there and no test could ever show them equivalent, so they are
+//! equivalent exactly (a change from 0 is tested, see below).
 //!
 //! **A zero baseline.** With a baseline median of 0 a relative band has no scale: only a
 //! change beyond 0 can be shown (the rank test against the unshifted baseline, the
 //! interval in the metric's own units, not reported as relative); equivalence needs both
-//! sides constant at 0.
+//! sides constant at 0 (exact, above).
 //!
 //! **Multiplicity and looks.** The verdict's stated error rate `alpha` is spent over the
 //! looks of the group-sequential design ([`looks`]) by the Pocock-type spending function
@@ -163,6 +167,13 @@ impl Spending {
     }
 }
 
+/// Fewest pairs at which the rank test can decide a metric tested at error level `a`: its
+/// smallest one-sided p value, `1 / C(2n, n)`, below `a / 2` (4 pairs at `a` = 0.05, 5 at
+/// 0.01, 6 at 0.005). None when not even 1000 pairs could.
+pub fn fewest_pairs(a: f64) -> Option<usize> {
+    (1..=1000).find(|&n| super::ranks::min_p(n, n) < a / 2.0)
+}
+
 /// Whether `xs` holds at least 2 values, all finite and equal.
 pub fn is_constant(xs: &[f64]) -> bool {
     xs.len() >= 2 && xs.iter().all(|x| x.is_finite() && *x == xs[0])
@@ -174,20 +185,23 @@ fn shifted(xs: &[f64], by: f64) -> Vec<f64> {
 
 /// The exact outcome of two constant sides (see the module documentation), or None when the
 /// samples are to be tested: not both constant (at least 2 finite values each, every value
-/// equal), or different beyond `band` when `changes_exactly` is false.
+/// equal), or, when `exactly` is false (the metric is not declared deterministic), anything
+/// but two sides constant at 0.
 pub fn exact_outcome(
     baseline: &[f64],
     patched: &[f64],
     band: f64,
-    changes_exactly: bool,
+    exactly: bool,
 ) -> Option<Outcome> {
     if !(is_constant(baseline) && is_constant(patched)) {
         return None;
     }
     let (b, p) = (baseline[0], patched[0]);
+    if !exactly {
+        return (b == 0.0 && p == 0.0).then_some(Outcome::Equivalent);
+    }
     match relative_change(b, p) {
         Some(c) if c.abs() <= band => Some(Outcome::Equivalent),
-        _ if !changes_exactly => None,
         Some(c) if c > 0.0 => Some(Outcome::Higher),
         Some(_) => Some(Outcome::Lower),
         None if p > 0.0 => Some(Outcome::Higher),
@@ -196,15 +210,9 @@ pub fn exact_outcome(
 }
 
 /// Classify one metric (see the module documentation). `a` is this metric's error level at
-/// this look ([`Spending::level`]); `changes_exactly`: a change between two constant sides
-/// is exact (the metric is declared deterministic).
-pub fn assess(
-    baseline: &[f64],
-    patched: &[f64],
-    band: f64,
-    a: f64,
-    changes_exactly: bool,
-) -> Assessment {
+/// this look ([`Spending::level`]); `exactly`: two constant sides are decided exactly (the
+/// metric is declared deterministic).
+pub fn assess(baseline: &[f64], patched: &[f64], band: f64, a: f64, exactly: bool) -> Assessment {
     let inconclusive = |ci| Assessment {
         outcome: Outcome::Inconclusive,
         ci,
@@ -221,7 +229,7 @@ pub fn assess(
         0.0
     };
     if b.len() == baseline.len() && p.len() == patched.len() {
-        if let Some(outcome) = exact_outcome(&b, &p, band, changes_exactly) {
+        if let Some(outcome) = exact_outcome(&b, &p, band, exactly) {
             return Assessment {
                 outcome,
                 ci: relative_change(b[0], p[0]).map(|c| (c, c)),
@@ -361,15 +369,34 @@ mod tests {
     }
 
     #[test]
+    fn the_fewest_pairs_that_can_decide() {
+        // 1/20 at 3 pairs, 1/70 at 4, 1/252 at 5, 1/924 at 6.
+        assert_eq!(fewest_pairs(0.05), Some(4));
+        assert_eq!(fewest_pairs(0.029), Some(4));
+        assert_eq!(fewest_pairs(0.028), Some(5));
+        assert_eq!(fewest_pairs(0.01), Some(5));
+        assert_eq!(fewest_pairs(0.005), Some(6));
+        assert_eq!(fewest_pairs(0.0), None);
+        // What it promises: at that many pairs a fully separated change is decided, at one
+        // fewer it cannot be.
+        for a in [0.05, 0.01, 0.001] {
+            let n = fewest_pairs(a).unwrap();
+            let at = |n: usize| assess(&vec![100.0; n], &vec![150.0; n], 0.05, a, false).outcome;
+            assert_eq!(at(n), Outcome::Higher, "{a} at {n}");
+            assert_eq!(at(n - 1), Outcome::Inconclusive, "{a} at {}", n - 1);
+        }
+    }
+
+    #[test]
     fn zero_variance_is_decided_exactly() {
         let a = 0.001;
-        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a, false);
+        // A deterministic metric (band 0, or the policy's `constant_changes = "exact"`):
+        // constant sides are exact, equal or not.
+        let same = assess(&[500.0; 3], &[500.0; 3], 0.0, a, true);
         assert_eq!(
             (same.outcome, same.ci, same.exact),
             (Outcome::Equivalent, Some((0.0, 0.0)), true)
         );
-        // A deterministic metric (band 0, or the policy's `constant_changes = "exact"`):
-        // a change between constant sides is exact.
         let down = assess(&[500.0; 2], &[300.0; 2], 0.0, a, true);
         assert_eq!(
             (down.outcome, down.ci),
@@ -377,14 +404,21 @@ mod tests {
         );
         let up = assess(&[500.0; 3], &[505.0; 3], 0.0, a, true);
         assert_eq!(up.outcome, Outcome::Higher);
-        // Within a 1% band, exactly, declared deterministic or not.
-        for changes_exactly in [false, true] {
-            let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a, changes_exactly);
-            assert_eq!((small.outcome, small.exact), (Outcome::Equivalent, true));
-        }
+        let small = assess(&[500.0; 3], &[504.0; 3], 0.01, a, true);
+        assert_eq!((small.outcome, small.exact), (Outcome::Equivalent, true));
         // From zero: a change without a relative size.
         let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a, true);
         assert_eq!((from0.outcome, from0.ci), (Outcome::Higher, None));
+        // Two sides constant at 0 are equivalent exactly, declared deterministic or not:
+        // a relative band has no scale there for a test to use.
+        for exactly in [false, true] {
+            let zeros = assess(&[0.0; 3], &[0.0; 3], 0.01, a, exactly);
+            assert_eq!(
+                (zeros.outcome, zeros.exact),
+                (Outcome::Equivalent, true),
+                "{exactly}"
+            );
+        }
         // One sample per side is no evidence of zero variance.
         let one = assess(&[500.0], &[500.0], 0.01, a, true);
         assert_eq!(one.outcome, Outcome::Inconclusive);
@@ -414,11 +448,45 @@ mod tests {
             exact_outcome(&[3.0; 3], &[4.0; 3], 0.05, true),
             Some(Outcome::Higher)
         );
+        assert_eq!(exact_outcome(&[3.0, 3.0, 4.0], &[3.0; 3], 0.05, true), None);
+    }
+
+    /// Equal constant sides of a noisy metric prove no equivalence either: a timing of 3-4
+    /// whole ms against a patch's 4-5 ms reads 4 on all six runs of 3 pairs in 1 of 64
+    /// evaluations. Tested (against the baseline shifted by the band), they are equivalent
+    /// only once the rank test can price that chance, as a change is.
+    #[test]
+    fn equal_constant_sides_of_a_noisy_metric_are_tested_too() {
+        let a = 0.0104;
+        assert_eq!(exact_outcome(&[4.0; 3], &[4.0; 3], 0.05, false), None);
         assert_eq!(
-            exact_outcome(&[3.0; 3], &[3.0; 3], 0.05, false),
+            exact_outcome(&[4.0; 3], &[4.0; 3], 0.05, true),
             Some(Outcome::Equivalent)
         );
-        assert_eq!(exact_outcome(&[3.0, 3.0, 4.0], &[3.0; 3], 0.05, true), None);
+        let three = assess(&[4.0; 3], &[4.0; 3], 0.05, a, false);
+        assert_eq!((three.outcome, three.exact), (Outcome::Inconclusive, false));
+        let six = assess(&[4.0; 6], &[4.0; 6], 0.05, a, false);
+        assert_eq!(
+            (six.outcome, six.ci, six.exact),
+            (Outcome::Equivalent, Some((0.0, 0.0)), false)
+        );
+        let strict = assess(&[4.0; 6], &[4.0; 6], 0.05, 0.002, false);
+        assert_eq!(strict.outcome, Outcome::Inconclusive);
+        // The chance that makes the tie: a 25% slower patch whose runs happen to agree
+        // (all six read 4 in about 1 in 64) is never equivalent at 3 pairs.
+        let mut tied = 0;
+        for seed in 0..6400u64 {
+            let mut rng = SplitMix64(seed);
+            let mut draw = |lo: f64| lo + (rng.next_u64() >> 63) as f64;
+            let b: Vec<f64> = (0..3).map(|_| draw(3.0)).collect();
+            let p: Vec<f64> = (0..3).map(|_| draw(4.0)).collect();
+            if b.iter().chain(&p).all(|x| *x == 4.0) {
+                tied += 1;
+            }
+            assert_eq!(exact_outcome(&b, &p, 0.05, false), None, "{b:?} {p:?}");
+            assert_ne!(assess(&b, &p, 0.05, a, false).outcome, Outcome::Equivalent);
+        }
+        assert!((50..=160).contains(&tied), "{tied} ties in 6400");
     }
 
     /// A zero baseline median: a change beyond 0 is shown by the rank test in the metric's
@@ -704,6 +772,7 @@ mod tests {
         let mut spending = Spending::new(alpha, &schedule);
         let (mut b, mut p) = (vec![Vec::new(); ms.len()], vec![Vec::new(); ms.len()]);
         let mut out = vec![Outcome::Inconclusive; ms.len()];
+        let mut exact = vec![false; ms.len()];
         let mut load = 1.0f64;
         for (j, &n) in schedule.iter().enumerate() {
             while b[0].len() < n {
@@ -748,9 +817,11 @@ mod tests {
                 .filter(|&i| exact_outcome(&b[i], &p[i], ms[i].band, ms[i].band == 0.0).is_none())
                 .count();
             let a = spending.level(j, tested);
+            // A tested decision stands; an exact one is looked at again.
             for (i, m) in ms.iter().enumerate() {
-                if out[i] == Outcome::Inconclusive {
-                    out[i] = assess(&b[i], &p[i], m.band, a, m.band == 0.0).outcome;
+                if out[i] == Outcome::Inconclusive || exact[i] {
+                    let r = assess(&b[i], &p[i], m.band, a, m.band == 0.0);
+                    (out[i], exact[i]) = (r.outcome, r.exact);
                 }
             }
             if out.iter().all(|o| *o != Outcome::Inconclusive) {

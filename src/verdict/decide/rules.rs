@@ -38,7 +38,7 @@ pub struct DecisionRules {
     /// Noise bands per metric kind: metric name (or `*` pattern, as in `lower_is_better`)
     /// -> band. An exact name wins, then the widest band of the matching patterns; metrics
     /// matching none get `noise_band`. `0` means exact: a deterministic metric must not
-    /// move at all (and a change between two constant sides of it is decided exactly).
+    /// move at all (and two constant sides of it are decided exactly).
     pub bands: BTreeMap<String, f64>,
     /// Metrics (names or patterns) that are reported but never decide the verdict: an
     /// inconclusive or regressed informational metric is a caveat, not a NEEDS_REVISION.
@@ -46,7 +46,7 @@ pub struct DecisionRules {
     /// Sequential stopping for tasks with a baseline and `repeat` > 1: pairs run until
     /// every metric is decided or the cap; `false` runs every pair and looks once.
     pub sequential: bool,
-    /// How a change between two constant sides is decided (see [`ConstantChanges`]).
+    /// How two constant sides are decided (see [`ConstantChanges`]).
     pub constant_changes: ConstantChanges,
     /// Pairs (baseline + patched) of the first look (default 3, at least 2).
     pub min_pairs: u32,
@@ -54,19 +54,20 @@ pub struct DecisionRules {
     pub max_pairs: u32,
 }
 
-/// How a metric constant on both sides but different between them is decided
-/// (`[decision] constant_changes`). Constant sides that agree within the band are
-/// equivalent either way.
+/// How a metric constant on both sides is decided (`[decision] constant_changes`), whether
+/// the sides agree within its band or not. Two sides constant at 0 are equivalent either
+/// way (a relative band has no scale at 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConstantChanges {
     /// Exactly only when the metric's band is 0 (declared deterministic); otherwise by the
     /// rank test like any sample, spending its share of `alpha`: a noisy metric rounded
     /// coarsely can come out constant on both sides by chance, and a few equal values
-    /// prove no change.
+    /// prove neither a change nor its absence.
     #[default]
     Tested,
-    /// Exactly, whatever the band, spending no `alpha` (before this setting existed).
+    /// Exactly, whatever the band, spending no `alpha` (the rule of the releases before
+    /// this setting existed).
     Exact,
 }
 
@@ -184,9 +185,8 @@ impl DecisionRules {
         Ok(())
     }
 
-    /// Whether a change between two constant sides of `metric` is decided exactly (see
-    /// [`ConstantChanges`]).
-    pub fn constant_change_is_exact(&self, metric: &str) -> bool {
+    /// Whether two constant sides of `metric` are decided exactly (see [`ConstantChanges`]).
+    pub fn constant_sides_are_exact(&self, metric: &str) -> bool {
         self.constant_changes == ConstantChanges::Exact || self.band_for(metric) == 0.0
     }
 
