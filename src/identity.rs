@@ -75,6 +75,10 @@ pub enum IdentityError {
     Io(#[from] IoError),
     #[error("`{input}` is not a public key: {reason} (expected ed25519:<base64 of 32 bytes>, a SubjectPublicKeyInfo PEM key or an OpenSSH `ssh-ed25519` line, or a file holding one)")]
     BadPublicKey { input: String, reason: String },
+    #[error("`{input}` is neither a file nor a public key: no such file, and a key starts with `ed25519:`, `-----BEGIN PUBLIC KEY-----` or `ssh-ed25519` (check the path)")]
+    NoKeyFile { input: String },
+    #[error("`{input}` is not a regular file: name the key file itself, or give the key")]
+    NotAKeyFile { input: String },
     #[error("the signature does not verify with key {key}")]
     BadSignature { key: String },
 }
@@ -612,16 +616,70 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
 /// SubjectPublicKeyInfo PEM; older ones hold the line `ed25519:<base64>`).
 pub fn read_public_key(path: &Path) -> Result<PublicKey, IdentityError> {
     let mut text = String::new();
-    fs::File::open(path)
+    crate::fsx::open_input(path)
         .and_then(|f| f.take(MAX_KEY_FILE_BYTES).read_to_string(&mut text))
         .ctx("read", path)?;
     PublicKey::parse_any(&text)
+}
+
+/// A public key as a command line or a configuration names one: the key itself
+/// (`ed25519:<base64>`, SubjectPublicKeyInfo PEM or an OpenSSH line) or a regular file
+/// holding one. Text that is no key and names no file is refused as a missing file
+/// ([`IdentityError::NoKeyFile`]), one that names something else as not a file.
+pub fn public_key_arg(s: &str) -> Result<PublicKey, IdentityError> {
+    let path = Path::new(s);
+    if path.is_file() {
+        return read_public_key(path);
+    }
+    let t = s.trim();
+    let shown: String = t.chars().take(80).collect();
+    match PublicKey::parse_any(t) {
+        Ok(k) => Ok(k),
+        Err(e) if t.starts_with("ed25519:") || crate::keyformat::decode_public(t).is_some() => {
+            Err(e)
+        }
+        Err(_) if path.symlink_metadata().is_ok() => {
+            Err(IdentityError::NotAKeyFile { input: shown })
+        }
+        Err(_) => Err(IdentityError::NoKeyFile { input: shown }),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_key_argument_names_the_key_or_a_file_holding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = EphemeralKey::generate().public();
+        let file = dir.path().join("node.pub");
+        std::fs::write(&file, format!("{k}\n")).unwrap();
+        let arg = |p: &Path| public_key_arg(p.to_str().unwrap());
+        assert_eq!(public_key_arg(&k.to_string()).unwrap(), k);
+        assert_eq!(public_key_arg(&k.to_spki_pem()).unwrap(), k);
+        assert_eq!(arg(&file).unwrap(), k);
+        // A path that names nothing: said as a missing file, not as a bad key.
+        let missing = dir.path().join("missing.pub");
+        let e = arg(&missing).unwrap_err();
+        assert!(matches!(e, IdentityError::NoKeyFile { .. }), "{e}");
+        assert!(e.to_string().contains("no such file"), "{e}");
+        // A directory or a FIFO is not a key file.
+        let fifo = dir.path().join("fifo.pub");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for p in [dir.path(), fifo.as_path()] {
+            let e = arg(p).unwrap_err();
+            assert!(matches!(e, IdentityError::NotAKeyFile { .. }), "{e}");
+        }
+        // Text that is meant as a key and is not one keeps the key's own error.
+        let e = public_key_arg("ed25519:AAAA").unwrap_err();
+        assert!(matches!(e, IdentityError::BadPublicKey { .. }), "{e}");
+        // A file that holds no key says what is wrong with its content.
+        std::fs::write(&file, "hello\n").unwrap();
+        let e = arg(&file).unwrap_err();
+        assert!(matches!(e, IdentityError::BadPublicKey { .. }), "{e}");
+    }
 
     #[test]
     fn public_key_round_trip_and_key_id() {

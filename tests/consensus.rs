@@ -145,3 +145,42 @@ fn quorum_floor_trust_and_the_steward_gate() {
         .unwrap();
     assert_eq!(v.status.code(), Some(0), "{}", ok(&v));
 }
+
+/// A `--trust` argument that is neither a key nor a file is refused as what it most likely
+/// is, a missing file (usage, exit 64), by every command that takes one; a directory is
+/// not a key file.
+#[test]
+fn a_missing_trust_file_is_named_as_missing() {
+    let root = scratch("trust-missing");
+    std::fs::create_dir_all(root.join("runs")).unwrap();
+    let missing = root.join("nodes/n1.pub");
+    let p = patch("swap-compressor");
+    for (what, arg, expect) in [
+        ("missing", missing.to_str().unwrap(), "no such file"),
+        ("directory", root.to_str().unwrap(), "is not a regular file"),
+    ] {
+        for cmd in [
+            vec![
+                "consensus",
+                "--trust",
+                arg,
+                "--patch",
+                p.to_str().unwrap(),
+                "b",
+            ],
+            vec!["verify", "b", "--trust", arg],
+        ] {
+            let o = fork_cmd(&root.join("runs")).args(&cmd).output().unwrap();
+            assert_eq!(o.status.code(), Some(64), "{what} {cmd:?}: {}", ok(&o));
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                err.contains(expect) && err.contains("--trust"),
+                "{what} {cmd:?}: {err}"
+            );
+            assert!(
+                !err.contains("is not a public key"),
+                "{what} {cmd:?}: {err}"
+            );
+        }
+    }
+}

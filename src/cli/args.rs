@@ -74,12 +74,8 @@ pub fn parse_keys(
 ) -> Result<Vec<crate::identity::PublicKey>, CliError> {
     let mut out = Vec::new();
     for t in args {
-        let key = if Path::new(t).is_file() {
-            crate::identity::read_public_key(Path::new(t))
-        } else {
-            crate::identity::PublicKey::parse_any(t)
-        }
-        .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
+        let key = crate::identity::public_key_arg(t)
+            .map_err(|e| CliError::from((exit::USAGE, format!("{flag} {t}: {e}"))))?;
         out.push(key);
     }
     Ok(out)

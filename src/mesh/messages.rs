@@ -497,12 +497,7 @@ pub fn decode_verdict_message(bytes: &[u8]) -> Result<VerdictMessage, MeshError>
 
 /// A key given on the command line, or the file holding it.
 pub(crate) fn parse_key(flag: &str, s: &str) -> Result<crate::identity::PublicKey, MeshError> {
-    let r = if std::path::Path::new(s).is_file() {
-        crate::identity::read_public_key(std::path::Path::new(s))
-    } else {
-        crate::identity::PublicKey::parse_any(s)
-    };
-    r.map_err(|e| {
+    crate::identity::public_key_arg(s).map_err(|e| {
         MeshError::Usage(format!(
             "{flag} {}: {e}",
             s.chars().take(80).collect::<String>()
