@@ -11,7 +11,7 @@
 //! 6. the ledger lists the verdicts and `fork ledger verify` catches an edited and a deleted
 //!    row;
 //! 7. `--junit` and `--summary` (and `$GITHUB_STEP_SUMMARY`) render the verdict for CI;
-//! 8. `--replicas 3` runs three patched successors that agree.
+//! 8. `--replicas 3` runs three patched successors that agree; replicas share `alpha`.
 //!
 //! Every test has a private run root, node key ($XDG_CONFIG_HOME) and ledger
 //! ($XDG_DATA_HOME), and checks that nothing of its runs remains. They need root (the
