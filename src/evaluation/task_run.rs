@@ -58,7 +58,8 @@ fn prepare_patched(
 /// [`sequential::looks`] and the pairs stop as soon as every metric of every replica is
 /// decided, a regression settles the verdict, or the cap (`repeat`, at most the policy's
 /// `max_pairs`) is reached. `first` is a patched side already prepared (the evaluation's
-/// first, where the patch was tried).
+/// first, where the patch was tried): used by the first pair when its patched side runs
+/// first, else removed before its baseline runs.
 pub fn run_task(
     p: &Plan,
     t: &TaskPlan,
@@ -107,13 +108,16 @@ pub fn run_task(
             .any(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
     };
     for round in 0..cap {
-        // Drawn for every pair with a baseline, a task's single pair too; but a patched side
-        // already prepared (the evaluation's first, where the patch was tried) runs first,
-        // so that sandboxes stay one at a time (a baseline prepared beside it would be a
-        // second).
-        let baseline_first =
-            t.spec.baseline && first.is_none() && sequential::baseline_first(order_seed, round);
+        // Drawn for every pair with a baseline, a task's single pair too, the evaluation's
+        // first pair too: a patched side already prepared for it (where the patch was
+        // tried) is given up when the baseline is drawn first, and prepared again after it,
+        // so that sandboxes stay one at a time (a prepared side holds its capped disk) and
+        // the cold first run falls on either side alike.
+        let baseline_first = t.spec.baseline && sequential::baseline_first(order_seed, round);
         if baseline_first {
+            if let Some(prepared) = first.take() {
+                prepared.into_sandbox().destroy()?;
+            }
             run_baseline(p, t, s, round, &mut baseline)?;
         }
         for (r, runs) in patched.iter_mut().enumerate() {

@@ -86,6 +86,12 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         e.ctx()
     );
     // Sandboxes one at a time: each prepared only once the one before is removed.
+    one_sandbox_at_a_time(&e, &marks);
+}
+
+/// Each sandbox is prepared only once the one before is removed, every teardown ends
+/// before the join, and both sides ran in a sandbox of their own.
+fn one_sandbox_at_a_time(e: &Eval, marks: &[&str]) {
     let (mut prepared, mut removed) = (0, 0);
     let joined = marks
         .iter()
@@ -118,6 +124,52 @@ fn fork_trace_marks_the_evaluation_phases_and_teardowns_end_before_the_bundle() 
         e.ctx()
     );
     assert_eq!(prepared, removed, "every sandbox removed:\n{}", e.ctx());
+}
+
+/// The evaluation's first pair is ordered at random like any other: the patched side
+/// prepared where the patch was tried is removed when the baseline is drawn first, and
+/// prepared again after it, so sandboxes stay one at a time in either order. Up to 16
+/// evaluations until both orders are seen (both unseen by chance: 2 in 65,536).
+#[test]
+fn the_first_pair_runs_either_side_first_one_sandbox_at_a_time() {
+    need_default_policy!();
+    let env = Env::new("ev-first-order");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.pair]\ncommand = [\"true\"]\nbaseline = true\n",
+    );
+    let trace = OsStr::new("1");
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..16 {
+        let e = evaluate_with(
+            &env,
+            &patch("noop-comment"),
+            &rt,
+            &format!("order{i}"),
+            &["--task", "pair", "--no-ledger"],
+            With {
+                vars: &[("FORK_TRACE", trace)],
+                require_verdict: true,
+                ..With::default()
+            },
+        );
+        assert_eq!(e.code, 0, "{}", e.ctx());
+        let timed = trace_marks(&e.stderr);
+        let marks: Vec<&str> = timed.iter().map(|(p, _)| p.as_str()).collect();
+        one_sandbox_at_a_time(&e, &marks);
+        let at = |side: &str| e.stderr.find(&format!("run task pair, {side}"));
+        let (b, p) = (at("baseline"), at("patched"));
+        assert!(b.is_some() && p.is_some(), "both sides ran:\n{}", e.ctx());
+        seen.insert(if b < p {
+            "baseline first"
+        } else {
+            "patched first"
+        });
+        if seen.len() == 2 {
+            return;
+        }
+    }
+    panic!("16 evaluations ran their first pair in one order only: {seen:?}");
 }
 
 /// The state snapshot's integrity check runs on a thread of its own beside the sides and
