@@ -624,24 +624,35 @@ pub fn read_public_key(path: &Path) -> Result<PublicKey, IdentityError> {
 
 /// A public key as a command line or a configuration names one: the key itself
 /// (`ed25519:<base64>`, SubjectPublicKeyInfo PEM or an OpenSSH line) or a regular file
-/// holding one. Text that is no key and names no file is refused as a missing file
-/// ([`IdentityError::NoKeyFile`]), one that names something else as not a file.
+/// holding one. A one-line argument that is no key and names nothing is refused as a
+/// missing file ([`IdentityError::NoKeyFile`]), one that names something other than a
+/// regular file as not a file; key text (anything multi-line or PEM-armoured, or spelled
+/// like a key) keeps the key's own error, and a path that cannot be looked up its I/O
+/// error.
 pub fn public_key_arg(s: &str) -> Result<PublicKey, IdentityError> {
     let path = Path::new(s);
     if path.is_file() {
         return read_public_key(path);
     }
     let t = s.trim();
-    let shown: String = t.chars().take(80).collect();
-    match PublicKey::parse_any(t) {
-        Ok(k) => Ok(k),
-        Err(e) if t.starts_with("ed25519:") || crate::keyformat::decode_public(t).is_some() => {
-            Err(e)
+    let err = match PublicKey::parse_any(t) {
+        Ok(k) => return Ok(k),
+        Err(e) => e,
+    };
+    let keyish = t.starts_with("ed25519:")
+        || t.starts_with("-----BEGIN")
+        || t.contains('\n')
+        || crate::keyformat::decode_public(t).is_some();
+    if keyish {
+        return Err(err);
+    }
+    let shown: String = s.chars().take(80).collect();
+    match path.symlink_metadata() {
+        Ok(_) => Err(IdentityError::NotAKeyFile { input: shown }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(IdentityError::NoKeyFile { input: shown })
         }
-        Err(_) if path.symlink_metadata().is_ok() => {
-            Err(IdentityError::NotAKeyFile { input: shown })
-        }
-        Err(_) => Err(IdentityError::NoKeyFile { input: shown }),
+        Err(e) => Err(e).ctx("look up", path).map_err(IdentityError::from),
     }
 }
 
@@ -673,8 +684,21 @@ mod tests {
             assert!(matches!(e, IdentityError::NotAKeyFile { .. }), "{e}");
         }
         // Text that is meant as a key and is not one keeps the key's own error.
-        let e = public_key_arg("ed25519:AAAA").unwrap_err();
-        assert!(matches!(e, IdentityError::BadPublicKey { .. }), "{e}");
+        for text in [
+            "ed25519:AAAA",
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----",
+            "-----BEGIN RSA PUBLIC KEY-----",
+            "ssh-rsa AAAAB3NzaC1yc2E= someone",
+        ] {
+            let e = public_key_arg(text).unwrap_err();
+            assert!(
+                matches!(e, IdentityError::BadPublicKey { .. }),
+                "{text}: {e}"
+            );
+        }
+        // A path that cannot be looked up (a file in its way) is an I/O error, not missing.
+        let e = arg(&file.join("below")).unwrap_err();
+        assert!(matches!(e, IdentityError::Io(_)), "{e}");
         // A file that holds no key says what is wrong with its content.
         std::fs::write(&file, "hello\n").unwrap();
         let e = arg(&file).unwrap_err();

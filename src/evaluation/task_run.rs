@@ -92,8 +92,9 @@ pub fn run_task(
     // the verdict's error rate holds over all of them.
     let replica_alpha = rules.alpha / replicas as f64;
     let mut spending = vec![sequential::Spending::new(replica_alpha, &schedule); replicas];
-    // A cap below what the rank test needs decides only the metrics declared deterministic:
-    // said before the first pair (the user may stop and raise it) and in the verdict.
+    // A cap below what the rank test needs decides only constant metrics declared
+    // deterministic: said before the first pair (the user may stop and raise it) and in
+    // the verdict.
     let too_few = paired
         .then(|| too_few_pairs(cap, repeat, &rules, replicas))
         .flatten();
@@ -329,9 +330,9 @@ impl Settled {
     }
 }
 
-/// Why `cap` pairs can never decide a metric that is tested (not declared deterministic):
-/// the rank test's smallest p at `cap` pairs is not below half a replica's whole `alpha`
-/// (the most any one metric can be given), or None when it is.
+/// Why `cap` pairs can never decide a metric that is tested (any but a constant one declared
+/// deterministic): the rank test's smallest p at `cap` pairs is not below half a replica's
+/// whole `alpha` (the most any one metric can be given), or None when it is.
 fn too_few_pairs(
     cap: usize,
     repeat: usize,
@@ -348,8 +349,15 @@ fn too_few_pairs(
     } else {
         format!("repeat = {repeat}")
     };
+    let shown = |x: f64| {
+        let s = format!("{x:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
     let split = if replicas > 1 {
-        format!(" (alpha {} split over {replicas} replicas)", rules.alpha)
+        format!(
+            " (alpha {} split over {replicas} replicas)",
+            shown(rules.alpha)
+        )
     } else {
         String::new()
     };
@@ -358,9 +366,10 @@ fn too_few_pairs(
         None => "more than 1000 pairs".into(),
     };
     Some(format!(
-        "at most {cap} pairs ({limit}) are too few for the rank test to decide any metric \
-         not declared deterministic (band 0) at alpha {a}{split}: it needs {need}; such a \
-         metric stays inconclusive"
+        "at most {cap} pairs ({limit}) are too few for the rank test to decide any metric it \
+         tests (all but constant ones declared deterministic: band 0, or constant_changes = \
+         \"exact\") at alpha {}{split}: it needs {need}; such a metric stays inconclusive",
+        shown(a)
     ))
 }
 

@@ -28,18 +28,18 @@
 //! (`exactly`: its band is 0, or the policy says so): equivalent when they agree within the
 //! band, higher or lower otherwise. Any other metric's constant sides are tested like any
 //! sample, whether they agree or not: a noisy metric rounded coarsely can be constant on
-//! both sides by chance (a timing of 3 or 4 whole ms, three pairs: 3 in 64 identical
-//! patches would show a 33% change; a timing of 3-4 ms against one of 4-5 ms reads 4 on all
-//! six runs in 1 of 64), and the rank test prices that chance (fully separated sides of `n`
-//! pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6; equal sides against the baseline
-//! shifted by the band alike). The one exception is two sides constant at 0: a relative
-//! band has no scale there and no test could ever show them equivalent, so they are
-//! equivalent exactly (a change from 0 is tested, see below).
+//! both sides by chance (a timing of 3 or 4 whole ms, three pairs: 2 in 64 identical
+//! patches would show a 33% regression or a 25% gain; a timing of 3-4 ms against one of
+//! 4-5 ms reads 4 on all six runs in 1 of 64), and the rank test prices that chance (fully
+//! separated sides of `n` pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6; equal sides
+//! against the baseline shifted by the band alike). Sides constant at 0 are no exception:
+//! a counter that fires in one run of five reads 0 on three runs of each side half the
+//! time; without a declared band of 0 they stay inconclusive (see below).
 //!
 //! **A zero baseline.** With a baseline median of 0 a relative band has no scale: only a
 //! change beyond 0 can be shown (the rank test against the unshifted baseline, the
 //! interval in the metric's own units, not reported as relative); equivalence needs both
-//! sides constant at 0 (exact, above).
+//! sides constant at 0 and the metric declared deterministic (exact, above).
 //!
 //! **Multiplicity and looks.** The verdict's stated error rate `alpha` is spent over the
 //! looks of the group-sequential design ([`looks`]) by the Pocock-type spending function
@@ -120,9 +120,9 @@ pub fn spent_by(t: f64) -> f64 {
 /// Look `j` (of `K`, at `n_j` pairs) may spend what the spending function allows by then,
 /// `alpha · spent_by(n_j / n_K)` (all of `alpha` at the last look), minus what earlier looks
 /// spent; that share is split evenly (Bonferroni) over the `tested` metrics of the look. A
-/// look at which no rank test can reach its level (the smallest one-sided p value with
-/// `n_j` against `n_j` values, `1 / C(2·n_j, n_j)`, is above half a metric's share), or at
-/// which nothing is tested, cannot err: it spends nothing and its share passes on to the
+/// look at which no rank test can reach its level (fewer than [`MIN_SAMPLES`] pairs, or the
+/// smallest one-sided p value with `n_j` against `n_j` values, `1 / C(2·n_j, n_j)`, above
+/// half a metric's share), or at which nothing is tested, cannot err: it spends nothing and its share passes on to the
 /// next look. So the shares actually spent sum to at most `alpha` on every path.
 #[derive(Debug, Clone)]
 pub struct Spending {
@@ -155,7 +155,7 @@ impl Spending {
         };
         let share = (allowed - self.spent).max(0.0);
         let level = share / tested.max(1) as f64;
-        if tested > 0 && super::ranks::min_p(n, n) <= level / 2.0 {
+        if tested > 0 && n >= MIN_SAMPLES && super::ranks::min_p(n, n) <= level / 2.0 {
             self.spent += share;
         }
         level
@@ -167,11 +167,11 @@ impl Spending {
     }
 }
 
-/// Fewest pairs at which the rank test can decide a metric tested at error level `a`: its
-/// smallest one-sided p value, `1 / C(2n, n)`, below `a / 2` (4 pairs at `a` = 0.05, 5 at
-/// 0.01, 6 at 0.005). None when not even 1000 pairs could.
+/// Fewest pairs at which the rank test can decide a metric tested at error level `a`: at
+/// least [`MIN_SAMPLES`], and its smallest one-sided p value, `1 / C(2n, n)`, below `a / 2`
+/// (4 pairs at `a` = 0.05, 5 at 0.01, 6 at 0.005). None when not even 1000 pairs could.
 pub fn fewest_pairs(a: f64) -> Option<usize> {
-    (1..=1000).find(|&n| super::ranks::min_p(n, n) < a / 2.0)
+    (MIN_SAMPLES..=1000).find(|&n| super::ranks::min_p(n, n) < a / 2.0)
 }
 
 /// Whether `xs` holds at least 2 values, all finite and equal.
@@ -185,21 +185,17 @@ fn shifted(xs: &[f64], by: f64) -> Vec<f64> {
 
 /// The exact outcome of two constant sides (see the module documentation), or None when the
 /// samples are to be tested: not both constant (at least 2 finite values each, every value
-/// equal), or, when `exactly` is false (the metric is not declared deterministic), anything
-/// but two sides constant at 0.
+/// equal), or `exactly` is false (the metric is not declared deterministic).
 pub fn exact_outcome(
     baseline: &[f64],
     patched: &[f64],
     band: f64,
     exactly: bool,
 ) -> Option<Outcome> {
-    if !(is_constant(baseline) && is_constant(patched)) {
+    if !(exactly && is_constant(baseline) && is_constant(patched)) {
         return None;
     }
     let (b, p) = (baseline[0], patched[0]);
-    if !exactly {
-        return (b == 0.0 && p == 0.0).then_some(Outcome::Equivalent);
-    }
     match relative_change(b, p) {
         Some(c) if c.abs() <= band => Some(Outcome::Equivalent),
         Some(c) if c > 0.0 => Some(Outcome::Higher),
@@ -377,6 +373,17 @@ mod tests {
         assert_eq!(fewest_pairs(0.01), Some(5));
         assert_eq!(fewest_pairs(0.005), Some(6));
         assert_eq!(fewest_pairs(0.0), None);
+        // Never below the samples `assess` needs, whatever alpha: 1/6 at 2 pairs is below
+        // 0.45 / 2, but 2 samples per side are never tested.
+        assert_eq!(fewest_pairs(0.45), Some(MIN_SAMPLES));
+        assert_eq!(
+            assess(&[1.0, 1.1], &[2.0, 2.1], 0.05, 0.45, false).outcome,
+            Outcome::Inconclusive
+        );
+        // ... so a look at 2 pairs spends nothing: its share passes on.
+        let mut s = Spending::new(0.45, &[2, 4]);
+        s.level(0, 1);
+        assert_eq!(s.spent(), 0.0);
         // What it promises: at that many pairs a fully separated change is decided, at one
         // fewer it cannot be.
         for a in [0.05, 0.01, 0.001] {
@@ -409,16 +416,18 @@ mod tests {
         // From zero: a change without a relative size.
         let from0 = assess(&[0.0; 3], &[2.0; 3], 0.01, a, true);
         assert_eq!((from0.outcome, from0.ci), (Outcome::Higher, None));
-        // Two sides constant at 0 are equivalent exactly, declared deterministic or not:
-        // a relative band has no scale there for a test to use.
-        for exactly in [false, true] {
-            let zeros = assess(&[0.0; 3], &[0.0; 3], 0.01, a, exactly);
-            assert_eq!(
-                (zeros.outcome, zeros.exact),
-                (Outcome::Equivalent, true),
-                "{exactly}"
-            );
-        }
+        // Two sides constant at 0: equivalent exactly when declared deterministic; else a
+        // relative band has no scale there, and no test can show them equivalent (a
+        // counter firing in one run of five reads 0 on all six runs of 3 pairs half the
+        // time).
+        let zeros = assess(&[0.0; 3], &[0.0; 3], 0.01, a, true);
+        assert_eq!((zeros.outcome, zeros.exact), (Outcome::Equivalent, true));
+        let zeros = assess(&[0.0; 10], &[0.0; 10], 0.01, 0.05, false);
+        assert_eq!(
+            (zeros.outcome, zeros.ci, zeros.exact),
+            (Outcome::Inconclusive, None, false)
+        );
+        assert_eq!(exact_outcome(&[0.0; 3], &[0.0; 3], 0.01, false), None);
         // One sample per side is no evidence of zero variance.
         let one = assess(&[500.0], &[500.0], 0.01, a, true);
         assert_eq!(one.outcome, Outcome::Inconclusive);
@@ -472,7 +481,7 @@ mod tests {
         );
         let strict = assess(&[4.0; 6], &[4.0; 6], 0.05, 0.002, false);
         assert_eq!(strict.outcome, Outcome::Inconclusive);
-        // The chance that makes the tie: a 25% slower patch whose runs happen to agree
+        // The chance that makes the tie: a 29% slower patch whose runs happen to agree
         // (all six read 4 in about 1 in 64) is never equivalent at 3 pairs.
         let mut tied = 0;
         for seed in 0..6400u64 {

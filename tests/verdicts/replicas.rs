@@ -1,5 +1,5 @@
-//! Replicas: `--replicas 3` runs three patched successors that agree. Item 8 of the proof
-//! list in tests/verdicts.rs.
+//! Replicas: `--replicas 3` runs three patched successors that agree, and replicas share
+//! `alpha`. Item 8 of the proof list in tests/verdicts.rs.
 
 use super::*;
 
@@ -57,6 +57,8 @@ fn replicas_share_the_error_rate() {
     let tested: Vec<&Value> = metrics.iter().filter(|m| f(&m["alpha"]) > 0.0).collect();
     assert!(tested.len() >= 2, "{}", e.ctx());
     for m in &tested {
+        // The pairs run, at or after the metric's deciding look: the bound is tight when the
+        // pairs stop at the look that decided it (the demo's 6), looser after.
         let pairs = m["samples"].as_f64().unwrap();
         // Lan-DeMets, Pocock type: the share of alpha spent by `pairs` of the cap of 20.
         let by = (1.0 + (std::f64::consts::E - 1.0) * (pairs / 20.0).min(1.0)).ln();
