@@ -319,3 +319,55 @@ fn fixed_pairs_run_every_pair_and_the_policy_caps_repeat() {
     let err = refused_policy(&env, &policy, "bench", "[decision.bands]\n\"*_ms\" = -1\n");
     assert!(err.contains("bands") && err.contains("*_ms"), "{err}");
 }
+
+/// A counter constant at 0 on both sides proves no equivalence under a relative band (a
+/// counter firing in one run of five reads 0 on all six runs of 3 pairs half the time; a
+/// band relative to 0 has no scale): it stays inconclusive and the summary says to give it
+/// band 0, with which it is deterministic and 0 against 0 is equivalent exactly.
+#[test]
+fn a_counter_constant_at_zero_is_equivalent_only_with_band_zero() {
+    need_root!();
+    let env = Env::new("seq-zeros");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.errors]\ncommand = [\"sh\", \"-c\", \"echo '{\\\"errors\\\": 0}' > $FORK_REPORTS/m.json\"]\nmetrics = \"m.json\"\nbaseline = true\nrepeat = 6\n",
+    );
+    let policy = env.dir.join("zeros.toml");
+    let run = |bands: &str, name: &str| {
+        std::fs::write(
+            &policy,
+            format!("[decision]\nself_reported = \"accept\"\n{bands}"),
+        )
+        .unwrap();
+        evaluate(
+            &env,
+            &patch("noop-comment"),
+            &rt,
+            name,
+            &[
+                "--task",
+                "errors",
+                "--no-ledger",
+                "--policy",
+                policy.to_str().unwrap(),
+            ],
+        )
+    };
+    let relative = run("", "relative");
+    assert_eq!(relative.code, 2, "{}", relative.ctx());
+    let m = relative.metric("errors");
+    assert_eq!(m["class"], "inconclusive", "{m}");
+    assert!(
+        relative.summary().contains("give the metric band 0"),
+        "{}",
+        relative.ctx()
+    );
+    let exact = run("[decision.bands]\nerrors = 0.0\n", "band0");
+    assert_eq!(exact.code, 0, "{}", exact.ctx());
+    let m = exact.metric("errors");
+    assert_eq!(
+        (&m["class"], &m["alpha"]),
+        (&"equivalent".into(), &0.0.into()),
+        "{m}"
+    );
+}
