@@ -371,3 +371,72 @@ fn a_counter_constant_at_zero_is_equivalent_only_with_band_zero() {
         "{m}"
     );
 }
+
+/// A plan is approved whole or not at all, so a false decision in any of its tasks would be
+/// the verdict's: `alpha` is split over the plan's tasks that compare pairs (two here, each
+/// deciding a constant +50% change at the level its look allows: at most 0.025 of 0.05),
+/// and `[decision] alpha_scope = "task"` gives each task the whole `alpha` as before.
+#[test]
+fn alpha_holds_for_the_plan_unless_the_policy_says_per_task() {
+    need_root!();
+    let env = Env::new("seq-plan-alpha");
+    let task = |name: &str| {
+        format!(
+            "\n[tasks.{name}]\ngate = true\ncommand = ['sh', '-c', 'case $FORK_SIDE in patched*) v=15;; *) v=10;; esac; printf \"{{\\\"x\\\": %s}}\" $v > $FORK_REPORTS/m.json']\nmetrics = \"m.json\"\nbaseline = true\nrepeat = 6\n"
+        )
+    };
+    let rt = env.runtime("rt", &format!("{}{}", task("one"), task("two")));
+    // Only the two tasks above make the plan.
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let (head, tail) = toml.split_at(toml.find("\n[tasks.one]").unwrap());
+    std::fs::write(
+        rt.join("fork.toml"),
+        head.replace("gate = true\n", "") + tail,
+    )
+    .unwrap();
+    let policy = env.dir.join("plan.toml");
+    let run = |scope: &str, name: &str| {
+        std::fs::write(
+            &policy,
+            format!("[decision]\nself_reported = \"accept\"\n{scope}"),
+        )
+        .unwrap();
+        let e = evaluate(
+            &env,
+            &patch("noop-comment"),
+            &rt,
+            name,
+            &["--no-ledger", "--policy", policy.to_str().unwrap()],
+        );
+        assert_eq!(e.code, 0, "{}", e.ctx());
+        let plan: Vec<&str> = e.verdict["plan"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["task"].as_str().unwrap())
+            .collect();
+        assert_eq!(plan, ["one", "two"], "{}", e.ctx());
+        let levels: Vec<f64> = e.verdict["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .inspect(|m| assert_eq!(m["class"], "improved", "{m}"))
+            .map(|m| m["alpha"].as_f64().unwrap())
+            .collect();
+        assert!(!levels.is_empty(), "{}", e.ctx());
+        levels
+    };
+    for a in run("", "plan") {
+        assert!(a > 0.0 && a <= 0.025 * (1.0 + 1e-9), "{a}");
+    }
+    for a in run("alpha_scope = \"task\"\n", "task") {
+        assert!(a > 0.025, "{a}");
+    }
+    let err = refused_policy(
+        &env,
+        &policy,
+        "compress",
+        "[decision]\nalpha_scope = \"verdict\"\n",
+    );
+    assert!(err.contains("alpha_scope"), "{err}");
+}

@@ -9,7 +9,7 @@ use super::{check_interrupt, evidence, side, EvaluateError};
 use crate::budget::Exceeded;
 use crate::patch::Patch;
 use crate::sandbox::BudgetKind;
-use crate::verdict::decide::{decide, Assessed, Decision, DecisionRules};
+use crate::verdict::decide::{decide, AlphaScope, Assessed, Decision, DecisionRules};
 use crate::verdict::sequential::{self, Outcome};
 use crate::verdict::{ArtifactType, VerdictKind};
 use std::collections::BTreeMap;
@@ -72,7 +72,7 @@ pub fn run_task(
         .lower_is_better
         .extend(t.spec.lower_is_better.iter().cloned());
     let repeat = t.spec.repeat.max(1) as usize;
-    let paired = t.spec.baseline && repeat > 1;
+    let paired = compares_pairs(t);
     let cap = if paired {
         repeat.min(rules.max_pairs as usize)
     } else {
@@ -87,16 +87,25 @@ pub fn run_task(
     let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
     let mut baseline: Vec<RunResult> = Vec::new();
     let mut assessed: Vec<BTreeMap<String, Assessed>> = vec![BTreeMap::new(); replicas];
-    // The most severe replica's decision stands (below), so any replica's false finding
-    // would be the verdict's: each replica spends its share of `alpha` (Bonferroni), and
-    // the verdict's error rate holds over all of them.
-    let replica_alpha = rules.alpha / replicas as f64;
-    let mut spending = vec![sequential::Spending::new(replica_alpha, &schedule); replicas];
+    // The most severe replica's decision stands (below), and a plan is approved whole or
+    // not at all, so any replica's or any task's false finding would be the verdict's:
+    // each replica of each task that compares pairs spends its share of `alpha`
+    // (Bonferroni), and the verdict's error rate holds over all of them.
+    let tasks = match rules.alpha_scope {
+        AlphaScope::Plan => p.tasks.iter().filter(|t| compares_pairs(t)).count().max(1),
+        AlphaScope::Task => 1,
+    };
+    let share = Share {
+        alpha: rules.alpha,
+        replicas,
+        tasks,
+    };
+    let mut spending = vec![sequential::Spending::new(share.each(), &schedule); replicas];
     // A cap below what the rank test needs decides only constant metrics declared
     // deterministic: said before the first pair (the user may stop and raise it) and in
     // the verdict.
     let too_few = paired
-        .then(|| too_few_pairs(cap, repeat, &rules, replicas))
+        .then(|| too_few_pairs(cap, repeat, &rules, &share))
         .flatten();
     if let Some(why) = &too_few {
         tracing::warn!("task `{}`: {why}", t.name);
@@ -330,16 +339,53 @@ impl Settled {
     }
 }
 
+/// Whether a task compares pairs (a baseline and more than one run): its metrics are
+/// tested and spend `alpha`.
+fn compares_pairs(t: &TaskPlan) -> bool {
+    t.spec.baseline && t.spec.repeat > 1
+}
+
+/// A replica's share of the policy's `alpha`: split over the replicas and over the plan's
+/// tasks that compare pairs.
+struct Share {
+    alpha: f64,
+    replicas: usize,
+    tasks: usize,
+}
+
+impl Share {
+    fn each(&self) -> f64 {
+        self.alpha / (self.replicas * self.tasks) as f64
+    }
+
+    /// How the share came about, for the warning: "" when it is the whole `alpha`.
+    fn split(&self) -> String {
+        let over = match (self.tasks, self.replicas) {
+            (1, 1) => return String::new(),
+            (1, r) => format!("{r} replicas"),
+            (t, 1) => format!("{t} tasks that compare pairs"),
+            (t, r) => format!("{t} tasks that compare pairs and {r} replicas"),
+        };
+        format!(" (alpha {} split over {over})", shown(self.alpha))
+    }
+}
+
+/// A level as the warning shows it: at most 4 decimals, no trailing zeros.
+fn shown(x: f64) -> String {
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// Why `cap` pairs can never decide a metric that is tested (any but a constant one declared
 /// deterministic): the rank test's smallest p at `cap` pairs is not below half a replica's
-/// whole `alpha` (the most any one metric can be given), or None when it is.
+/// whole share of `alpha` (the most any one metric can be given), or None when it is.
 fn too_few_pairs(
     cap: usize,
     repeat: usize,
     rules: &DecisionRules,
-    replicas: usize,
+    share: &Share,
 ) -> Option<String> {
-    let a = rules.alpha / replicas as f64;
+    let a = share.each();
     let need = sequential::fewest_pairs(a);
     if need.is_some_and(|n| n <= cap) {
         return None;
@@ -349,18 +395,6 @@ fn too_few_pairs(
     } else {
         format!("repeat = {repeat}")
     };
-    let shown = |x: f64| {
-        let s = format!("{x:.4}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    };
-    let split = if replicas > 1 {
-        format!(
-            " (alpha {} split over {replicas} replicas)",
-            shown(rules.alpha)
-        )
-    } else {
-        String::new()
-    };
     let need = match need {
         Some(n) => format!("at least {n} pairs, more when several metrics are tested"),
         None => "more than 1000 pairs".into(),
@@ -368,8 +402,9 @@ fn too_few_pairs(
     Some(format!(
         "at most {cap} pairs ({limit}) are too few for the rank test to decide any metric it \
          tests (all but constant ones declared deterministic: band 0, or constant_changes = \
-         \"exact\") at alpha {}{split}: it needs {need}; such a metric stays inconclusive",
-        shown(a)
+         \"exact\") at alpha {}{}: it needs {need}; such a metric stays inconclusive",
+        shown(a),
+        share.split()
     ))
 }
 

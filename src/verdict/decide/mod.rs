@@ -59,7 +59,7 @@ use confidence::{
 };
 pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
-pub use rules::{ConstantChanges, DecisionRules, RulesError, SelfReported};
+pub use rules::{AlphaScope, ConstantChanges, DecisionRules, RulesError, SelfReported};
 
 /// One metric, as reported in the verdict's `metrics` array (the verdict's own type).
 pub use crate::verdict::Metric as MetricChange;

@@ -48,6 +48,8 @@ pub struct DecisionRules {
     pub sequential: bool,
     /// How two constant sides are decided (see [`ConstantChanges`]).
     pub constant_changes: ConstantChanges,
+    /// What `alpha` holds for: the verdict's whole plan, or each task (see [`AlphaScope`]).
+    pub alpha_scope: AlphaScope,
     /// Pairs (baseline + patched) of the first look (default 3, at least 2).
     pub min_pairs: u32,
     /// The most pairs any task runs, whatever its `repeat` (default 20).
@@ -69,6 +71,19 @@ pub enum ConstantChanges {
     /// Exactly, whatever the band, spending no `alpha` (the rule of the releases before
     /// this setting existed).
     Exact,
+}
+
+/// What the error rate `alpha` holds for (`[decision] alpha_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlphaScope {
+    /// The verdict: `alpha` is split evenly over the plan's tasks that compare pairs (a
+    /// false decision in any of them would be the verdict's, as one replica's is).
+    #[default]
+    Plan,
+    /// Each task on its own (the rule before this setting existed): a plan of `K` such
+    /// tasks can be fooled up to `K` times as often as `alpha` says.
+    Task,
 }
 
 /// How far self-reported evidence goes (`[decision] self_reported`).
@@ -325,6 +340,7 @@ impl Default for DecisionRules {
             informational: Vec::new(),
             sequential: true,
             constant_changes: ConstantChanges::Tested,
+            alpha_scope: AlphaScope::Plan,
             min_pairs: Self::DEFAULT_MIN_PAIRS,
             max_pairs: Self::DEFAULT_MAX_PAIRS,
         }
