@@ -90,8 +90,14 @@ fn swap_compressor_is_approved_on_the_judged_bench_in_fewer_pairs_than_the_cap()
         stopped.starts_with("every metric decided at look"),
         "{stopped}"
     );
-    // Each pair is a patched and a baseline run, each a subject and a judge sandbox.
-    assert_eq!(e.sandboxes.len(), 4 * n, "{:?}", e.sandboxes);
+    // Each pair is a patched and a baseline run, each a subject and a judge sandbox (and
+    // the first patched side prepared again when the baseline was drawn first).
+    assert_eq!(
+        e.sandboxes.len(),
+        4 * n + e.first_pair_extra(),
+        "{:?}",
+        e.sandboxes
+    );
     for m in metrics(&e) {
         assert_eq!(m["class"], "improved", "{m}");
         assert!(
@@ -310,7 +316,12 @@ fn fixed_pairs_run_every_pair_and_the_policy_caps_repeat() {
     // repeat = 20 in the manifest, max_pairs = 4 in the policy: 4 pairs, one look.
     let (n, stopped) = pairs_run(&e);
     assert_eq!(n, 4, "{}", e.ctx());
-    assert_eq!(e.sandboxes.len(), 16, "{:?}", e.sandboxes);
+    assert_eq!(
+        e.sandboxes.len(),
+        16 + e.first_pair_extra(),
+        "{:?}",
+        e.sandboxes
+    );
     assert!(
         stopped == "every metric decided at look 1 of 1 (4 pairs)" || stopped.contains("cap"),
         "{stopped}"
@@ -321,7 +332,7 @@ fn fixed_pairs_run_every_pair_and_the_policy_caps_repeat() {
 }
 
 /// A counter constant at 0 on both sides proves no equivalence under a relative band (a
-/// counter firing in one run of five reads 0 on all six runs of 3 pairs half the time; a
+/// counter firing in one run of five reads 0 on all six runs of 3 pairs a quarter of the time; a
 /// band relative to 0 has no scale): it stays inconclusive and the summary says to give it
 /// band 0, with which it is deterministic and 0 against 0 is equivalent exactly.
 #[test]

@@ -280,7 +280,8 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             "the patched side was prepared without its tree hashes".into(),
         ));
     };
-    let (source_hash, patched_tree_hash) = (tree.source_hash, Some(tree.deploy_hash));
+    let (source_hash, patched_tree_hash) =
+        (tree.source_hash.clone(), Some(tree.deploy_hash.clone()));
     crate::trace::mark("evaluate: patched side ready, trees hashed");
     // 4 EVALUATE every task of the plan, in order. A task that does not approve the patch
     // ends the plan: it is approved whole or not at all, and a metric gain never approves
@@ -290,6 +291,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         snap_dir: &snap_dir,
         patch: &parsed,
         staging: staging.path(),
+        tree: &tree,
     };
     let mut first = Some(first);
     let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();

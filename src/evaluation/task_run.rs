@@ -36,6 +36,9 @@ pub struct Sources<'a> {
     pub snap_dir: &'a Path,
     pub patch: &'a Patch,
     pub staging: &'a Path,
+    /// The patched tree the verdict names (the first patched side's): every patched side
+    /// prepared again must hold the same tree.
+    pub tree: &'a prepare::PatchedTree,
 }
 
 fn prepare_patched(
@@ -44,9 +47,30 @@ fn prepare_patched(
     s: &Sources<'_>,
 ) -> Result<Box<PreparedSide>, EvaluateError> {
     match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch))? {
-        prepare::Prepared::Ready(side) => Ok(side),
-        prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Internal(format!(
-            "the patch applied once and then not: {msg}"
+        prepare::Prepared::Ready(side) => {
+            // The runtime's source is copied again for every side: one the parent changed
+            // meanwhile is not the tree the verdict names, and no run of it may count.
+            let same = side.patched.as_ref().is_some_and(|h| {
+                h.source_hash == s.tree.source_hash && h.deploy_hash == s.tree.deploy_hash
+            });
+            if same {
+                return Ok(side);
+            }
+            let now = side.patched.as_ref().map(|h| h.source_hash.clone());
+            side.into_sandbox().destroy()?;
+            Err(EvaluateError::Input(format!(
+                "{}: the runtime's source tree changed during the evaluation (the patched \
+                 tree was {}, a later copy {}): no verdict is given on a tree that moved; \
+                 evaluate again once the parent's source holds still",
+                s.source_dir.display(),
+                s.tree.source_hash,
+                now.as_deref().unwrap_or("not hashed")
+            )))
+        }
+        prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Input(format!(
+            "{}: the patch applied to the runtime's source once and then not (the source \
+             changed during the evaluation): {msg}; evaluate again once it holds still",
+            s.source_dir.display()
         ))),
     }
 }
@@ -370,8 +394,11 @@ impl Share {
     }
 }
 
-/// A level as the warning shows it: at most 4 decimals, no trailing zeros.
+/// A level as the warning shows it: 3 significant digits, no trailing zeros.
 fn shown(x: f64) -> String {
+    if x > 0.0 && x < 0.001 {
+        return format!("{x:.2e}");
+    }
     let s = format!("{x:.4}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }

@@ -33,8 +33,8 @@
 //! 4-5 ms reads 4 on all six runs in 1 of 64), and the rank test prices that chance (fully
 //! separated sides of `n` pairs: `1 / C(2n, n)`, 1/20 at 3 pairs, 1/924 at 6; equal sides
 //! against the baseline shifted by the band alike). Sides constant at 0 are no exception:
-//! a counter that fires in one run of five reads 0 on three runs of each side half the
-//! time; without a declared band of 0 they stay inconclusive (see below).
+//! a counter that fires in one run of five reads 0 on all six runs of 3 pairs a quarter of
+//! the time; without a declared band of 0 they stay inconclusive (see below).
 //!
 //! **A zero baseline.** With a baseline median of 0 a relative band has no scale: only a
 //! change beyond 0 can be shown (the rank test against the unshifted baseline, the
@@ -381,7 +381,7 @@ mod tests {
             Outcome::Inconclusive
         );
         // ... so a look at 2 pairs spends nothing: its share passes on.
-        let mut s = Spending::new(0.45, &[2, 4]);
+        let mut s = Spending::new(0.45, &looks(2, 3));
         s.level(0, 1);
         assert_eq!(s.spent(), 0.0);
         // What it promises: at that many pairs a fully separated change is decided, at one
@@ -418,8 +418,8 @@ mod tests {
         assert_eq!((from0.outcome, from0.ci), (Outcome::Higher, None));
         // Two sides constant at 0: equivalent exactly when declared deterministic; else a
         // relative band has no scale there, and no test can show them equivalent (a
-        // counter firing in one run of five reads 0 on all six runs of 3 pairs half the
-        // time).
+        // counter firing in one run of five reads 0 on all six runs of 3 pairs a quarter
+        // of the time).
         let zeros = assess(&[0.0; 3], &[0.0; 3], 0.01, a, true);
         assert_eq!((zeros.outcome, zeros.exact), (Outcome::Equivalent, true));
         let zeros = assess(&[0.0; 10], &[0.0; 10], 0.01, 0.05, false);

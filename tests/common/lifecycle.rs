@@ -239,6 +239,16 @@ pub struct Eval {
 }
 
 impl Eval {
+    /// The sandboxes the evaluation's first pair added beyond its two sides: 1 when it drew
+    /// its baseline first (the patched side prepared where the patch was tried is removed
+    /// unrun and prepared again after the baseline), replayed from the recorded order seed.
+    pub fn first_pair_extra(&self) -> usize {
+        let seed = self.verdict["metrics"][0]["order_seed"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no order_seed recorded: {}", self.ctx()));
+        usize::from(fork::verdict::sequential::baseline_first(seed, 0))
+    }
+
     pub fn summary(&self) -> &str {
         self.verdict["evaluation_summary"].as_str().unwrap_or("")
     }

@@ -42,8 +42,9 @@ fn swap_compressor_is_approved_and_improves_compression() {
     assert!((3..=20).contains(&pairs), "{}", e.ctx());
     assert_eq!(
         e.sandboxes.len(),
-        2 * pairs,
-        "{pairs} x (patched + baseline): {:?}",
+        2 * pairs + e.first_pair_extra(),
+        "{pairs} x (patched + baseline), and the first patched side again when the \
+         baseline was drawn first: {:?}",
         e.sandboxes
     );
     let metrics = e.verdict["metrics"].as_array().expect("metrics");
@@ -220,4 +221,59 @@ fn hostile_escape_is_contained() {
         "the parent's state changed"
     );
     assert!(!demo().join("state/ESCAPED").exists());
+}
+
+/// Every side copies the runtime's source afresh: a parent that changes its source during
+/// the evaluation would have later pairs run another tree than the one the verdict names.
+/// Every patched side prepared again is checked against the first one's hashes; a change
+/// ends the evaluation as bad input naming the source (no verdict on a tree that moved),
+/// with nothing left behind. The source changes once the first run has started (its
+/// sandbox's init recorded), while that run sleeps.
+#[test]
+fn a_source_tree_changed_mid_evaluation_gives_no_verdict() {
+    need_default_policy!();
+    let env = Env::new("ev-source-moved");
+    let rt = env.runtime(
+        "rt",
+        "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\nbaseline = true\nrepeat = 3\n",
+    );
+    let (run_root, readme) = (env.run_root.clone(), rt.join("README.md"));
+    let changer = std::thread::spawn(move || {
+        let began = Instant::now();
+        let run_started = || {
+            std::fs::read_dir(&run_root).is_ok_and(|rd| {
+                rd.flatten().any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("fork-")
+                        && !name.starts_with("fork-eval-")
+                        && std::fs::read_to_string(e.path().join("meta.json")).is_ok_and(|m| {
+                            m.contains("\"init_pid\":") && !m.contains("\"init_pid\":null")
+                        })
+                })
+            })
+        };
+        while !run_started() && began.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut text = std::fs::read_to_string(&readme).unwrap();
+        text.push_str("\nedited by the parent mid-evaluation\n");
+        std::fs::write(&readme, text).unwrap();
+    });
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "moved",
+        &["--task", "slow", "--no-ledger"],
+    );
+    changer.join().unwrap();
+    assert_eq!(e.code, 65, "{}", e.ctx());
+    assert!(
+        e.stderr
+            .contains("the runtime's source tree changed during the evaluation")
+            && e.stderr.contains("evaluate again"),
+        "{}",
+        e.ctx()
+    );
+    assert!(e.verdict.is_null(), "no verdict: {}", e.ctx());
 }

@@ -57,8 +57,8 @@ pub struct DecisionRules {
 }
 
 /// How a metric constant on both sides is decided (`[decision] constant_changes`), whether
-/// the sides agree within its band or not. Two sides constant at 0 are equivalent either
-/// way (a relative band has no scale at 0).
+/// the sides agree within its band or not (sides constant at 0 too: with `Tested` and a
+/// band that is not 0 they stay inconclusive, as a relative band has no scale at 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConstantChanges {
