@@ -66,7 +66,7 @@ pub fn run_judged(
         .clone()
         .ok_or_else(|| EvaluateError::Internal("a judged run without a judge".into()))?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
-    let mut judge_sb = match prepare_side(p, t, &source_dir, &staging.join("state"), None)? {
+    let mut judge_sb = match prepare_side(p, t, &source_dir, &staging.join("state"), None, None)? {
         Prepared::Ready(side) => side.into_sandbox(),
         Prepared::DidNotApply(m, _) => {
             return Err(EvaluateError::Internal(format!(

@@ -249,8 +249,14 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         .tasks
         .first()
         .ok_or_else(|| EvaluateError::Internal("an empty evaluation plan".into()))?;
-    let first = match prepare::prepare_side(&p, first_task, &source_dir, &snap_dir, Some(&parsed))?
-    {
+    let first = match prepare::prepare_side(
+        &p,
+        first_task,
+        &source_dir,
+        &snap_dir,
+        Some(&parsed),
+        Some(&cache_key.source_hash),
+    )? {
         prepare::Prepared::Ready(side) => side,
         prepare::Prepared::DidNotApply(msg, h) => {
             let evidence = Evidence {
@@ -292,6 +298,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         patch: &parsed,
         staging: staging.path(),
         tree: &tree,
+        source_hash: &cache_key.source_hash,
     };
     let mut first = Some(first);
     let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();

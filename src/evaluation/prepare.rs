@@ -49,14 +49,28 @@ fn refused(what: &'static str) -> impl Fn(String) -> EvaluateError {
     move |e| EvaluateError::Input(format!("copying {what} of the runtime: {e}"))
 }
 
+/// The error of a side whose copy of the runtime's source is not the tree the evaluation
+/// began with (`was`): the parent changed its source meanwhile. No run of it may count.
+pub fn source_moved(source_dir: &Path, was: &str, now: &str) -> EvaluateError {
+    EvaluateError::Input(format!(
+        "{}: the runtime's source tree changed during the evaluation (it was {was}, a later \
+         copy {now}): no verdict is given on a tree that moved; evaluate again once the \
+         parent's source holds still",
+        source_dir.display()
+    ))
+}
+
 /// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
-/// `patch` is given), the tools and the state snapshot.
+/// `patch` is given), the tools and the state snapshot. `source_is`: the hash the copied
+/// source (before any patch) must have, the tree the evaluation began with (a side whose
+/// patched tree is compared instead, or a judge's, passes None).
 pub fn prepare_side(
     p: &Plan,
     t: &TaskPlan,
     source_dir: &Path,
     snap_dir: &Path,
     patch: Option<&Patch>,
+    source_is: Option<&str>,
 ) -> Result<Prepared, EvaluateError> {
     // Every sandbox of the evaluation is served the parent's protected tree read-only
     // (snapshotted next to the state: `<staging>/state` and `<staging>/protected`).
@@ -99,6 +113,14 @@ pub fn prepare_side(
         .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
     crate::trace::mark("side: trees copied");
     check_interrupt()?;
+    if let Some(was) = source_is {
+        let now =
+            tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+        if now != was {
+            sb.destroy()?;
+            return Err(source_moved(source_dir, was, &now));
+        }
+    }
     // 3 PATCH (the patched side only).
     if let Some(patch) = patch {
         if let Err(e) = patch::apply(&ws.src(), patch) {

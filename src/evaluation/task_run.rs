@@ -39,6 +39,9 @@ pub struct Sources<'a> {
     /// The patched tree the verdict names (the first patched side's): every patched side
     /// prepared again must hold the same tree.
     pub tree: &'a prepare::PatchedTree,
+    /// The runtime's source tree the evaluation began with (the cache key's): every
+    /// baseline side's copy must be it.
+    pub source_hash: &'a str,
 }
 
 fn prepare_patched(
@@ -46,7 +49,7 @@ fn prepare_patched(
     t: &TaskPlan,
     s: &Sources<'_>,
 ) -> Result<Box<PreparedSide>, EvaluateError> {
-    match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch))? {
+    match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch), None)? {
         prepare::Prepared::Ready(side) => {
             // The runtime's source is copied again for every side: one the parent changed
             // meanwhile is not the tree the verdict names, and no run of it may count.
@@ -58,14 +61,11 @@ fn prepare_patched(
             }
             let now = side.patched.as_ref().map(|h| h.source_hash.clone());
             side.into_sandbox().destroy()?;
-            Err(EvaluateError::Input(format!(
-                "{}: the runtime's source tree changed during the evaluation (the patched \
-                 tree was {}, a later copy {}): no verdict is given on a tree that moved; \
-                 evaluate again once the parent's source holds still",
-                s.source_dir.display(),
-                s.tree.source_hash,
-                now.as_deref().unwrap_or("not hashed")
-            )))
+            Err(prepare::source_moved(
+                s.source_dir,
+                &format!("patched {}", s.tree.source_hash),
+                &now.map_or("not hashed".into(), |h| format!("patched {h}")),
+            ))
         }
         prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Input(format!(
             "{}: the patch applied to the runtime's source once and then not (the source \
@@ -326,7 +326,7 @@ fn run_baseline(
     baseline: &mut Vec<RunResult>,
 ) -> Result<(), EvaluateError> {
     if let prepare::Prepared::Ready(side) =
-        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None)?
+        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, Some(s.source_hash))?
     {
         baseline.push(side::run_side(
             p,

@@ -224,19 +224,44 @@ fn hostile_escape_is_contained() {
 }
 
 /// Every side copies the runtime's source afresh: a parent that changes its source during
-/// the evaluation would have later pairs run another tree than the one the verdict names.
-/// Every patched side prepared again is checked against the first one's hashes; a change
-/// ends the evaluation as bad input naming the source (no verdict on a tree that moved),
-/// with nothing left behind. The source changes once the first run has started (its
-/// sandbox's init recorded), while that run sleeps.
+/// the evaluation would have later runs use another tree than the one the verdict names
+/// (or, on the baseline side, than the one the evaluation began with). Every patched side
+/// prepared again is checked against the first one's patched tree, every baseline side
+/// (and the first patched side, before its patch) against the source hashed when the
+/// evaluation began; a change ends the evaluation as bad input naming the source (no
+/// verdict on a tree that moved), with nothing left behind. The source changes once the
+/// first run has started (its sandbox's init recorded), while that run sleeps: with 3
+/// pairs the next patched side meets it whatever the order; with one pair, the side after
+/// the first run is the baseline half the time, so five single-pair evaluations are run
+/// (each must end without a verdict; without the baseline's check all five would pass
+/// by chance once in 32).
 #[test]
 fn a_source_tree_changed_mid_evaluation_gives_no_verdict() {
     need_default_policy!();
     let env = Env::new("ev-source-moved");
-    let rt = env.runtime(
-        "rt",
-        "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\nbaseline = true\nrepeat = 3\n",
-    );
+    for (i, repeat) in [3, 1, 1, 1, 1, 1].into_iter().enumerate() {
+        let rt = env.runtime(
+            &format!("rt{i}"),
+            &format!(
+                "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\nbaseline = true\nrepeat = {repeat}\n"
+            ),
+        );
+        let e = source_changed_during(&env, &rt, &format!("moved{i}"));
+        assert_eq!(e.code, 65, "repeat {repeat}: {}", e.ctx());
+        assert!(
+            e.stderr
+                .contains("the runtime's source tree changed during the evaluation")
+                && e.stderr.contains("evaluate again"),
+            "{}",
+            e.ctx()
+        );
+        assert!(e.verdict.is_null(), "no verdict: {}", e.ctx());
+    }
+}
+
+/// Evaluates `--task slow` on `rt`, editing its README (part of its source) once the
+/// first run has started.
+fn source_changed_during(env: &Env, rt: &Path, name: &str) -> Eval {
     let (run_root, readme) = (env.run_root.clone(), rt.join("README.md"));
     let changer = std::thread::spawn(move || {
         let began = Instant::now();
@@ -260,20 +285,12 @@ fn a_source_tree_changed_mid_evaluation_gives_no_verdict() {
         std::fs::write(&readme, text).unwrap();
     });
     let e = evaluate(
-        &env,
+        env,
         &patch("noop-comment"),
-        &rt,
-        "moved",
+        rt,
+        name,
         &["--task", "slow", "--no-ledger"],
     );
     changer.join().unwrap();
-    assert_eq!(e.code, 65, "{}", e.ctx());
-    assert!(
-        e.stderr
-            .contains("the runtime's source tree changed during the evaluation")
-            && e.stderr.contains("evaluate again"),
-        "{}",
-        e.ctx()
-    );
-    assert!(e.verdict.is_null(), "no verdict: {}", e.ctx());
+    e
 }
