@@ -117,7 +117,11 @@ pub fn prepare_side(
         let now =
             tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
         if now != was {
-            sb.destroy()?;
+            // The moved tree is the error to report; a sandbox that would not go is said
+            // beside it.
+            if let Err(e) = sb.destroy() {
+                tracing::error!("destroying the sandbox of a moved source tree: {e}");
+            }
             return Err(source_moved(source_dir, was, &now));
         }
     }

@@ -60,7 +60,9 @@ fn prepare_patched(
                 return Ok(side);
             }
             let now = side.patched.as_ref().map(|h| h.source_hash.clone());
-            side.into_sandbox().destroy()?;
+            if let Err(e) = side.into_sandbox().destroy() {
+                tracing::error!("destroying the sandbox of a moved source tree: {e}");
+            }
             Err(prepare::source_moved(
                 s.source_dir,
                 &format!("patched {}", s.tree.source_hash),

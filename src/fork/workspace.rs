@@ -315,13 +315,16 @@ fn put_bytes(h: &mut Sha256, bytes: &[u8]) {
 /// A deterministic `sha256:<hex>` of the tree under `dir`: over every entry, sorted by
 /// relative path bytes, its type, its path, and for regular files the owner-execute bit
 /// and the sha256 of the contents, for symlinks the target (never followed). Other modes,
-/// owners and timestamps do not count. Devices, FIFOs and sockets count by type and name.
+/// owners and timestamps do not count, nor do devices, FIFOs and sockets, which a copy
+/// never holds: the hash of a tree is the hash of its copy (before this release they
+/// counted by type and name, so a runtime whose source held a socket hashed otherwise
+/// than every copy of it).
 pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
     tree_hash_excluding(dir, &[])
 }
 
-/// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it
-/// (special files aside): the hash of the source a successor would get, without copying.
+/// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it:
+/// the hash of the source a successor would get, without copying.
 pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
     hash_tree(&Tree::open(dir)?, exclude)
 }
@@ -367,10 +370,8 @@ fn hash_entries(entries: &[crate::fork::tree::Scanned]) -> String {
             Node::Dir { .. } => b"D",
             Node::File { .. } => b"F",
             Node::Link(_) => b"L",
-            Node::Fifo => b"P",
-            Node::Socket => b"S",
-            Node::Char => b"C",
-            Node::Block => b"B",
+            // Never copied (`copy_tree` skips them), so never hashed.
+            Node::Fifo | Node::Socket | Node::Char | Node::Block => continue,
         };
         h.update(tag);
         put_bytes(&mut h, rel.as_os_str().as_bytes());

@@ -53,6 +53,25 @@ fn workspace_layout() {
     ws.remove().unwrap();
 }
 
+/// The live tree's hash (read beneath its root, as the evaluation hashes the parent's
+/// source) is its copy's, special files and exclusions included: the evaluation compares
+/// the two to see that the parent's source did not move.
+#[test]
+fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("rt/src");
+    sample_tree(&from);
+    let sock = from.join("a/app.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let excl = vec![".git".to_string(), "state".to_string()];
+    let to = dir.path().join("copy");
+    let stats = copy_tree(&from, &to, &excl).unwrap();
+    assert_eq!(stats.special_skipped, 2, "{stats:?}");
+    let live = tree_hash_beneath(&dir.path().join("rt"), Path::new("src"), &excl).unwrap();
+    assert_eq!(live, tree_hash(&to).unwrap());
+    assert_eq!(live, tree_hash_excluding(&from, &excl).unwrap());
+}
+
 #[test]
 fn copy_tree_keeps_links_modes_and_skips_specials() {
     let dir = tempfile::tempdir().unwrap();

@@ -230,8 +230,8 @@ fn hostile_escape_is_contained() {
 /// (and the first patched side, before its patch) against the source hashed when the
 /// evaluation began; a change ends the evaluation as bad input naming the source (no
 /// verdict on a tree that moved), with nothing left behind. The source changes once the
-/// first run has started (its sandbox's init recorded), while that run sleeps: with 3
-/// pairs the next patched side meets it whatever the order; with one pair, the side after
+/// first run has started (its sandbox's init recorded), while that run sleeps (2 s): the
+/// next side prepared meets it, a baseline or a patched one; with one pair, the side after
 /// the first run is the baseline half the time, so five single-pair evaluations are run
 /// (each must end without a verdict; without the baseline's check all five would pass
 /// by chance once in 32).
@@ -243,7 +243,7 @@ fn a_source_tree_changed_mid_evaluation_gives_no_verdict() {
         let rt = env.runtime(
             &format!("rt{i}"),
             &format!(
-                "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\nbaseline = true\nrepeat = {repeat}\n"
+                "\n[tasks.slow]\ncommand = [\"sh\", \"-c\", \"sleep 2\"]\nbaseline = true\nrepeat = {repeat}\n"
             ),
         );
         let e = source_changed_during(&env, &rt, &format!("moved{i}"));
