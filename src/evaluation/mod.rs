@@ -212,11 +212,16 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // The cache's key needs the parent's source tree hashed: that runs beside the stores'
     // snapshot when it reads no store.
     let hash_source = || {
-        let h = parent_source_hash(&p)?;
+        let listing = crate::fork::TreeListing::beneath(
+            &p.runtime,
+            &p.manifest.runtime.source,
+            &p.manifest.runtime.exclude,
+        )
+        .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
         crate::trace::mark("evaluate: parent source hashed");
-        Ok(h)
+        Ok(listing)
     };
-    let (snap_dir, state_hash, state_check, parent_source_hash) =
+    let (snap_dir, state_hash, state_check, source) =
         staging::snapshot_state(&p, &staging, hash_source)?;
     crate::trace::mark("evaluate: state and protected tree snapshotted");
 
@@ -226,7 +231,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     let cache_key = crate::ledger::CacheKey {
         patch_hash: p.patch_hash.clone(),
         state_hash: state_hash.clone(),
-        source_hash: parent_source_hash,
+        source_hash: source.hash.clone(),
         task_hash: p.task_hash.clone(),
         policy_hash: p.policy_hash.clone(),
     };
@@ -255,7 +260,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         &source_dir,
         &snap_dir,
         Some(&parsed),
-        Some(&cache_key.source_hash),
+        Some(&source),
     )? {
         prepare::Prepared::Ready(side) => side,
         prepare::Prepared::DidNotApply(msg, h) => {
@@ -298,7 +303,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         patch: &parsed,
         staging: staging.path(),
         tree: &tree,
-        source_hash: &cache_key.source_hash,
+        source: &source,
     };
     let mut first = Some(first);
     let mut runs: Vec<Result<task_run::TaskRun, String>> = Vec::new();

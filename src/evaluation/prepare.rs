@@ -5,7 +5,7 @@
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{
-    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, tree_hash, Workspace,
+    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, tree_hash, TreeListing, Workspace,
 };
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
@@ -50,27 +50,28 @@ fn refused(what: &'static str) -> impl Fn(String) -> EvaluateError {
 }
 
 /// The error of a side whose copy of the runtime's source is not the tree the evaluation
-/// began with (`was`): the parent changed its source meanwhile. No run of it may count.
-pub fn source_moved(source_dir: &Path, was: &str, now: &str) -> EvaluateError {
+/// began with: the parent changed its source meanwhile (`what`: the paths, or the hashes).
+/// No run of it may count.
+pub fn source_moved(source_dir: &Path, what: &str) -> EvaluateError {
     EvaluateError::Input(format!(
-        "{}: the runtime's source tree changed during the evaluation (it was {was}, a later \
-         copy {now}): no verdict is given on a tree that moved; evaluate again once the \
-         parent's source holds still",
+        "{}: the runtime's source tree changed during the evaluation ({what}): no verdict is \
+         given on a tree that moved; evaluate again once the parent's source holds still, \
+         and list what the running parent writes there in the manifest's `exclude`",
         source_dir.display()
     ))
 }
 
 /// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
-/// `patch` is given), the tools and the state snapshot. `source_is`: the hash the copied
-/// source (before any patch) must have, the tree the evaluation began with (a side whose
-/// patched tree is compared instead, or a judge's, passes None).
+/// `patch` is given), the tools and the state snapshot. `source_is`: the tree the copied
+/// source (before any patch) must be, the one the evaluation began with (a judge's side
+/// passes None).
 pub fn prepare_side(
     p: &Plan,
     t: &TaskPlan,
     source_dir: &Path,
     snap_dir: &Path,
     patch: Option<&Patch>,
-    source_is: Option<&str>,
+    source_is: Option<&TreeListing>,
 ) -> Result<Prepared, EvaluateError> {
     // Every sandbox of the evaluation is served the parent's protected tree read-only
     // (snapshotted next to the state: `<staging>/state` and `<staging>/protected`).
@@ -114,15 +115,25 @@ pub fn prepare_side(
     crate::trace::mark("side: trees copied");
     check_interrupt()?;
     if let Some(was) = source_is {
-        let now =
-            tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
-        if now != was {
+        let now = TreeListing::of(&ws.src())
+            .map_err(|e| internal("hashing the source")(e.to_string()))?;
+        if now.hash != was.hash {
             // The moved tree is the error to report; a sandbox that would not go is said
             // beside it.
             if let Err(e) = sb.destroy() {
                 tracing::error!("destroying the sandbox of a moved source tree: {e}");
             }
-            return Err(source_moved(source_dir, was, &now));
+            let changed: Vec<String> = was
+                .changed(&now, 5)
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            let what = if changed.is_empty() {
+                format!("it hashed {}, a later copy {}", was.hash, now.hash)
+            } else {
+                format!("changed: {}", changed.join(", "))
+            };
+            return Err(source_moved(source_dir, &what));
         }
     }
     // 3 PATCH (the patched side only).

@@ -40,8 +40,8 @@ pub struct Sources<'a> {
     /// prepared again must hold the same tree.
     pub tree: &'a prepare::PatchedTree,
     /// The runtime's source tree the evaluation began with (the cache key's): every
-    /// baseline side's copy must be it.
-    pub source_hash: &'a str,
+    /// side's copy, before any patch, must be it.
+    pub source: &'a crate::fork::TreeListing,
 }
 
 fn prepare_patched(
@@ -49,7 +49,14 @@ fn prepare_patched(
     t: &TaskPlan,
     s: &Sources<'_>,
 ) -> Result<Box<PreparedSide>, EvaluateError> {
-    match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch), None)? {
+    match prepare::prepare_side(
+        p,
+        t,
+        s.source_dir,
+        s.snap_dir,
+        Some(s.patch),
+        Some(s.source),
+    )? {
         prepare::Prepared::Ready(side) => {
             // The runtime's source is copied again for every side: one the parent changed
             // meanwhile is not the tree the verdict names, and no run of it may count.
@@ -65,8 +72,11 @@ fn prepare_patched(
             }
             Err(prepare::source_moved(
                 s.source_dir,
-                &format!("patched {}", s.tree.source_hash),
-                &now.map_or("not hashed".into(), |h| format!("patched {h}")),
+                &format!(
+                    "the patched tree hashed {}, a later one {}",
+                    s.tree.source_hash,
+                    now.as_deref().unwrap_or("not at all")
+                ),
             ))
         }
         prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Input(format!(
@@ -328,7 +338,7 @@ fn run_baseline(
     baseline: &mut Vec<RunResult>,
 ) -> Result<(), EvaluateError> {
     if let prepare::Prepared::Ready(side) =
-        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, Some(s.source_hash))?
+        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, Some(s.source))?
     {
         baseline.push(side::run_side(
             p,

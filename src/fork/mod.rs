@@ -35,5 +35,5 @@ pub use snapshot::{
 };
 pub use workspace::{
     copy_tree, deploy_tree_hash, remove_tree, tree_and_deploy_hashes, tree_hash, CopyStats,
-    Workspace, WorkspaceError,
+    TreeListing, Workspace, WorkspaceError,
 };

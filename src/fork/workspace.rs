@@ -339,6 +339,85 @@ pub fn tree_hash_beneath(
     hash_tree(&Tree::beneath(root, rel)?, exclude)
 }
 
+/// A source tree as an evaluation began with it: its [`tree_hash`] and its entries, so
+/// that a later copy that hashes otherwise can be told what changed.
+#[derive(Debug, Clone)]
+pub struct TreeListing {
+    /// The tree's [`tree_hash`].
+    pub hash: String,
+    entries: Vec<crate::fork::tree::Scanned>,
+}
+
+impl TreeListing {
+    /// The tree `rel` beneath `root` without the `exclude` globs, read as
+    /// [`tree_hash_beneath`] reads it (its hash is that hash).
+    pub fn beneath(root: &Path, rel: &Path, exclude: &[String]) -> Result<Self, WorkspaceError> {
+        Ok(Self::of_entries(
+            Tree::beneath(root, rel)?.scan(&build_excludes(exclude)?)?,
+        ))
+    }
+
+    /// Everything under `dir` (its hash is [`tree_hash`]).
+    pub fn of(dir: &Path) -> Result<Self, WorkspaceError> {
+        Ok(Self::of_entries(Tree::open(dir)?.scan(&GlobSet::empty())?))
+    }
+
+    fn of_entries(mut entries: Vec<crate::fork::tree::Scanned>) -> Self {
+        entries.retain(|(_, node, _)| !is_special(node));
+        TreeListing {
+            hash: hash_entries(&entries),
+            entries,
+        }
+    }
+
+    /// The paths whose entries differ between `self` and `other`, as the hash counts
+    /// them (added, removed, or changed in type, contents, owner-execute bit or link
+    /// target), in path order, at most `max`.
+    pub fn changed(&self, other: &TreeListing, max: usize) -> Vec<PathBuf> {
+        use std::cmp::Ordering::*;
+        let counted = |(_, node, digest): &crate::fork::tree::Scanned| match node {
+            Node::File { mode } => (b'F', mode & 0o100 != 0, None, *digest),
+            Node::Link(t) => (b'L', false, Some(t.clone()), None),
+            _ => (b'D', false, None, None),
+        };
+        let (a, b) = (&self.entries, &other.entries);
+        let (mut i, mut j, mut out) = (0, 0, Vec::new());
+        while out.len() < max {
+            let (x, y) = (a.get(i), b.get(j));
+            let order = match (x, y) {
+                (None, None) => break,
+                (Some(_), None) => Less,
+                (None, Some(_)) => Greater,
+                (Some(x), Some(y)) => x.0.as_os_str().as_bytes().cmp(y.0.as_os_str().as_bytes()),
+            };
+            match (order, x, y) {
+                (Less, Some(x), _) => {
+                    out.push(x.0.clone());
+                    i += 1;
+                }
+                (Greater, _, Some(y)) => {
+                    out.push(y.0.clone());
+                    j += 1;
+                }
+                (_, Some(x), Some(y)) => {
+                    if counted(x) != counted(y) {
+                        out.push(x.0.clone());
+                    }
+                    i += 1;
+                    j += 1;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+/// Devices, FIFOs and sockets: never copied, never hashed.
+fn is_special(node: &Node) -> bool {
+    matches!(node, Node::Fifo | Node::Socket | Node::Char | Node::Block)
+}
+
 fn hash_tree(tree: &Tree, exclude: &[String]) -> Result<String, WorkspaceError> {
     Ok(hash_entries(&tree.scan(&build_excludes(exclude)?)?))
 }

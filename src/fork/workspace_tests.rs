@@ -70,6 +70,23 @@ fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
     let live = tree_hash_beneath(&dir.path().join("rt"), Path::new("src"), &excl).unwrap();
     assert_eq!(live, tree_hash(&to).unwrap());
     assert_eq!(live, tree_hash_excluding(&from, &excl).unwrap());
+    // The listings agree, and name what changes.
+    let was = TreeListing::beneath(&dir.path().join("rt"), Path::new("src"), &excl).unwrap();
+    assert_eq!(was.hash, live);
+    assert!(was.changed(&TreeListing::of(&to).unwrap(), 5).is_empty());
+    fs::write(to.join("a/one.txt"), b"ONE").unwrap();
+    fs::write(to.join("a/new.txt"), b"new").unwrap();
+    fs::remove_file(to.join("run.sh")).unwrap();
+    fs::set_permissions(to.join("a/b/two.py"), fs::Permissions::from_mode(0o755)).unwrap();
+    let now = TreeListing::of(&to).unwrap();
+    assert_ne!(now.hash, live);
+    let names =
+        |v: Vec<PathBuf>| -> Vec<String> { v.iter().map(|p| p.display().to_string()).collect() };
+    assert_eq!(
+        names(was.changed(&now, 5)),
+        ["a/b/two.py", "a/new.txt", "a/one.txt", "run.sh"]
+    );
+    assert_eq!(names(was.changed(&now, 2)), ["a/b/two.py", "a/new.txt"]);
 }
 
 #[test]

@@ -251,6 +251,7 @@ fn a_source_tree_changed_mid_evaluation_gives_no_verdict() {
         assert!(
             e.stderr
                 .contains("the runtime's source tree changed during the evaluation")
+                && e.stderr.contains("(changed: README.md)")
                 && e.stderr.contains("evaluate again"),
             "{}",
             e.ctx()
