@@ -58,6 +58,7 @@ pub fn run_judged(
     subject: &mut Sandbox,
     subject_env: &[(String, String)],
     staging: &Path,
+    source: &crate::fork::TreeListing,
     stage: &Stager<'_>,
 ) -> Result<RunResult, EvaluateError> {
     let judge_argv = t
@@ -66,7 +67,8 @@ pub fn run_judged(
         .clone()
         .ok_or_else(|| EvaluateError::Internal("a judged run without a judge".into()))?;
     let source_dir = p.runtime.join(&p.manifest.runtime.source);
-    let mut judge_sb = match prepare_side(p, t, &source_dir, &staging.join("state"), None, None)? {
+    let mut judge_sb = match prepare_side(p, t, &source_dir, &staging.join("state"), None, source)?
+    {
         Prepared::Ready(side) => side.into_sandbox(),
         Prepared::DidNotApply(m, _) => {
             return Err(EvaluateError::Internal(format!(

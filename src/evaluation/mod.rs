@@ -260,7 +260,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         &source_dir,
         &snap_dir,
         Some(&parsed),
-        Some(&source),
+        &source,
     )? {
         prepare::Prepared::Ready(side) => side,
         prepare::Prepared::DidNotApply(msg, h) => {

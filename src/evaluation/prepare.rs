@@ -5,7 +5,7 @@
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{
-    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, tree_hash, TreeListing, Workspace,
+    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, TreeListing, Workspace,
 };
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
@@ -15,8 +15,8 @@ use std::path::Path;
 pub struct PreparedSide {
     pub sb: Sandbox,
     pub ws: Workspace,
-    /// The patched tree's hashes (the patched side only: the baseline's and a judge's
-    /// unpatched copies are never hashed again).
+    /// The patched tree's hashes (the patched side only; every side's copy was compared
+    /// with the source the evaluation began with before any patch).
     pub patched: Option<PatchedTree>,
 }
 
@@ -63,15 +63,15 @@ pub fn source_moved(source_dir: &Path, what: &str) -> EvaluateError {
 
 /// FORK (and PATCH) for one run: a sandbox whose workspace holds the source (patched when
 /// `patch` is given), the tools and the state snapshot. `source_is`: the tree the copied
-/// source (before any patch) must be, the one the evaluation began with (a judge's side
-/// passes None).
+/// source (before any patch) must be, the one the evaluation began with (every side's, a
+/// judge's too).
 pub fn prepare_side(
     p: &Plan,
     t: &TaskPlan,
     source_dir: &Path,
     snap_dir: &Path,
     patch: Option<&Patch>,
-    source_is: Option<&TreeListing>,
+    source_is: &TreeListing,
 ) -> Result<Prepared, EvaluateError> {
     // Every sandbox of the evaluation is served the parent's protected tree read-only
     // (snapshotted next to the state: `<staging>/state` and `<staging>/protected`).
@@ -114,35 +114,34 @@ pub fn prepare_side(
         .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
     crate::trace::mark("side: trees copied");
     check_interrupt()?;
-    if let Some(was) = source_is {
-        let now = TreeListing::of(&ws.src())
-            .map_err(|e| internal("hashing the source")(e.to_string()))?;
-        if now.hash != was.hash {
-            // The moved tree is the error to report; a sandbox that would not go is said
-            // beside it.
-            if let Err(e) = sb.destroy() {
-                tracing::error!("destroying the sandbox of a moved source tree: {e}");
-            }
-            let changed: Vec<String> = was
-                .changed(&now, 5)
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            let what = if changed.is_empty() {
-                format!("it hashed {}, a later copy {}", was.hash, now.hash)
-            } else {
-                format!("changed: {}", changed.join(", "))
-            };
-            return Err(source_moved(source_dir, &what));
+    // The copy is the source the evaluation began with, or no run of it may count.
+    let now =
+        TreeListing::of(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    if now.hash != source_is.hash {
+        // The moved tree is the error to report; a sandbox that would not go is said
+        // beside it.
+        if let Err(e) = sb.destroy() {
+            tracing::error!("destroying the sandbox of a moved source tree: {e}");
         }
+        let changed: Vec<String> = source_is
+            .changed(&now, 5)
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let what = if changed.is_empty() {
+            format!("it hashed {}, a later copy {}", source_is.hash, now.hash)
+        } else {
+            format!("changed: {}", changed.join(", "))
+        };
+        return Err(source_moved(source_dir, &what));
     }
     // 3 PATCH (the patched side only).
     if let Some(patch) = patch {
         if let Err(e) = patch::apply(&ws.src(), patch) {
-            let h =
-                tree_hash(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+            // A patch that does not apply writes nothing (every file is computed first):
+            // the tree is the one just hashed.
             sb.destroy()?;
-            return Ok(Prepared::DidNotApply(e.to_string(), h));
+            return Ok(Prepared::DidNotApply(e.to_string(), now.hash));
         }
         crate::trace::mark("side: patch applied");
     }

@@ -28,11 +28,14 @@ pub fn side_label(side: &str, replica: usize, round: usize, replicas: usize) -> 
 }
 
 /// EVALUATE one prepared side (with reruns of failing tests), read its results, destroy it.
+/// `source`: the runtime's source tree the evaluation began with, which a judge's copy
+/// must be too.
 pub fn run_side(
     p: &Plan,
     t: &TaskPlan,
     prepared: PreparedSide,
     staging: &Path,
+    source: &crate::fork::TreeListing,
     side: &str,
 ) -> Result<RunResult, EvaluateError> {
     let PreparedSide { mut sb, ws, .. } = prepared;
@@ -96,7 +99,7 @@ pub fn run_side(
                 dir: &side_dir,
                 prefix: &prefix,
             };
-            super::judge::run_judged(p, t, &mut sb, &env, staging, &stage)?
+            super::judge::run_judged(p, t, &mut sb, &env, staging, source, &stage)?
         } else {
             run_attempt(p, t, &mut sb, &env, &side_dir, &prefix, &log)?
         };

@@ -49,14 +49,7 @@ fn prepare_patched(
     t: &TaskPlan,
     s: &Sources<'_>,
 ) -> Result<Box<PreparedSide>, EvaluateError> {
-    match prepare::prepare_side(
-        p,
-        t,
-        s.source_dir,
-        s.snap_dir,
-        Some(s.patch),
-        Some(s.source),
-    )? {
+    match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch), s.source)? {
         prepare::Prepared::Ready(side) => {
             // The runtime's source is copied again for every side: one the parent changed
             // meanwhile is not the tree the verdict names, and no run of it may count.
@@ -176,6 +169,7 @@ pub fn run_task(
                 t,
                 *prepared,
                 s.staging,
+                s.source,
                 &side::side_label("patched", r, round, replicas),
             )?);
             check_interrupt()?;
@@ -338,13 +332,14 @@ fn run_baseline(
     baseline: &mut Vec<RunResult>,
 ) -> Result<(), EvaluateError> {
     if let prepare::Prepared::Ready(side) =
-        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, Some(s.source))?
+        prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, s.source)?
     {
         baseline.push(side::run_side(
             p,
             t,
             *side,
             s.staging,
+            s.source,
             &side::side_label("baseline", 0, round, 1),
         )?);
     }
