@@ -31,7 +31,6 @@ pub mod teardowns;
 
 pub use request::{CiOutputs, LedgerChoice, Request};
 
-use crate::fork::workspace::tree_hash_beneath;
 use crate::identity::EphemeralKey;
 use crate::patch::{self, Gate, GateStop};
 use crate::sandbox::SandboxError;
@@ -77,10 +76,11 @@ fn check_interrupt() -> Result<(), EvaluateError> {
     }
 }
 
-/// The parent's source tree hashed as the cache's key and the verdict name it (read
-/// beneath the runtime directory, `exclude` left out).
-fn parent_source_hash(p: &plan::Plan) -> Result<String, EvaluateError> {
-    tree_hash_beneath(
+/// The parent's source tree as the evaluation begins with it: listed and hashed (the
+/// cache's key and the verdict name the hash; every side's copy is compared with the
+/// listing), read beneath the runtime directory, `exclude` left out.
+fn parent_source(p: &plan::Plan) -> Result<crate::fork::TreeListing, EvaluateError> {
+    crate::fork::TreeListing::beneath(
         &p.runtime,
         &p.manifest.runtime.source,
         &p.manifest.runtime.exclude,
@@ -174,7 +174,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                     (s.display().to_string(), d)
                 })
                 .collect();
-            let source_hash = parent_source_hash(&p)?;
+            let source_hash = parent_source(&p)?.hash;
             let evidence = Evidence {
                 gate: Some((gate.to_string(), reason.clone())),
                 ..Default::default()
@@ -212,12 +212,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     // The cache's key needs the parent's source tree hashed: that runs beside the stores'
     // snapshot when it reads no store.
     let hash_source = || {
-        let listing = crate::fork::TreeListing::beneath(
-            &p.runtime,
-            &p.manifest.runtime.source,
-            &p.manifest.runtime.exclude,
-        )
-        .map_err(|e| EvaluateError::Input(format!("the runtime's source tree: {e}")))?;
+        let listing = parent_source(&p)?;
         crate::trace::mark("evaluate: parent source hashed");
         Ok(listing)
     };

@@ -51,8 +51,9 @@ fn prepare_patched(
 ) -> Result<Box<PreparedSide>, EvaluateError> {
     match prepare::prepare_side(p, t, s.source_dir, s.snap_dir, Some(s.patch), s.source)? {
         prepare::Prepared::Ready(side) => {
-            // The runtime's source is copied again for every side: one the parent changed
-            // meanwhile is not the tree the verdict names, and no run of it may count.
+            // `prepare_side` found the copy to be the source the evaluation began with;
+            // the patched tree is compared too (the hashes are taken anyway), so that no
+            // run of a tree other than the one the verdict names can ever count.
             let same = side.patched.as_ref().is_some_and(|h| {
                 h.source_hash == s.tree.source_hash && h.deploy_hash == s.tree.deploy_hash
             });
@@ -72,10 +73,10 @@ fn prepare_patched(
                 ),
             ))
         }
-        prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Input(format!(
-            "{}: the patch applied to the runtime's source once and then not (the source \
-             changed during the evaluation): {msg}; evaluate again once it holds still",
-            s.source_dir.display()
+        // The copy is the tree the patch applied to before (checked): applying is not
+        // what it was, a defect of fork's.
+        prepare::Prepared::DidNotApply(msg, _) => Err(EvaluateError::Internal(format!(
+            "the patch applied once and then not to the same source tree: {msg}"
         ))),
     }
 }
