@@ -5,7 +5,8 @@
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{
-    copy_tree, copy_tree_beneath, tree_and_deploy_hashes, TreeListing, Workspace,
+    copy_tree, copy_tree_beneath, copy_tree_beneath_listed, tree_and_deploy_hashes, TreeListing,
+    Workspace,
 };
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
@@ -99,24 +100,16 @@ pub fn prepare_side(
             p.runtime.display()
         ))
     })?;
-    copy_tree_beneath(
+    // The copy's listing comes from the bytes it wrote (the copy is not read again).
+    let (_, now) = copy_tree_beneath_listed(
         &p.runtime,
         source_rel,
         &ws.src(),
         &p.manifest.runtime.exclude,
     )
     .map_err(|e| refused("the source tree")(e.to_string()))?;
-    if let Some(t) = &p.manifest.runtime.tools {
-        copy_tree_beneath(&p.runtime, t, &ws.tools(), &[])
-            .map_err(|e| refused("the tools")(e.to_string()))?;
-    }
-    copy_tree(snap_dir, &ws.state(), &[])
-        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
-    crate::trace::mark("side: trees copied");
-    check_interrupt()?;
-    // The copy is the source the evaluation began with, or no run of it may count.
-    let now =
-        TreeListing::of(&ws.src()).map_err(|e| internal("hashing the source")(e.to_string()))?;
+    // The copy is the source the evaluation began with, or no run of it may count
+    // (checked before the tools and the state are copied).
     if now.hash != source_is.hash {
         // The moved tree is the error to report; a sandbox that would not go is said
         // beside it.
@@ -135,6 +128,14 @@ pub fn prepare_side(
         };
         return Err(source_moved(source_dir, &what));
     }
+    if let Some(t) = &p.manifest.runtime.tools {
+        copy_tree_beneath(&p.runtime, t, &ws.tools(), &[])
+            .map_err(|e| refused("the tools")(e.to_string()))?;
+    }
+    copy_tree(snap_dir, &ws.state(), &[])
+        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    crate::trace::mark("side: trees copied");
+    check_interrupt()?;
     // 3 PATCH (the patched side only).
     if let Some(patch) = patch {
         if let Err(e) = patch::apply(&ws.src(), patch) {

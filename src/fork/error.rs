@@ -9,6 +9,8 @@ use thiserror::Error;
 pub enum WorkspaceError {
     #[error("workspace {path} already exists: each run needs a fresh workspace (run `fork gc` to reclaim stale ones)")]
     Exists { path: PathBuf },
+    #[error("{path} is not empty: a listed copy goes into an empty directory (its listing names only what it wrote)")]
+    NotEmpty { path: PathBuf },
     #[error("{path} is not a directory")]
     NotADirectory { path: PathBuf },
     #[error(

@@ -10,7 +10,9 @@
 //! `std::io::copy` between the two descriptors, which on Linux uses
 //! `copy_file_range(2)`: on filesystems that support it (btrfs, XFS with reflink, bcachefs,
 //! NFS 4.2 server-side copy, overlayfs over those) the copy is a reflink that shares
-//! blocks until written, elsewhere it is an in-kernel copy. Permission bits are kept
+//! blocks until written, elsewhere it is an in-kernel copy. A listed copy
+//! ([`copy_tree_beneath_listed`]) reads, hashes and writes each file instead, and lists
+//! what it wrote. Permission bits are kept
 //! except set-user-ID and set-group-ID, which are dropped; ownership is not kept (the copy
 //! belongs to the supervisor). Devices, FIFOs and sockets are skipped and counted.
 
@@ -154,7 +156,7 @@ fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
 /// hold a tree: directories are merged, files and symlinks in the way are replaced (never
 /// written through), and a directory in the way of a file is an error.
 pub fn copy_tree(from: &Path, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
-    copy_from(&Tree::open(from)?, to, exclude)
+    copy_from(&Tree::open(from)?, to, exclude, None)
 }
 
 /// [`copy_tree`] of a tree a user hands fork for a sandbox (`fork run --workspace`): no
@@ -174,7 +176,7 @@ pub fn copy_users_tree(
             .join(name),
         _ => from.to_path_buf(),
     };
-    copy_from(&Tree::open_users(&from)?, to, exclude)
+    copy_from(&Tree::open_users(&from)?, to, exclude, None)
 }
 
 /// [`copy_tree`] of the directory `rel` beneath the directory `root`, where no component of
@@ -186,10 +188,73 @@ pub fn copy_tree_beneath(
     to: &Path,
     exclude: &[String],
 ) -> Result<CopyStats, WorkspaceError> {
-    copy_from(&Tree::beneath(root, rel)?, to, exclude)
+    copy_from(&Tree::beneath(root, rel)?, to, exclude, None)
 }
 
-fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, WorkspaceError> {
+/// [`copy_tree_beneath`] into `to`, a directory that must not exist or be empty, and the
+/// [`TreeListing`] of the copy it made, taken from the bytes it wrote as it wrote them:
+/// [`TreeListing::of`] the copy without reading it a second time.
+pub fn copy_tree_beneath_listed(
+    root: &Path,
+    rel: &Path,
+    to: &Path,
+    exclude: &[String],
+) -> Result<(CopyStats, TreeListing), WorkspaceError> {
+    let not_empty = || WorkspaceError::NotEmpty {
+        path: to.to_path_buf(),
+    };
+    match fs::read_dir(to) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(not_empty());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(IoError::new("read directory", to, e).into()),
+    }
+    let mut entries = Vec::new();
+    let stats = copy_from(&Tree::beneath(root, rel)?, to, exclude, Some(&mut entries))?;
+    entries.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
+    Ok((stats, TreeListing::of_entries(entries)))
+}
+
+/// Copies `from` into `out`, the sha256 of the bytes written when `hash` is set (a read,
+/// hash and write loop; otherwise `std::io::copy`, which lets the kernel copy).
+fn copy_file(
+    from: &mut fs::File,
+    out: &mut fs::File,
+    hash: bool,
+    buf: &mut Vec<u8>,
+) -> io::Result<(u64, Option<[u8; 32]>)> {
+    use std::io::{Read, Write};
+    if !hash {
+        return Ok((io::copy(from, out)?, None));
+    }
+    buf.resize(crate::fsx::READ_BUF, 0);
+    let (mut h, mut n) = (Sha256::new(), 0u64);
+    loop {
+        let got = match from.read(buf) {
+            Ok(0) => break,
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        h.update(&buf[..got]);
+        out.write_all(&buf[..got])?;
+        n += got as u64;
+    }
+    Ok((n, Some(h.finalize().into())))
+}
+
+/// The copy itself; with `listed`, every entry written is pushed there as [`Tree::scan`]
+/// of the copy would give it (in walk order: the caller sorts).
+fn copy_from(
+    tree: &Tree,
+    to: &Path,
+    exclude: &[String],
+    mut listed: Option<&mut Vec<crate::fork::tree::Scanned>>,
+) -> Result<CopyStats, WorkspaceError> {
+    let mut buf = Vec::new();
     let excludes = build_excludes(exclude)?;
     let from_mode = tree.stat()?.st_mode;
     fs::create_dir_all(to).ctx("create directory", to)?;
@@ -231,6 +296,15 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
                     }
                     stats.dirs += 1;
                     dir_modes.push((dst.clone(), mode & 0o1777));
+                    if let Some(l) = listed.as_deref_mut() {
+                        l.push((
+                            rel.clone(),
+                            Node::Dir {
+                                mode: mode & 0o1777,
+                            },
+                            None,
+                        ));
+                    }
                     stack.push((rel, dst));
                 }
                 Node::File { mode } => {
@@ -243,17 +317,31 @@ fn copy_from(tree: &Tree, to: &Path, exclude: &[String]) -> Result<CopyStats, Wo
                             .open(&dst)
                     };
                     let mut out = or_after_clearing(create, &dst, "create")?;
-                    // copy_file_range(2): a reflink where the filesystem can.
-                    let n = io::copy(&mut from, &mut out).ctx("copy", &tree.path().join(&rel))?;
+                    // copy_file_range(2): a reflink where the filesystem can (unless the
+                    // bytes are hashed on their way).
+                    let (n, digest) = copy_file(&mut from, &mut out, listed.is_some(), &mut buf)
+                        .ctx("copy", &tree.path().join(&rel))?;
                     out.set_permissions(fs::Permissions::from_mode(mode & 0o1777))
                         .ctx("set permissions on", &dst)?;
                     stats.files += 1;
                     stats.bytes += n;
+                    if let Some(l) = listed.as_deref_mut() {
+                        l.push((
+                            rel,
+                            Node::File {
+                                mode: mode & 0o1777,
+                            },
+                            digest,
+                        ));
+                    }
                 }
                 Node::Link(target) => {
                     let link = || std::os::unix::fs::symlink(&target, &dst);
                     or_after_clearing(link, &dst, "create symlink")?;
                     stats.symlinks += 1;
+                    if let Some(l) = listed.as_deref_mut() {
+                        l.push((rel, Node::Link(target), None));
+                    }
                 }
                 _ => stats.special_skipped += 1,
             }

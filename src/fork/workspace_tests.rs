@@ -57,6 +57,55 @@ fn workspace_layout() {
 /// source) is its copy's, special files and exclusions included: the evaluation compares
 /// the two to see that the parent's source did not move.
 #[test]
+fn a_listed_copy_lists_what_reading_the_copy_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("rt/src");
+    sample_tree(&from);
+    let sock = from.join("a/app.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // A file larger than one read buffer, and a setuid bit the copy drops.
+    fs::write(
+        from.join("a/big.bin"),
+        vec![7u8; crate::fsx::READ_BUF * 3 + 5],
+    )
+    .unwrap();
+    fs::set_permissions(from.join("a/one.txt"), fs::Permissions::from_mode(0o4755)).unwrap();
+    let excl = vec![
+        ".git".to_string(),
+        "state".to_string(),
+        "**/*.pyc".to_string(),
+    ];
+    let to = dir.path().join("copy");
+    let (stats, listed) =
+        copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &to, &excl).unwrap();
+    let read = TreeListing::of(&to).unwrap();
+    assert_eq!(listed.hash, read.hash);
+    assert_eq!(listed.entries, read.entries);
+    assert_eq!(stats.special_skipped, 2, "{stats:?}");
+    assert_eq!(
+        listed.hash,
+        tree_hash_beneath(&dir.path().join("rt"), Path::new("src"), &excl).unwrap()
+    );
+    // The same bytes as the plain copy makes.
+    let plain = dir.path().join("plain");
+    copy_tree_beneath(&dir.path().join("rt"), Path::new("src"), &plain, &excl).unwrap();
+    assert_eq!(tree_hash(&plain).unwrap(), listed.hash);
+    assert_eq!(
+        fs::read(to.join("a/big.bin")).unwrap().len(),
+        crate::fsx::READ_BUF * 3 + 5
+    );
+    // Only into an empty directory: its listing names only what it wrote.
+    let e =
+        copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &to, &excl).unwrap_err();
+    assert!(matches!(e, WorkspaceError::NotEmpty { .. }), "{e}");
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let (_, again) =
+        copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &empty, &excl).unwrap();
+    assert_eq!(again.hash, listed.hash);
+}
+
+#[test]
 fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
     let dir = tempfile::tempdir().unwrap();
     let from = dir.path().join("rt/src");
