@@ -5,8 +5,8 @@
 use super::plan::{Plan, TaskPlan};
 use super::{check_interrupt, internal, EvaluateError};
 use crate::fork::workspace::{
-    copy_tree, copy_tree_beneath, copy_tree_beneath_listed, tree_and_deploy_hashes, TreeListing,
-    Workspace,
+    copy_tree, copy_tree_beneath, copy_tree_beneath_listed, tree_and_deploy_hashes_after,
+    TreeListing, Workspace,
 };
 use crate::patch::{self, Patch};
 use crate::sandbox::Sandbox;
@@ -148,10 +148,16 @@ pub fn prepare_side(
     }
     // The tree the successor runs, hashed before it runs (it may write into src/).
     let patched = match patch {
-        Some(_) => {
-            let (source_hash, deploy_hash) =
-                tree_and_deploy_hashes(&ws.src(), &p.manifest.runtime.exclude)
-                    .map_err(|e| internal("hashing the patched tree")(e.to_string()))?;
+        Some(patch) => {
+            // The files the patch names are read again; every other one is as copied
+            // (only fork has written the copy since), its listed digest stands for it.
+            let (source_hash, deploy_hash) = tree_and_deploy_hashes_after(
+                &ws.src(),
+                &p.manifest.runtime.exclude,
+                &now,
+                &patch.paths(),
+            )
+            .map_err(|e| internal("hashing the patched tree")(e.to_string()))?;
             Some(PatchedTree {
                 source_hash,
                 deploy_hash,

@@ -203,6 +203,16 @@ impl Tree {
     /// Every entry (relative path and kind; for regular files also the sha256 of the
     /// contents, read through the checked descriptor), sorted by path bytes.
     pub fn scan(&self, excludes: &GlobSet) -> Result<Vec<Scanned>, WorkspaceError> {
+        self.scan_knowing(excludes, &|_| None)
+    }
+
+    /// [`Tree::scan`], but a regular file for which `known` gives a digest is not read:
+    /// that digest stands for its contents.
+    pub fn scan_knowing(
+        &self,
+        excludes: &GlobSet,
+        known: &dyn Fn(&Path) -> Option<[u8; 32]>,
+    ) -> Result<Vec<Scanned>, WorkspaceError> {
         let mut out = Vec::new();
         let mut stack = vec![PathBuf::new()];
         let mut excluded = 0;
@@ -211,10 +221,13 @@ impl Tree {
             for (name, _, node) in self.entries(&dir, &rel, excludes, &mut excluded)? {
                 let path = rel.join(&name);
                 let digest = match node {
-                    Node::File { .. } => {
-                        let f = self.open_file(&dir, &rel, &name)?;
-                        Some(digest(f, &self.shown.join(&path))?)
-                    }
+                    Node::File { .. } => match known(&path) {
+                        Some(d) => Some(d),
+                        None => {
+                            let f = self.open_file(&dir, &rel, &name)?;
+                            Some(digest(f, &self.shown.join(&path))?)
+                        }
+                    },
                     Node::Dir { .. } => {
                         stack.push(path.clone());
                         None

@@ -458,6 +458,19 @@ impl TreeListing {
         }
     }
 
+    /// The content digest of the regular file `rel`, if the listing holds one there.
+    pub fn file_digest(&self, rel: &Path) -> Option<[u8; 32]> {
+        let key = rel.as_os_str().as_bytes();
+        let i = self
+            .entries
+            .binary_search_by(|(p, _, _)| p.as_os_str().as_bytes().cmp(key))
+            .ok()?;
+        match &self.entries[i] {
+            (_, Node::File { .. }, digest) => *digest,
+            _ => None,
+        }
+    }
+
     /// The paths whose entries differ between `self` and `other`, as the hash counts
     /// them (added, removed, or changed in type, contents, owner-execute bit or link
     /// target), in path order, at most `max`.
@@ -518,8 +531,36 @@ pub fn tree_and_deploy_hashes(
     dir: &Path,
     exclude: &[String],
 ) -> Result<(String, String), WorkspaceError> {
+    both_hashes(Tree::open(dir)?.scan(&GlobSet::empty())?, exclude)
+}
+
+/// [`tree_and_deploy_hashes`] of a tree that was `before` (listed from the bytes written
+/// to it, and written to since by fork alone) but for the paths in `changed` (the paths a
+/// patch applied to it names): a file not in `changed` that `before` lists as a file is
+/// not read again, its listed digest stands for it. The tree's entries, their kinds and
+/// modes are read as ever, and every file in `changed` is read.
+pub fn tree_and_deploy_hashes_after(
+    dir: &Path,
+    exclude: &[String],
+    before: &TreeListing,
+    changed: &std::collections::BTreeSet<PathBuf>,
+) -> Result<(String, String), WorkspaceError> {
+    let known = |rel: &Path| {
+        if changed.contains(rel) {
+            return None;
+        }
+        before.file_digest(rel)
+    };
+    let all = Tree::open(dir)?.scan_knowing(&GlobSet::empty(), &known)?;
+    both_hashes(all, exclude)
+}
+
+/// The tree hash of `all` and the deployment hash of those of them `exclude` keeps.
+fn both_hashes(
+    all: Vec<crate::fork::tree::Scanned>,
+    exclude: &[String],
+) -> Result<(String, String), WorkspaceError> {
     let globs = build_excludes(exclude)?;
-    let all = Tree::open(dir)?.scan(&GlobSet::empty())?;
     let deployed = all.iter().filter(|(rel, _, _)| {
         !rel.ancestors()
             .filter(|a| !a.as_os_str().is_empty())

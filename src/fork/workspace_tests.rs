@@ -106,6 +106,77 @@ fn a_listed_copy_lists_what_reading_the_copy_lists() {
 }
 
 #[test]
+fn hashes_after_a_patch_read_only_what_it_names_and_equal_a_full_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("rt/src");
+    sample_tree(&from);
+    fs::write(from.join("a.txt"), "one\ntwo\nthree\n").unwrap();
+    fs::write(from.join("gone.txt"), "bye\n").unwrap();
+    fs::write(from.join("keep.txt"), "kept\n").unwrap();
+    let excl = vec![".git".to_string(), "state".to_string()];
+    let to = dir.path().join("copy");
+    let (_, before) =
+        copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &to, &excl).unwrap();
+    // Modified in place, deleted, created in a new directory, mode changed, renamed; the
+    // second entry spells its path `./a.txt`.
+    let patch = crate::patch::Patch::parse(
+        b"\
+diff --git a/a.txt b/a.txt
+--- a/a.txt
++++ b/./a.txt
+@@ -1,3 +1,3 @@
+ one
+-two
++TWO
+ three
+diff --git a/gone.txt b/gone.txt
+deleted file mode 100644
+--- a/gone.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+diff --git a/new/dir/x.py b/new/dir/x.py
+new file mode 100755
+--- /dev/null
++++ b/new/dir/x.py
+@@ -0,0 +1 @@
++print('x')
+diff --git a/run.sh b/run.sh
+old mode 100755
+new mode 100644
+diff --git a/a/one.txt b/a/uno.txt
+similarity index 100%
+rename from a/one.txt
+rename to a/uno.txt
+",
+    )
+    .unwrap();
+    let named = patch.paths();
+    assert!(named.contains(Path::new("a.txt")), "{named:?}");
+    assert!(named.contains(Path::new("a/uno.txt")) && named.contains(Path::new("a/one.txt")));
+    crate::patch::apply(&to, &patch).unwrap();
+    let after = tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap();
+    assert_eq!(after, tree_and_deploy_hashes(&to, &excl).unwrap());
+    assert_ne!(after.0, before.hash);
+    // What it rests on: a file the patch does not name counts as listed, unread (only
+    // fork writes the copy between its listing and this hash).
+    fs::write(to.join("keep.txt"), "changed behind fork's back\n").unwrap();
+    assert_eq!(
+        tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap(),
+        after
+    );
+    assert_ne!(tree_and_deploy_hashes(&to, &excl).unwrap(), after);
+    // A file it names is read: the same change there shows.
+    fs::write(to.join("a.txt"), "other\n").unwrap();
+    assert_ne!(
+        tree_and_deploy_hashes_after(&to, &excl, &before, &named)
+            .unwrap()
+            .0,
+        after.0
+    );
+}
+
+#[test]
 fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
     let dir = tempfile::tempdir().unwrap();
     let from = dir.path().join("rt/src");

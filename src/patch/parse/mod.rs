@@ -132,6 +132,17 @@ impl Patch {
             .map(Hunk::deletions)
             .sum()
     }
+
+    /// Every path the patch names, old and new, as a tree's walk spells them (components
+    /// joined: `a//b` and `./a/b` are `a/b`): applying it writes or deletes no other file.
+    pub fn paths(&self) -> std::collections::BTreeSet<std::path::PathBuf> {
+        self.files
+            .iter()
+            .flat_map(|f| [f.old_path.as_deref(), f.new_path.as_deref()])
+            .flatten()
+            .map(|p| std::path::Path::new(p).components().collect())
+            .collect()
+    }
 }
 
 impl FilePatch {
