@@ -107,7 +107,13 @@ pub fn prepare_side(
         &ws.src(),
         &p.manifest.runtime.exclude,
     )
-    .map_err(|e| refused("the source tree")(e.to_string()))?;
+    .map_err(|e| match e {
+        // A workspace already holding something is fork's own doing, not the runtime's.
+        e @ crate::fork::workspace::WorkspaceError::NotEmpty { .. } => {
+            internal("copying the source tree")(e.to_string())
+        }
+        e => refused("the source tree")(e.to_string()),
+    })?;
     // The copy is the source the evaluation began with, or no run of it may count
     // (checked before the tools and the state are copied).
     if now.hash != source_is.hash {

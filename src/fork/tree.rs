@@ -203,25 +203,25 @@ impl Tree {
     /// Every entry (relative path and kind; for regular files also the sha256 of the
     /// contents, read through the checked descriptor), sorted by path bytes.
     pub fn scan(&self, excludes: &GlobSet) -> Result<Vec<Scanned>, WorkspaceError> {
-        self.scan_knowing(excludes, &|_| None)
+        self.scan_knowing(excludes, &|_, _| None)
     }
 
-    /// [`Tree::scan`], but a regular file for which `known` gives a digest is not read:
-    /// that digest stands for its contents.
+    /// [`Tree::scan`], but a regular file for which `known` (given its path and its
+    /// `fstatat`) gives a digest is not read: that digest stands for its contents.
     pub fn scan_knowing(
         &self,
         excludes: &GlobSet,
-        known: &dyn Fn(&Path) -> Option<[u8; 32]>,
+        known: &dyn Fn(&Path, &FileStat) -> Option<[u8; 32]>,
     ) -> Result<Vec<Scanned>, WorkspaceError> {
         let mut out = Vec::new();
         let mut stack = vec![PathBuf::new()];
         let mut excluded = 0;
         while let Some(rel) = stack.pop() {
             let dir = self.dir(&rel)?;
-            for (name, _, node) in self.entries(&dir, &rel, excludes, &mut excluded)? {
+            for (name, st, node) in self.entries(&dir, &rel, excludes, &mut excluded)? {
                 let path = rel.join(&name);
                 let digest = match node {
-                    Node::File { .. } => match known(&path) {
+                    Node::File { .. } => match known(&path, &st) {
                         Some(d) => Some(d),
                         None => {
                             let f = self.open_file(&dir, &rel, &name)?;

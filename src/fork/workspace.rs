@@ -212,10 +212,16 @@ pub fn copy_tree_beneath_listed(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(IoError::new("read directory", to, e).into()),
     }
-    let mut entries = Vec::new();
-    let stats = copy_from(&Tree::beneath(root, rel)?, to, exclude, Some(&mut entries))?;
+    let mut listed = Listed::default();
+    let stats = copy_from(&Tree::beneath(root, rel)?, to, exclude, Some(&mut listed))?;
+    let Listed {
+        mut entries,
+        written,
+    } = listed;
     entries.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
-    Ok((stats, TreeListing::of_entries(entries)))
+    let mut listing = TreeListing::of_entries(entries);
+    listing.written = written;
+    Ok((stats, listing))
 }
 
 /// Copies `from` into `out`, the sha256 of the bytes written when `hash` is set (a read,
@@ -246,13 +252,20 @@ fn copy_file(
     Ok((n, Some(h.finalize().into())))
 }
 
-/// The copy itself; with `listed`, every entry written is pushed there as [`Tree::scan`]
-/// of the copy would give it (in walk order: the caller sorts).
+/// What a listed copy wrote: its entries as [`Tree::scan`] of the copy would give them
+/// (in walk order: the caller sorts), and each file's identity once written.
+#[derive(Default)]
+struct Listed {
+    entries: Vec<crate::fork::tree::Scanned>,
+    written: std::collections::HashMap<PathBuf, Written>,
+}
+
+/// The copy itself; with `listed`, what it wrote is listed there.
 fn copy_from(
     tree: &Tree,
     to: &Path,
     exclude: &[String],
-    mut listed: Option<&mut Vec<crate::fork::tree::Scanned>>,
+    mut listed: Option<&mut Listed>,
 ) -> Result<CopyStats, WorkspaceError> {
     let mut buf = Vec::new();
     let excludes = build_excludes(exclude)?;
@@ -297,7 +310,7 @@ fn copy_from(
                     stats.dirs += 1;
                     dir_modes.push((dst.clone(), mode & 0o1777));
                     if let Some(l) = listed.as_deref_mut() {
-                        l.push((
+                        l.entries.push((
                             rel.clone(),
                             Node::Dir {
                                 mode: mode & 0o1777,
@@ -326,7 +339,11 @@ fn copy_from(
                     stats.files += 1;
                     stats.bytes += n;
                     if let Some(l) = listed.as_deref_mut() {
-                        l.push((
+                        // Its identity after the last change the copy made (the mode).
+                        let st = nix::sys::stat::fstat(&out)
+                            .map_err(|e| IoError::new("stat", &dst, e.into()))?;
+                        l.written.insert(rel.clone(), Written::of(&st));
+                        l.entries.push((
                             rel,
                             Node::File {
                                 mode: mode & 0o1777,
@@ -340,7 +357,7 @@ fn copy_from(
                     or_after_clearing(link, &dst, "create symlink")?;
                     stats.symlinks += 1;
                     if let Some(l) = listed.as_deref_mut() {
-                        l.push((rel, Node::Link(target), None));
+                        l.entries.push((rel, Node::Link(target), None));
                     }
                 }
                 _ => stats.special_skipped += 1,
@@ -434,6 +451,27 @@ pub struct TreeListing {
     /// The tree's [`tree_hash`].
     pub hash: String,
     entries: Vec<crate::fork::tree::Scanned>,
+    /// For a listed copy ([`copy_tree_beneath_listed`]): each file's identity as written
+    /// (inode, change time, size), by path; empty for a listing read from a tree.
+    written: std::collections::HashMap<PathBuf, Written>,
+}
+
+/// A copied file as its copy left it: while these hold, its listed digest is its contents'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Written {
+    ino: u64,
+    ctime: (i64, i64),
+    size: i64,
+}
+
+impl Written {
+    fn of(st: &nix::sys::stat::FileStat) -> Self {
+        Written {
+            ino: st.st_ino,
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+            size: st.st_size,
+        }
+    }
 }
 
 impl TreeListing {
@@ -455,11 +493,17 @@ impl TreeListing {
         TreeListing {
             hash: hash_entries(&entries),
             entries,
+            written: Default::default(),
         }
     }
 
-    /// The content digest of the regular file `rel`, if the listing holds one there.
-    pub fn file_digest(&self, rel: &Path) -> Option<[u8; 32]> {
+    /// The listed digest of the regular file `rel` of a listed copy, if the file `st`
+    /// describes is still the one the copy wrote there (same inode, change time and size):
+    /// otherwise none.
+    fn copied_digest(&self, rel: &Path, st: &nix::sys::stat::FileStat) -> Option<[u8; 32]> {
+        if self.written.get(rel) != Some(&Written::of(st)) {
+            return None;
+        }
         let key = rel.as_os_str().as_bytes();
         let i = self
             .entries
@@ -534,22 +578,23 @@ pub fn tree_and_deploy_hashes(
     both_hashes(Tree::open(dir)?.scan(&GlobSet::empty())?, exclude)
 }
 
-/// [`tree_and_deploy_hashes`] of a tree that was `before` (listed from the bytes written
-/// to it, and written to since by fork alone) but for the paths in `changed` (the paths a
-/// patch applied to it names): a file not in `changed` that `before` lists as a file is
-/// not read again, its listed digest stands for it. The tree's entries, their kinds and
-/// modes are read as ever, and every file in `changed` is read.
+/// [`tree_and_deploy_hashes`] of a listed copy `before` ([`copy_tree_beneath_listed`])
+/// that a patch naming the paths in `changed` was applied to: a file not in `changed`
+/// that is still the very file the copy wrote (same inode, change time and size; a patch
+/// replaces every file it writes by a new one) is not read again, its listed digest
+/// stands for it. The tree's entries, their kinds and modes are read as ever, and every
+/// other file is read.
 pub fn tree_and_deploy_hashes_after(
     dir: &Path,
     exclude: &[String],
     before: &TreeListing,
     changed: &std::collections::BTreeSet<PathBuf>,
 ) -> Result<(String, String), WorkspaceError> {
-    let known = |rel: &Path| {
+    let known = |rel: &Path, st: &nix::sys::stat::FileStat| {
         if changed.contains(rel) {
             return None;
         }
-        before.file_digest(rel)
+        before.copied_digest(rel, st)
     };
     let all = Tree::open(dir)?.scan_knowing(&GlobSet::empty(), &known)?;
     both_hashes(all, exclude)

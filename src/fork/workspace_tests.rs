@@ -53,9 +53,7 @@ fn workspace_layout() {
     ws.remove().unwrap();
 }
 
-/// The live tree's hash (read beneath its root, as the evaluation hashes the parent's
-/// source) is its copy's, special files and exclusions included: the evaluation compares
-/// the two to see that the parent's source did not move.
+/// A listed copy's listing is what reading the copy gives, without the second reading.
 #[test]
 fn a_listed_copy_lists_what_reading_the_copy_lists() {
     let dir = tempfile::tempdir().unwrap();
@@ -117,8 +115,8 @@ fn hashes_after_a_patch_read_only_what_it_names_and_equal_a_full_reading() {
     let to = dir.path().join("copy");
     let (_, before) =
         copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &to, &excl).unwrap();
-    // Modified in place, deleted, created in a new directory, mode changed, renamed; the
-    // second entry spells its path `./a.txt`.
+    // Modified in place, deleted, created in a new directory, mode changed, renamed, copied
+    // (the first entry's new path spelled `./a.txt`, which the parser tidies).
     let patch = crate::patch::Patch::parse(
         b"\
 diff --git a/a.txt b/a.txt
@@ -148,34 +146,56 @@ diff --git a/a/one.txt b/a/uno.txt
 similarity index 100%
 rename from a/one.txt
 rename to a/uno.txt
+diff --git a/keep.txt b/a/b/kept.txt
+similarity index 100%
+copy from keep.txt
+copy to a/b/kept.txt
 ",
     )
     .unwrap();
     let named = patch.paths();
     assert!(named.contains(Path::new("a.txt")), "{named:?}");
     assert!(named.contains(Path::new("a/uno.txt")) && named.contains(Path::new("a/one.txt")));
+    assert!(named.contains(Path::new("a/b/kept.txt")) && named.contains(Path::new("keep.txt")));
     crate::patch::apply(&to, &patch).unwrap();
     let after = tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap();
     assert_eq!(after, tree_and_deploy_hashes(&to, &excl).unwrap());
     assert_ne!(after.0, before.hash);
-    // What it rests on: a file the patch does not name counts as listed, unread (only
-    // fork writes the copy between its listing and this hash).
+    // A file the patch does not name is read again once it is no longer the file the
+    // copy wrote: changed in place (another size), or replaced (another inode).
     fs::write(to.join("keep.txt"), "changed behind fork's back\n").unwrap();
+    let full = tree_and_deploy_hashes(&to, &excl).unwrap();
+    assert_ne!(full, after);
     assert_eq!(
         tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap(),
-        after
+        full
     );
-    assert_ne!(tree_and_deploy_hashes(&to, &excl).unwrap(), after);
-    // A file it names is read: the same change there shows.
-    fs::write(to.join("a.txt"), "other\n").unwrap();
-    assert_ne!(
-        tree_and_deploy_hashes_after(&to, &excl, &before, &named)
-            .unwrap()
-            .0,
-        after.0
+    fs::write(to.join("x.tmp"), "kept\n").unwrap();
+    fs::rename(to.join("x.tmp"), to.join("keep.txt")).unwrap();
+    assert_eq!(
+        tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap(),
+        tree_and_deploy_hashes(&to, &excl).unwrap()
+    );
+    // A file the patch names is read even while it looks like the file the copy wrote
+    // (written in place at once, the same size: its change time may not have moved).
+    let to2 = dir.path().join("copy2");
+    let (_, before2) =
+        copy_tree_beneath_listed(&dir.path().join("rt"), Path::new("src"), &to2, &excl).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(to2.join("keep.txt"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"KEPT\n"))
+        .unwrap();
+    let keep: std::collections::BTreeSet<PathBuf> = [PathBuf::from("keep.txt")].into();
+    assert_eq!(
+        tree_and_deploy_hashes_after(&to2, &excl, &before2, &keep).unwrap(),
+        tree_and_deploy_hashes(&to2, &excl).unwrap()
     );
 }
 
+/// The live tree's hash (read beneath its root, as the evaluation hashes the parent's
+/// source) is its copy's, special files and exclusions included: the evaluation compares
+/// the two to see that the parent's source did not move.
 #[test]
 fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
     let dir = tempfile::tempdir().unwrap();

@@ -381,6 +381,7 @@ impl Sandbox {
         // The workspace and the sandbox's /dev/shm (on the capped disk, see mounts::plan),
         // never through a link an earlier run left (see `disk`).
         self.own_dirs()?;
+        trace::mark("sandbox: workspace dirs owned");
         self.chown_workspace()?;
         trace::mark("sandbox: workspace ready");
         let spec = self.spec.clone();

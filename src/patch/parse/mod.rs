@@ -133,14 +133,20 @@ impl Patch {
             .sum()
     }
 
-    /// Every path the patch names, old and new, as a tree's walk spells them (components
-    /// joined: `a//b` and `./a/b` are `a/b`): applying it writes or deletes no other file.
+    /// Every path the patch names, old and new, as a tree's walk spells them (its plain
+    /// components joined: `a//b`, `./a/b` and `a/./b` are `a/b`): applying it writes or
+    /// deletes no other file.
     pub fn paths(&self) -> std::collections::BTreeSet<std::path::PathBuf> {
+        use std::path::{Component, Path};
         self.files
             .iter()
-            .flat_map(|f| [f.old_path.as_deref(), f.new_path.as_deref()])
-            .flatten()
-            .map(|p| std::path::Path::new(p).components().collect())
+            .flat_map(FilePatch::paths)
+            .map(|p| {
+                Path::new(p)
+                    .components()
+                    .filter(|c| matches!(c, Component::Normal(_)))
+                    .collect()
+            })
             .collect()
     }
 }
