@@ -308,6 +308,7 @@ pub fn write_bundle_then<E>(
         });
     }
 
+    crate::trace::mark("bundle: artifacts copied");
     sources_read();
 
     let mut verdict = verdict.clone();
@@ -335,6 +336,7 @@ pub fn write_bundle_then<E>(
     }
     // Every file and directory durable before the rename makes the bundle visible: a
     // crash leaves no bundle or a whole one.
+    crate::trace::mark("bundle: signed and written");
     sync_together(&unsynced)?;
     if let Err(e) = before_publish() {
         // `tmp` drops: the partial bundle is removed.
