@@ -11,11 +11,14 @@
 //!   statistics, errors, opening, checking and hashing), `digest.rs` the digest that names
 //!   a copy (BLAKE3 by default, or SHA-256).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
-//!   copy of the source tree and tool registry, the tree hash, and cleanup.
+//!   copy of the source tree and tool registry, and cleanup; `hashes.rs` the tree hashes
+//!   (the source hash and listing every copy is checked by, the deployment hash a verdict
+//!   signs), re-exported there.
 
 pub mod copyback;
 pub mod digest;
 pub mod error;
+mod hashes;
 mod image;
 pub mod owner;
 pub mod parent;
