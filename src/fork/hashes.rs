@@ -3,8 +3,7 @@
 //! ([`deploy_tree_hash`]); both read the tree as [`super::tree`] describes.
 
 use super::error::WorkspaceError;
-use super::tree::{Node, Tree};
-use super::workspace::build_excludes;
+use super::tree::{build_excludes, Node, Tree};
 use globset::GlobSet;
 use sha2::{Digest, Sha256};
 use std::os::unix::ffi::OsStrExt;

@@ -11,7 +11,7 @@
 use super::error::WorkspaceError;
 use crate::fsx::FsxError;
 use crate::ioerr::IoError;
-use globset::GlobSet;
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use nix::dir::Dir;
 use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
@@ -22,6 +22,29 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+/// The glob set of a manifest's `exclude` patterns, matched against paths relative to a
+/// tree's root (`*` within one component, `**` across them; a trailing `/` and a leading
+/// `./` are dropped).
+pub fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
+    let mut b = GlobSetBuilder::new();
+    for pattern in exclude {
+        let trimmed = pattern.trim_end_matches('/');
+        let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
+        let glob = GlobBuilder::new(trimmed)
+            .literal_separator(true)
+            .build()
+            .map_err(|source| WorkspaceError::BadGlob {
+                pattern: pattern.clone(),
+                source,
+            })?;
+        b.add(glob);
+    }
+    b.build().map_err(|source| WorkspaceError::BadGlob {
+        pattern: exclude.join(", "),
+        source,
+    })
+}
 
 /// One entry of a tree.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,9 +16,8 @@
 //! except set-user-ID and set-group-ID, which are dropped; ownership is not kept (the copy
 //! belongs to the supervisor). Devices, FIFOs and sockets are skipped and counted.
 
-use super::tree::{Node, Tree};
+use super::tree::{build_excludes, Node, Tree};
 use crate::ioerr::{IoContext, IoError};
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io;
@@ -129,26 +128,6 @@ pub struct CopyStats {
     pub special_skipped: u64,
     /// Entries left out by an exclude pattern (an excluded directory counts once).
     pub excluded: u64,
-}
-
-pub(super) fn build_excludes(exclude: &[String]) -> Result<GlobSet, WorkspaceError> {
-    let mut b = GlobSetBuilder::new();
-    for pattern in exclude {
-        let trimmed = pattern.trim_end_matches('/');
-        let trimmed = trimmed.strip_prefix("./").unwrap_or(trimmed);
-        let glob = GlobBuilder::new(trimmed)
-            .literal_separator(true)
-            .build()
-            .map_err(|source| WorkspaceError::BadGlob {
-                pattern: pattern.clone(),
-                source,
-            })?;
-        b.add(glob);
-    }
-    b.build().map_err(|source| WorkspaceError::BadGlob {
-        pattern: exclude.join(", "),
-        source,
-    })
 }
 
 /// Copies the tree `from` into the directory `to` (created if missing). `exclude` holds
