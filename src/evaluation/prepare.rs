@@ -112,6 +112,9 @@ pub fn prepare_side(
         e @ crate::fork::workspace::WorkspaceError::NotEmpty { .. } => {
             internal("copying the source tree")(e.to_string())
         }
+        crate::fork::workspace::WorkspaceError::Io(e) if e.path == ws.src() => {
+            internal("copying the source tree")(e.to_string())
+        }
         e => refused("the source tree")(e.to_string()),
     })?;
     // The copy is the source the evaluation began with, or no run of it may count

@@ -25,7 +25,7 @@ pub fn tree_hash(dir: &Path) -> Result<String, WorkspaceError> {
     tree_hash_excluding(dir, &[])
 }
 
-/// [`tree_hash`] of the tree as [`copy_tree`] with the same `exclude` globs would copy it:
+/// [`tree_hash`] of the tree as [`copy_tree`](super::workspace::copy_tree) with the same `exclude` globs would copy it:
 /// the hash of the source a successor would get, without copying.
 pub fn tree_hash_excluding(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
     hash_tree(&Tree::open(dir)?, exclude)
@@ -48,7 +48,7 @@ pub struct TreeListing {
     /// The tree's [`tree_hash`].
     pub hash: String,
     pub(super) entries: Vec<crate::fork::tree::Scanned>,
-    /// For a listed copy ([`copy_tree_beneath_listed`]): each file's identity as written
+    /// For a listed copy ([`copy_tree_beneath_listed`](super::workspace::copy_tree_beneath_listed)): each file's identity as written
     /// (inode, change time, size), by path; empty for a listing read from a tree.
     written: std::collections::HashMap<PathBuf, Written>,
 }
@@ -110,7 +110,11 @@ impl TreeListing {
     /// The listed digest of the regular file `rel` of a listed copy, if the file `st`
     /// describes is still the one the copy wrote there (same inode, change time and size):
     /// otherwise none.
-    fn copied_digest(&self, rel: &Path, st: &nix::sys::stat::FileStat) -> Option<[u8; 32]> {
+    pub(super) fn copied_digest(
+        &self,
+        rel: &Path,
+        st: &nix::sys::stat::FileStat,
+    ) -> Option<[u8; 32]> {
         if self.written.get(rel) != Some(&Written::of(st)) {
             return None;
         }
@@ -188,7 +192,7 @@ pub fn tree_and_deploy_hashes(
     both_hashes(Tree::open(dir)?.scan(&GlobSet::empty())?, exclude)
 }
 
-/// [`tree_and_deploy_hashes`] of a listed copy `before` ([`copy_tree_beneath_listed`])
+/// [`tree_and_deploy_hashes`] of a listed copy `before` ([`copy_tree_beneath_listed`](super::workspace::copy_tree_beneath_listed))
 /// that a patch naming the paths in `changed` was applied to: a file not in `changed`
 /// that is still the very file the copy wrote (same inode, change time and size; a patch
 /// replaces every file it writes by a new one) is not read again, its listed digest
@@ -250,7 +254,7 @@ fn hash_entries(entries: &[crate::fork::tree::Scanned]) -> String {
 
 /// The patched tree hash (verdict field `patched_tree_hash`): a `sha256:<hex>` of what a
 /// deployment of the tree consists of, the same whether fork's copy or a git checkout is
-/// hashed. Over the tree under `dir` minus the `exclude` globs (matched as [`copy_tree`]
+/// hashed. Over the tree under `dir` minus the `exclude` globs (matched as [`copy_tree`](super::workspace::copy_tree)
 /// matches them; an excluded directory leaves out all it holds), sorted by relative path
 /// bytes (`/`-separated, no leading `./`), starting from the bytes `fork-deploy-tree-v1\0`:
 ///
@@ -259,7 +263,7 @@ fn hash_entries(entries: &[crate::fork::tree::Scanned]) -> String {
 ///   its contents;
 /// - each symbolic link (never followed): `L`, its path, its target (length, bytes);
 /// - directories are not hashed (an empty directory does not count: git cannot carry
-///   one), nor devices, FIFOs and sockets ([`copy_tree`] never copies them); other mode
+///   one), nor devices, FIFOs and sockets ([`copy_tree`](super::workspace::copy_tree) never copies them); other mode
 ///   bits, owners and timestamps do not count.
 pub fn deploy_tree_hash(dir: &Path, exclude: &[String]) -> Result<String, WorkspaceError> {
     let entries = Tree::open(dir)?.scan(&build_excludes(exclude)?)?;

@@ -271,6 +271,11 @@ fn copy_from(
                     let made = || fs::DirBuilder::new().mode(0o700).create(&dst);
                     match made() {
                         Ok(()) => {}
+                        // Into an empty destination two entries never meet (a listed
+                        // copy's): unless the destination folds case.
+                        Err(e) if listed.is_some() => {
+                            return Err(IoError::new("create directory", &dst, collided(e)).into())
+                        }
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                             if clear_dest(&dst, true)? {
                                 // Merge into the existing directory; its mode is set at
@@ -305,7 +310,11 @@ fn copy_from(
                             .mode(0o600)
                             .open(&dst)
                     };
-                    let mut out = or_after_clearing(create, &dst, "create")?;
+                    let mut out = if listed.is_some() {
+                        create().map_err(|e| IoError::new("create", &dst, collided(e)))?
+                    } else {
+                        or_after_clearing(create, &dst, "create")?
+                    };
                     // copy_file_range(2): a reflink where the filesystem can (unless the
                     // bytes are hashed on their way).
                     let (n, digest) = copy_file(&mut from, &mut out, listed.is_some(), &mut buf)
@@ -330,7 +339,11 @@ fn copy_from(
                 }
                 Node::Link(target) => {
                     let link = || std::os::unix::fs::symlink(&target, &dst);
-                    or_after_clearing(link, &dst, "create symlink")?;
+                    if listed.is_some() {
+                        link().map_err(|e| IoError::new("create symlink", &dst, collided(e)))?;
+                    } else {
+                        or_after_clearing(link, &dst, "create symlink")?;
+                    }
                     stats.symlinks += 1;
                     if let Some(l) = listed.as_deref_mut() {
                         l.entries.push((rel, Node::Link(target), None));
@@ -345,6 +358,19 @@ fn copy_from(
             .ctx("set permissions on", dir)?;
     }
     Ok(stats)
+}
+
+/// In a listed copy, an entry already there: the destination was empty, so two of the
+/// source's entries landed on one name (a filesystem that folds case).
+fn collided(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::AlreadyExists {
+        io::Error::new(
+            e.kind(),
+            "another entry of the source was copied to this name (does the workspace's filesystem fold case?)",
+        )
+    } else {
+        e
+    }
 }
 
 /// Runs `make`, a creation that refuses an existing entry at `dst`. Only when something is

@@ -161,17 +161,37 @@ copy to a/b/kept.txt
     let after = tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap();
     assert_eq!(after, tree_and_deploy_hashes(&to, &excl).unwrap());
     assert_ne!(after.0, before.hash);
-    // A file the patch does not name is read again once it is no longer the file the
-    // copy wrote: changed in place (another size), or replaced (another inode).
-    fs::write(to.join("keep.txt"), "changed behind fork's back\n").unwrap();
+    // A file the patch does not name (`a/b/two.py`) counts by its listed digest while it
+    // is the file the copy wrote, and is read again once it is not: replaced by another
+    // file of the same size (another inode), or written to (another size).
+    let two = Path::new("a/b/two.py");
+    let st = |to: &Path| {
+        nix::sys::stat::fstatat(
+            nix::fcntl::AT_FDCWD,
+            &to.join(two),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap()
+    };
+    assert!(!named.contains(two));
+    assert!(
+        before.copied_digest(two, &st(&to)).is_some(),
+        "reused while unchanged"
+    );
+    fs::write(to.join("a/b/x.tmp"), "print(3)\n").unwrap();
+    fs::rename(to.join("a/b/x.tmp"), to.join(two)).unwrap();
+    assert!(
+        before.copied_digest(two, &st(&to)).is_none(),
+        "a replacement is read"
+    );
     let full = tree_and_deploy_hashes(&to, &excl).unwrap();
     assert_ne!(full, after);
     assert_eq!(
         tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap(),
         full
     );
-    fs::write(to.join("x.tmp"), "kept\n").unwrap();
-    fs::rename(to.join("x.tmp"), to.join("keep.txt")).unwrap();
+    fs::write(to.join(two), "print(22)\n").unwrap();
+    assert!(before.copied_digest(two, &st(&to)).is_none());
     assert_eq!(
         tree_and_deploy_hashes_after(&to, &excl, &before, &named).unwrap(),
         tree_and_deploy_hashes(&to, &excl).unwrap()

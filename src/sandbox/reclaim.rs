@@ -64,8 +64,9 @@ pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
 /// runs in the sandbox (before a run: no process of an earlier one is left), and only the
 /// supervisor writes the disk then, so the tree holds still: each entry's kind is taken
 /// from the directory listing (`d_type`; an `fstatat` where the filesystem gives none) and
-/// the walk goes back up by `..` without checking each directory again (as the walk of a
-/// tree that may change, `fsx::walk_tree`, does: that cost twice the system calls). It
+/// the walk goes back up by `..` checking only that it came back to the directory it left
+/// (one `fstat`; the walk of a tree that may change, `fsx::walk_tree`, checks each entry
+/// and each way up more: that cost twice the system calls), failing closed otherwise. It
 /// never follows a link (every entry changed with `AT_SYMLINK_NOFOLLOW`, every directory
 /// opened `O_NOFOLLOW` beneath its parent) and holds one directory open at a time, so a
 /// tree nested deeper than the descriptor limit is walked too.
@@ -81,27 +82,38 @@ pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxE
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let mut cur = openat(nix::fcntl::AT_FDCWD, root, flags, Mode::empty())
         .map_err(|e| fail("open directory", e))?;
-    // The subdirectories still to walk, one list per level from the root down.
-    let mut pending = vec![chown_entries(&cur, owner).map_err(|e| fail("chown", e))?];
+    let id = |fd: &std::os::fd::OwnedFd| {
+        nix::sys::stat::fstat(fd)
+            .map(|st| (st.st_dev, st.st_ino))
+            .map_err(|e| fail("stat", e))
+    };
+    // Per level from the root down: the directory's identity, and its subdirectories
+    // still to walk.
+    let mut levels = vec![(
+        id(&cur)?,
+        chown_entries(&cur, owner).map_err(|e| fail("chown", e))?,
+    )];
     loop {
-        let top = pending
+        let top = levels
             .last_mut()
             .expect("the root's level is the last to go");
-        if let Some(name) = top.pop() {
-            let dir = match openat(&cur, name.as_os_str(), flags, Mode::empty()) {
-                Ok(d) => d,
-                Err(nix::errno::Errno::ENOENT) => continue,
-                Err(e) => return Err(fail("open directory", e)),
-            };
-            pending.push(chown_entries(&dir, owner).map_err(|e| fail("chown", e))?);
+        if let Some(name) = top.1.pop() {
+            let dir = openat(&cur, name.as_os_str(), flags, Mode::empty())
+                .map_err(|e| fail("open directory", e))?;
+            let subdirs = chown_entries(&dir, owner).map_err(|e| fail("chown", e))?;
+            levels.push((id(&dir)?, subdirs));
             cur = dir;
             continue;
         }
-        pending.pop();
-        if pending.is_empty() {
+        levels.pop();
+        let Some(((dev, ino), _)) = levels.last() else {
             return Ok(());
-        }
+        };
         cur = openat(&cur, "..", flags, Mode::empty()).map_err(|e| fail("open directory", e))?;
+        // Fail closed should the tree move after all: never walk on above the disk.
+        if id(&cur)? != (*dev, *ino) {
+            return Err(fail("walk", nix::errno::Errno::ESTALE));
+        }
     }
 }
 
@@ -124,17 +136,13 @@ fn chown_entries(
         if name == "." || name == ".." {
             continue;
         }
-        match nix::unistd::fchownat(
+        nix::unistd::fchownat(
             dir,
             name,
             Some(owner.0),
             Some(owner.1),
             AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
-            Ok(()) => {}
-            Err(nix::errno::Errno::ENOENT) => continue,
-            Err(e) => return Err(e),
-        }
+        )?;
         let is_dir = match e.file_type() {
             Some(t) => t == Type::Directory,
             None => {
