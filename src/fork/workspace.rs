@@ -244,6 +244,8 @@ fn copy_from(
     mut listed: Option<&mut Listed>,
 ) -> Result<CopyStats, WorkspaceError> {
     let mut buf = Vec::new();
+    // A listed copy goes into an empty destination: it never merges into what is there.
+    let merge = listed.is_none();
     let excludes = build_excludes(exclude)?;
     let from_mode = tree.stat()?.st_mode;
     fs::create_dir_all(to).ctx("create directory", to)?;
@@ -271,9 +273,7 @@ fn copy_from(
                     let made = || fs::DirBuilder::new().mode(0o700).create(&dst);
                     match made() {
                         Ok(()) => {}
-                        // Into an empty destination two entries never meet (a listed
-                        // copy's): unless the destination folds case.
-                        Err(e) if listed.is_some() => {
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !merge => {
                             return Err(IoError::new("create directory", &dst, collided(e)).into())
                         }
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -310,11 +310,7 @@ fn copy_from(
                             .mode(0o600)
                             .open(&dst)
                     };
-                    let mut out = if listed.is_some() {
-                        create().map_err(|e| IoError::new("create", &dst, collided(e)))?
-                    } else {
-                        or_after_clearing(create, &dst, "create")?
-                    };
+                    let mut out = or_after_clearing(create, &dst, "create", merge)?;
                     // copy_file_range(2): a reflink where the filesystem can (unless the
                     // bytes are hashed on their way).
                     let (n, digest) = copy_file(&mut from, &mut out, listed.is_some(), &mut buf)
@@ -339,11 +335,7 @@ fn copy_from(
                 }
                 Node::Link(target) => {
                     let link = || std::os::unix::fs::symlink(&target, &dst);
-                    if listed.is_some() {
-                        link().map_err(|e| IoError::new("create symlink", &dst, collided(e)))?;
-                    } else {
-                        or_after_clearing(link, &dst, "create symlink")?;
-                    }
+                    or_after_clearing(link, &dst, "create symlink", merge)?;
                     stats.symlinks += 1;
                     if let Some(l) = listed.as_deref_mut() {
                         l.entries.push((rel, Node::Link(target), None));
@@ -360,29 +352,31 @@ fn copy_from(
     Ok(stats)
 }
 
-/// In a listed copy, an entry already there: the destination was empty, so two of the
-/// source's entries landed on one name (a filesystem that folds case).
+/// An entry already there where a copy into an empty destination (a listed copy's) makes
+/// one: two of the source's entries landed on one name (a filesystem that folds case).
 fn collided(e: io::Error) -> io::Error {
-    if e.kind() == io::ErrorKind::AlreadyExists {
-        io::Error::new(
-            e.kind(),
-            "another entry of the source was copied to this name (does the workspace's filesystem fold case?)",
-        )
-    } else {
-        e
-    }
+    io::Error::new(
+        e.kind(),
+        format!("another entry of the source was copied to this name (does the workspace's filesystem fold case?): {e}"),
+    )
 }
 
 /// Runs `make`, a creation that refuses an existing entry at `dst`. Only when something is
 /// already there (a copy merged into a tree that holds one) is it cleared, as
 /// [`clear_dest`] does, and `make` run again: into an empty destination, as a fresh
 /// workspace is, a copy costs one call per entry, not a `stat` before each.
+/// Without `merge` (a copy into an empty destination) nothing is cleared: an entry there
+/// is an error ([`collided`]).
 fn or_after_clearing<T>(
     make: impl Fn() -> io::Result<T>,
     dst: &Path,
     action: &'static str,
+    merge: bool,
 ) -> Result<T, WorkspaceError> {
     match make() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !merge => {
+            Err(IoError::new(action, dst, collided(e)).into())
+        }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             clear_dest(dst, false)?;
             Ok(make().ctx(action, dst)?)

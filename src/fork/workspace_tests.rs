@@ -24,6 +24,42 @@ fn sample_tree(root: &Path) {
     .unwrap();
 }
 
+/// A runtime directory whose `src` is [`sample_tree`] plus a listening socket (kept open
+/// by the returned listener).
+fn sample_runtime_with_a_socket() -> (tempfile::TempDir, PathBuf, std::os::unix::net::UnixListener)
+{
+    let dir = tempfile::tempdir().unwrap();
+    let from = dir.path().join("rt/src");
+    sample_tree(&from);
+    let listener = std::os::unix::net::UnixListener::bind(from.join("a/app.sock")).unwrap();
+    (dir, from, listener)
+}
+
+/// A copy into an empty destination never clears what it finds in its way: two source
+/// entries meeting on one name (a case-folding filesystem) are an error naming it, and
+/// the entry already copied is kept; a merging copy replaces it.
+#[test]
+fn a_copy_into_an_empty_destination_refuses_a_second_entry_on_one_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("README");
+    fs::write(&dst, "first").unwrap();
+    let create = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&dst)
+    };
+    let e = or_after_clearing(create, &dst, "create", false).unwrap_err();
+    assert!(e.to_string().contains("fold case"), "{e}");
+    assert!(e.to_string().contains("README"), "{e}");
+    assert_eq!(fs::read_to_string(&dst).unwrap(), "first");
+    let link = || std::os::unix::fs::symlink("elsewhere", &dst);
+    assert!(or_after_clearing(link, &dst, "create symlink", false).is_err());
+    assert_eq!(fs::read_to_string(&dst).unwrap(), "first");
+    or_after_clearing(create, &dst, "create", true).unwrap();
+    assert_eq!(fs::read_to_string(&dst).unwrap(), "");
+}
+
 #[test]
 fn workspace_layout() {
     let dir = tempfile::tempdir().unwrap();
@@ -56,11 +92,7 @@ fn workspace_layout() {
 /// A listed copy's listing is what reading the copy gives, without the second reading.
 #[test]
 fn a_listed_copy_lists_what_reading_the_copy_lists() {
-    let dir = tempfile::tempdir().unwrap();
-    let from = dir.path().join("rt/src");
-    sample_tree(&from);
-    let sock = from.join("a/app.sock");
-    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (dir, from, _listener) = sample_runtime_with_a_socket();
     // A file larger than one read buffer, and a setuid bit the copy drops.
     fs::write(
         from.join("a/big.bin"),
@@ -218,11 +250,7 @@ copy to a/b/kept.txt
 /// the two to see that the parent's source did not move.
 #[test]
 fn a_tree_and_its_copy_hash_alike_special_files_and_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let from = dir.path().join("rt/src");
-    sample_tree(&from);
-    let sock = from.join("a/app.sock");
-    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (dir, from, _listener) = sample_runtime_with_a_socket();
     let excl = vec![".git".to_string(), "state".to_string()];
     let to = dir.path().join("copy");
     let stats = copy_tree(&from, &to, &excl).unwrap();
