@@ -6,9 +6,11 @@
 //! built, then a writer *process* (this binary re-executed with `--writer DB`) keeps
 //! updating random rows, one transaction per row, timing every commit and, apart, the time
 //! each commit found the lock taken (its busy handler). Then N runs, each doing `cp DB
-//! copy`, `sha256sum DB` (the hash's peer) and seven snapshot variants (the default one-image
-//! copy with `integrity_check` (rollback mode: the file's bytes copied by the kernel under
-//! the shared lock and hashed while copied, `raw_copy`; WAL mode: the database file and its
+//! copy`, `sha256sum DB` (the hash's peer) and eight snapshot variants (the default one-image
+//! copy with `integrity_check` (rollback mode: the file's bytes copied by the kernel with no
+//! lock held, hashed behind the copy, then compared with the live file under the shared
+//! lock and what differs copied again, `raw_copy` and `precopy_min_bytes`; the same with
+//! the whole copy made under the lock, the previous default; WAL mode: the database file and its
 //! `-wal` copied by the kernel under a held read transaction, then the WAL replayed into
 //! the copy by SQLite, `wal_file_copy`; named by BLAKE3), the image through
 //! `sqlite3_serialize` in both modes, the default with `quick_check`, the default named by
@@ -113,12 +115,14 @@ fn writer(db: &Path) {
         .expect("writer: count");
     let longest = Arc::new(AtomicU64::new(0));
     let longest_wait = Arc::new(AtomicU64::new(0));
+    let longest_gap = Arc::new(AtomicU64::new(0));
     let commits = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     {
-        let (longest, longest_wait, commits, stop) = (
+        let (longest, longest_wait, longest_gap, commits, stop) = (
             longest.clone(),
             longest_wait.clone(),
+            longest_gap.clone(),
             commits.clone(),
             stop.clone(),
         );
@@ -131,7 +135,8 @@ fn writer(db: &Path) {
                     let l = longest.swap(0, Ordering::SeqCst);
                     let n = commits.swap(0, Ordering::SeqCst);
                     let w = longest_wait.swap(0, Ordering::SeqCst);
-                    let _ = writeln!(out, "{l} {n} {w}");
+                    let g = longest_gap.swap(0, Ordering::SeqCst);
+                    let _ = writeln!(out, "{l} {n} {w} {g}");
                     let _ = out.flush();
                 }
             }
@@ -139,6 +144,7 @@ fn writer(db: &Path) {
         });
     }
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut last_done = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         // xorshift: a random row to rewrite.
         x ^= x << 13;
@@ -157,6 +163,8 @@ fn writer(db: &Path) {
             longest_wait.fetch_max(now_us().saturating_sub(since), Ordering::SeqCst);
         }
         longest.fetch_max(t.elapsed().as_micros() as u64, Ordering::SeqCst);
+        longest_gap.fetch_max(last_done.elapsed().as_micros() as u64, Ordering::SeqCst);
+        last_done = Instant::now();
         commits.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -166,6 +174,9 @@ struct Writer {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    /// The longest time between two of the writer's commits up to the last mark (the
+    /// second after the previous mark): what it was held back by, lock or CPU.
+    last_gap: Duration,
 }
 
 impl Writer {
@@ -184,6 +195,7 @@ impl Writer {
             child,
             stdin,
             stdout,
+            last_gap: Duration::ZERO,
         }
     }
 
@@ -200,6 +212,7 @@ impl Writer {
         let us = it.next().unwrap_or(0);
         let n = it.next().unwrap_or(0);
         let wait = it.next().unwrap_or(0);
+        self.last_gap = Duration::from_micros(it.next().unwrap_or(0));
         (Duration::from_micros(us), n, Duration::from_micros(wait))
     }
 
@@ -305,14 +318,16 @@ struct Runs {
     longest_step: Vec<Duration>,
     stall: Vec<Duration>,
     wait: Vec<Duration>,
+    gap: Vec<Duration>,
     cpu: Vec<Duration>,
     restarts: Vec<u32>,
     last: Option<SnapshotStats>,
 }
 
 impl Runs {
-    fn push(&mut self, st: &SnapshotStats, stall: Duration, wait: Duration) {
+    fn push(&mut self, st: &SnapshotStats, stall: Duration, wait: Duration, gap: Duration) {
         self.wait.push(wait);
+        self.gap.push(gap);
         self.total.push(st.elapsed);
         self.copy.push(st.copy_elapsed);
         self.check.push(st.check_elapsed);
@@ -349,14 +364,23 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
 
     // The variants timed against cp (and sha256sum, the hash's peer), each run in a
     // rotating order: the default (rollback mode: the image as the file's bytes, copied by
-    // the kernel under the shared lock and hashed while copied; WAL mode: the database file
+    // the kernel with no lock held and hashed behind the copy, then made the committed
+    // state under the shared lock; the same copied wholly under the lock, the previous
+    // default; WAL mode: the database file
     // and its -wal copied by the kernel under a held read transaction, then the WAL
     // replayed into the copy), the pager's image (`sqlite3_serialize`) in both modes, the
     // default with quick_check, the default named by SHA-256 (the releases before BLAKE3),
     // the default without the check (what `fork evaluate` waits for: its check runs
     // beside the first sandbox), the page-by-page backup, and the backup in one step.
-    let variants: [(&str, SnapshotOptions); 7] = [
+    let variants: [(&str, SnapshotOptions); 8] = [
         ("image (default)", SnapshotOptions::default()),
+        (
+            "image, rollback: the file's bytes copied under the lock (no copy before it: `precopy_min_bytes` off, the previous default; WAL: the default again)",
+            SnapshotOptions {
+                precopy_min_bytes: u64::MAX,
+                ..SnapshotOptions::default()
+            },
+        ),
         (
             "image, named by sha256 (`[state] digest = \"sha256\"`, the previous default)",
             SnapshotOptions {
@@ -408,6 +432,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
     let mut stall_cp = vec![];
     let mut stall_idle = vec![];
     let mut wait_idle = vec![];
+    let mut gap_idle = vec![];
     let mut per: Vec<Runs> = variants.iter().map(|_| Runs::default()).collect();
     let mut commits = 0u64;
     let window = Instant::now();
@@ -420,6 +445,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
             std::thread::sleep(Duration::from_millis(100));
             let (idle, n, wait) = w.mark();
             stall_idle.push(idle);
+            gap_idle.push(w.last_gap);
             wait_idle.push(wait);
             commits += n;
             if op == 0 {
@@ -439,7 +465,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
                 let (s, n, wait) = w.mark();
                 commits += n;
                 assert!(st.integrity_ok || variants[op - 2].1.check == IntegrityCheck::Skip);
-                per[op - 2].push(&st, s, wait);
+                per[op - 2].push(&st, s, wait, w.last_gap);
             }
             remove_copy(&copy);
         }
@@ -505,30 +531,35 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         );
         if let Some(st) = &r.last {
             println!(
-                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}, pieces hashed again {:?} of {}",
+                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}, pieces hashed again {:?} of {}, bytes copied again under the lock {:?}",
                 st.pages,
                 st.steps,
                 st.busy_retries,
                 st.wal,
                 st.method,
                 st.pieces_hashed_again,
-                st.bytes.div_ceil(8192)
+                st.bytes.div_ceil(8192),
+                st.recopied_bytes
             );
         }
         println!(
-            "  writer during it: longest lock wait max {} (median {}); longest commit max {} (median {})",
+            "  writer during it: longest lock wait max {} (median {}); longest commit max {} (median {}); longest time between two commits max {} (median {})",
             ms(r.wait.iter().copied().max().unwrap_or_default()),
             ms(median(&r.wait)),
             ms(r.stall.iter().copied().max().unwrap_or_default()),
             ms(median(&r.stall)),
+            ms(r.gap.iter().copied().max().unwrap_or_default()),
+            ms(median(&r.gap)),
         );
     }
     println!(
-        "writer longest commit: during cp max {}; idle max {} (median {}); idle longest lock wait max {}",
+        "writer longest commit: during cp max {}; idle max {} (median {}); idle longest lock wait max {}; idle longest time between two commits max {} (median {})",
         ms(stall_cp.iter().copied().max().unwrap_or_default()),
         ms(stall_idle.iter().copied().max().unwrap_or_default()),
         ms(median(&stall_idle)),
         ms(wait_idle.iter().copied().max().unwrap_or_default()),
+        ms(gap_idle.iter().copied().max().unwrap_or_default()),
+        ms(median(&gap_idle)),
     );
 
     if sweep {

@@ -42,6 +42,12 @@ pub(super) fn copy_image(
         0
     };
     let mut restarts = 0;
+    // Rollback journal, a large file: copied first with no lock held (`precopy.rs`).
+    let mut precopied = if !wal && opts.raw_copy {
+        super::precopy::precopy(src, dest, opts)?
+    } else {
+        None
+    };
     loop {
         source
             .execute_batch("BEGIN DEFERRED")
@@ -61,6 +67,9 @@ pub(super) fn copy_image(
         let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);
         if bytes == 0 || bytes > opts.image_max_bytes {
             let _ = source.execute_batch("COMMIT");
+            if let Some(p) = precopied.take() {
+                p.discard(dest)?;
+            }
             return Ok(None);
         }
         let image = super::raw::Image {
@@ -70,7 +79,11 @@ pub(super) fn copy_image(
             locked,
         };
         if !wal && opts.raw_copy {
-            return super::raw::copy_raw(src, source, dest, &image, opts).map(Some);
+            return match precopied.take() {
+                Some(p) => super::precopy::copy_precopied(src, source, dest, &image, opts, p),
+                None => super::raw::copy_raw(src, source, dest, &image, opts),
+            }
+            .map(Some);
         }
         if file_attempts > 0 {
             file_attempts -= 1;
@@ -156,6 +169,7 @@ pub(super) fn copy_image(
                 digest,
                 integrity_ok,
                 pieces_hashed_again: again,
+                recopied_bytes: None,
             }));
         }
         if restarts > 0 {
@@ -172,7 +186,7 @@ pub(super) fn copy_image(
 /// its copy: those in the `dirty` ranges (the pages of the copied WAL's frames) and those
 /// past the shorter of the two lengths hashed again, the rest as they were; and how many
 /// pieces were hashed again.
-fn rehash(
+pub(super) fn rehash(
     dest: &Path,
     bytes: u64,
     mut pieces: super::pieces::Pieces,
@@ -260,16 +274,13 @@ fn serialize(
         digest: hash.0,
         integrity_ok,
         pieces_hashed_again: None,
+        recopied_bytes: None,
     })
 }
 
 /// Writes the image into the (empty) destination file.
 fn write_image(dest: &Path, image: &[u8]) -> Result<(), SnapshotError> {
     use std::io::Write;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(dest)
-        .map_err(io_err("open", dest))?;
+    let mut f = super::sqlite::open_emptied(dest)?;
     f.write_all(image).map_err(io_err("write", dest))
 }

@@ -23,6 +23,7 @@ mod image;
 pub mod owner;
 pub mod parent;
 mod pieces;
+mod precopy;
 mod raw;
 pub mod snapshot;
 #[cfg(test)]

@@ -126,6 +126,9 @@ struct Hashing {
     unread: AtomicU64,
     /// The hashing was dropped unfinished: claim no more blocks.
     stop: AtomicBool,
+    /// Claim no block until resumed (the caller holds a lock a writer waits for, and
+    /// wants the cores and the memory bandwidth meanwhile).
+    paused: AtomicBool,
     #[cfg(test)]
     gate: Option<Arc<tests::Gate>>,
 }
@@ -150,6 +153,12 @@ impl Hashing {
         let mut busy = Duration::ZERO;
         let mut buf = vec![0u8; BLOCK as usize];
         loop {
+            if self.paused.load(Ordering::Relaxed) {
+                let mut c = self.copied.lock().unwrap_or_else(|e| e.into_inner());
+                while self.paused.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+                    c = self.moved.wait(c).unwrap_or_else(|e| e.into_inner());
+                }
+            }
             if self.stop.load(Ordering::Relaxed) {
                 return Ok((mine, busy));
             }
@@ -212,6 +221,7 @@ impl Behind {
             next: AtomicU64::new(0),
             unread: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             #[cfg(test)]
             gate: gate.clone(),
         });
@@ -245,9 +255,23 @@ impl Behind {
         self.hashing.set(|c| *c = (len, true));
     }
 
+    /// The thread behind claims no further block until [`resume`](Self::resume) or
+    /// [`finish`](Self::finish) (the block it is hashing, at most 1 MiB, it finishes).
+    pub fn pause(&self) {
+        self.hashing
+            .set(|_| self.hashing.paused.store(true, Ordering::Relaxed));
+    }
+
+    /// Undoes [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.hashing
+            .set(|_| self.hashing.paused.store(false, Ordering::Relaxed));
+    }
+
     /// The copier, once the copy of `len` bytes has ended: hashes what is left beside the
     /// thread behind it, joins it, and returns the pieces and the time both were busy.
     pub fn finish(mut self, len: u64) -> io::Result<(Pieces, Duration)> {
+        self.resume();
         self.ended(len);
         let mine = self.hashing.work(&self.copy);
         let theirs = match self.thread.take() {

@@ -39,7 +39,7 @@ pub(super) struct Image {
 /// The copier's chunk: the hasher starts after the first one, so small enough that it
 /// starts at once, large enough that a chunk's system call and hand-over cost nothing next
 /// to its copy.
-const CHUNK: u64 = 4 << 20;
+pub(super) const CHUNK: u64 = 4 << 20;
 
 /// The hasher's read buffer, reused for every read (it stays in the CPU's caches).
 const HASH_BUF: usize = 1 << 20;
@@ -57,29 +57,8 @@ pub(super) fn copy_raw(
     // drops every POSIX lock the process holds on it, SQLite's SHARED lock included.
     let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
         .map_err(io_err("open", src))?;
-    // The file SQLite locked is the one at the path now (a parent does not swap its
-    // database file under a live connection; if it did, refuse rather than copy the
-    // wrong file).
-    let (ours, at_path) = (
-        file.metadata().map_err(io_err("stat", src))?,
-        fs::symlink_metadata(src).map_err(io_err("stat", src))?,
-    );
-    if (ours.dev(), ours.ino()) != (at_path.dev(), at_path.ino()) || ours.len() < image.bytes {
-        return Err(SnapshotError::Io {
-            action: "copy",
-            path: src.to_path_buf(),
-            source: io::Error::other(format!(
-                "the file changed while it was locked ({} bytes, the database {})",
-                ours.len(),
-                image.bytes
-            )),
-        });
-    }
-    let out = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(dest)
-        .map_err(io_err("open", dest))?;
+    check_locked_file(&file, src, image)?;
+    let out = super::sqlite::open_emptied(dest)?;
     let back = File::open(dest).map_err(io_err("open", dest))?;
     let (done_tx, done_rx) = mpsc::channel::<u64>();
     // One chunk and no check: the hasher would only start once the copy is done and have
@@ -170,12 +149,39 @@ pub(super) fn copy_raw(
         digest,
         integrity_ok,
         pieces_hashed_again: None,
+        recopied_bytes: None,
     })
+}
+
+/// Under the lock: the file SQLite locked is the one at the path now (a parent does not
+/// swap its database file under a live connection; if it did, refuse rather than copy the
+/// wrong file), and it holds the whole database.
+pub(super) fn check_locked_file(
+    file: &File,
+    src: &Path,
+    image: &Image,
+) -> Result<(), SnapshotError> {
+    let (ours, at_path) = (
+        file.metadata().map_err(io_err("stat", src))?,
+        fs::symlink_metadata(src).map_err(io_err("stat", src))?,
+    );
+    if (ours.dev(), ours.ino()) != (at_path.dev(), at_path.ino()) || ours.len() < image.bytes {
+        return Err(SnapshotError::Io {
+            action: "copy",
+            path: src.to_path_buf(),
+            source: io::Error::other(format!(
+                "the file changed while it was locked ({} bytes, the database {})",
+                ours.len(),
+                image.bytes
+            )),
+        });
+    }
+    Ok(())
 }
 
 /// Ends the read transaction (nothing was written), then lets go of the file: the time
 /// the lock was held.
-fn end_read(
+pub(super) fn end_read(
     source: Connection,
     file: File,
     image: &Image,

@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 use super::sqlite::{as_reader, check_and_hash, open_source, retry_busy, sqlite_err};
 pub use super::sqlite::{
     check_copy, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
-    StateDigest, IMAGE_MAX_BYTES, SQLITE_MAGIC,
+    StateDigest, IMAGE_MAX_BYTES, PRECOPY_MIN_BYTES, SQLITE_MAGIC,
 };
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
@@ -247,6 +247,7 @@ fn copy_check_hash(
         digest,
         integrity_ok,
         pieces_hashed_again: None,
+        recopied_bytes: None,
     })
 }
 
@@ -374,6 +375,10 @@ mod link_tests;
 mod owner_tests;
 
 #[cfg(test)]
+#[path = "snapshot_precopy_tests.rs"]
+mod precopy_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -461,8 +466,21 @@ mod tests {
         })
     }
 
-    /// `image`: the default one-image copy; otherwise page by page in small steps.
-    fn snapshot_under_writer(wal: bool, start_rows: u64, image: bool, raw: bool) {
+    /// How [`snapshot_under_writer`] copies.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Way {
+        /// Page by page in small steps.
+        Pages,
+        /// The one-image copy, through SQLite's pager (`raw_copy` off).
+        Image,
+        /// The one-image copy as the file's bytes under the lock.
+        Raw,
+        /// The same, copied first with no lock held (`precopy_min_bytes` of 1 MiB).
+        Precopied,
+    }
+
+    fn snapshot_under_writer(wal: bool, start_rows: u64, way: Way) {
+        let image = way != Way::Pages;
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("live.db");
         make_db(&src, wal, start_rows);
@@ -485,7 +503,12 @@ mod tests {
         let before = committed.load(Ordering::SeqCst);
         let opts = if image {
             SnapshotOptions {
-                raw_copy: raw,
+                raw_copy: matches!(way, Way::Raw | Way::Precopied),
+                precopy_min_bytes: if way == Way::Precopied {
+                    1 << 20
+                } else {
+                    u64::MAX
+                },
                 ..SnapshotOptions::default()
             }
         } else {
@@ -508,11 +531,12 @@ mod tests {
 
         assert!(stats.integrity_ok);
         assert_eq!(stats.wal, wal);
-        let method = match (image, wal, raw) {
-            (false, _, _) => SnapshotMethod::Pages,
-            (true, true, _) => SnapshotMethod::WalFiles,
-            (true, false, true) => SnapshotMethod::FileBytes,
-            (true, false, false) => SnapshotMethod::Serialize,
+        let method = match (way, wal) {
+            (Way::Pages, _) => SnapshotMethod::Pages,
+            (_, true) => SnapshotMethod::WalFiles,
+            (Way::Raw, false) => SnapshotMethod::FileBytes,
+            (Way::Precopied, false) => SnapshotMethod::FileBytesPrecopied,
+            (Way::Image, false) => SnapshotMethod::Serialize,
         };
         assert_eq!(stats.method, method, "{stats:?}");
         if image {
@@ -586,22 +610,22 @@ mod tests {
 
     #[test]
     fn snapshot_wal_db_under_a_writer() {
-        snapshot_under_writer(true, 1500, false, false);
+        snapshot_under_writer(true, 1500, Way::Pages);
     }
 
     #[test]
     fn snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, false, false);
+        snapshot_under_writer(false, 400, Way::Pages);
     }
 
     #[test]
     fn image_snapshot_wal_db_under_a_writer() {
-        snapshot_under_writer(true, 1500, true, false);
+        snapshot_under_writer(true, 1500, Way::Image);
     }
 
     #[test]
     fn image_snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 400, true, false);
+        snapshot_under_writer(false, 400, Way::Image);
     }
 
     /// The raw image (the file's bytes copied under the shared lock) is one committed state
@@ -609,7 +633,14 @@ mod tests {
     /// from the first chunk to the last).
     #[test]
     fn raw_image_snapshot_rollback_db_under_a_writer() {
-        snapshot_under_writer(false, 1500, true, true);
+        snapshot_under_writer(false, 1500, Way::Raw);
+    }
+
+    /// Copied first with no lock held, then made the committed state under the lock
+    /// (`precopy.rs`): one committed state as well, while the writer commits throughout.
+    #[test]
+    fn precopied_image_snapshot_rollback_db_under_a_writer() {
+        snapshot_under_writer(false, 1500, Way::Precopied);
     }
 
     /// A database above the image bound goes page by page; at or below it, as one image.
@@ -649,14 +680,20 @@ mod tests {
             parent
                 .execute_batch("PRAGMA wal_autocheckpoint = 0; UPDATE meta SET n = n + 1;")
                 .unwrap();
-            let shapes = [(true, IMAGE_MAX_BYTES), (false, IMAGE_MAX_BYTES), (true, 0)];
-            for (i, (fast, bound)) in shapes.into_iter().enumerate() {
+            let shapes = [
+                (true, IMAGE_MAX_BYTES, u64::MAX),
+                (true, IMAGE_MAX_BYTES, 1 << 20),
+                (false, IMAGE_MAX_BYTES, u64::MAX),
+                (true, 0, u64::MAX),
+            ];
+            for (i, (fast, bound, precopy)) in shapes.into_iter().enumerate() {
                 for digest in [StateDigest::Blake3, StateDigest::Sha256] {
                     let dest = dir.path().join(format!("c{wal}{i}{digest:?}.db"));
                     let opts = SnapshotOptions {
                         raw_copy: fast,
                         wal_file_copy: fast,
                         image_max_bytes: bound,
+                        precopy_min_bytes: precopy,
                         digest,
                         ..SnapshotOptions::default()
                     };
@@ -664,15 +701,23 @@ mod tests {
                     assert!(st.bytes > 2 << 20, "large enough to be split: {st:?}");
                     assert!(st.digest.starts_with(&format!("{}:", digest.name())));
                     assert_eq!(st.digest, digest.of_path(&dest).unwrap(), "{st:?}");
-                    // BLAKE3 over a WAL file copy: hashed behind the copy, then in part.
-                    let behind = st.method == SnapshotMethod::WalFiles && digest.name() == "blake3";
+                    // BLAKE3 over a WAL file copy or a precopy: hashed behind the copy, then
+                    // in part.
+                    let pieces = [SnapshotMethod::WalFiles, SnapshotMethod::FileBytesPrecopied];
+                    let behind = pieces.contains(&st.method) && digest.name() == "blake3";
                     assert_eq!(st.pieces_hashed_again.is_some(), behind, "{st:?}");
                     seen.insert(format!("{:?}", st.method));
                 }
             }
             drop(parent);
         }
-        let want = ["FileBytes", "Pages", "Serialize", "WalFiles"];
+        let want = [
+            "FileBytes",
+            "FileBytesPrecopied",
+            "Pages",
+            "Serialize",
+            "WalFiles",
+        ];
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), want);
     }
 

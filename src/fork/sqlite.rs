@@ -20,6 +20,9 @@ pub const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 /// writers longer than the 50 ms the snapshot promises them.
 pub const IMAGE_MAX_BYTES: u64 = 128 << 20;
 
+/// The default [`SnapshotOptions::precopy_min_bytes`].
+pub const PRECOPY_MIN_BYTES: u64 = 16 << 20;
+
 /// Which check runs on the copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntegrityCheck {
@@ -59,6 +62,15 @@ pub struct SnapshotOptions {
     /// pager: the state is the file plus the WAL's frames.) On by default: measured faster
     /// with `benches/snapshot.rs` (see the README's Benchmarks).
     pub raw_copy: bool,
+    /// Rollback-journal mode, `raw_copy`: a database file of at least this many bytes is
+    /// first copied with no lock held, then made the committed state under the shared lock
+    /// (compared with the live file block by block, every 4 KiB that differs copied again:
+    /// `precopy.rs`), so that a committing writer waits one reading of the two files
+    /// instead of the kernel's copy of the file (measured about half as long; the
+    /// snapshot as a whole takes that reading longer). `u64::MAX`: always copy under the
+    /// lock (as before this option). Default 16 MiB (the lock's copy is then a few
+    /// milliseconds at most).
+    pub precopy_min_bytes: u64,
     /// WAL mode, a live parent only: copy the one image as the database file and its
     /// `-wal`, by the kernel, under a held read transaction, then let SQLite's recovery
     /// replay the copied WAL into the copy (`walcopy.rs` says why that is one committed
@@ -83,6 +95,10 @@ pub enum SnapshotMethod {
     Serialize,
     /// Rollback journal: the file's bytes copied by the kernel under the shared lock.
     FileBytes,
+    /// Rollback journal, a large database: the file's bytes copied by the kernel with no
+    /// lock held, then compared under the shared lock with the live file and every 4 KiB
+    /// that differed copied again (see [`SnapshotOptions::precopy_min_bytes`]).
+    FileBytesPrecopied,
     /// WAL: the database file and its `-wal` copied by the kernel under a held read
     /// transaction, then the WAL replayed into the copy by SQLite's recovery.
     WalFiles,
@@ -110,6 +126,7 @@ impl Default for SnapshotOptions {
             check: IntegrityCheck::Full,
             image_max_bytes: IMAGE_MAX_BYTES,
             raw_copy: true,
+            precopy_min_bytes: PRECOPY_MIN_BYTES,
             wal_file_copy: true,
             digest: StateDigest::Blake3,
             read_as: None,
@@ -153,8 +170,14 @@ pub struct SnapshotStats {
     /// True when the integrity check ran and answered `ok` (false only with `Skip`).
     pub integrity_ok: bool,
     /// WAL mode's file copy with BLAKE3: the copy's pieces hashed again after the WAL's
-    /// replay (the rest were hashed behind the copy). None: hashed whole, or while copied.
+    /// replay (the rest were hashed behind the copy); a rollback-journal database copied
+    /// before its lock ([`SnapshotMethod::FileBytesPrecopied`]): those hashed again after
+    /// the comparison under the lock. None: hashed whole, or while copied.
     pub pieces_hashed_again: Option<usize>,
+    /// [`SnapshotMethod::FileBytesPrecopied`]: the bytes copied again under the lock (the
+    /// 4 KiB units that differed from the committed state, and what the file grew by
+    /// after the unlocked copy). None for the other methods.
+    pub recopied_bytes: Option<u64>,
 }
 
 /// Why a snapshot failed. Each message names the file and what to do.
@@ -412,6 +435,25 @@ pub(super) fn check_and_hash(
     digest: StateDigest,
 ) -> Result<(bool, Duration, String, Duration), SnapshotError> {
     check_beside(dest, check, || digest.of_path(dest))
+}
+
+/// Opens the snapshot's copy `dest` to read and write, empty: created empty by
+/// [`snapshot`](super::snapshot::snapshot), so it is cut only when an earlier attempt
+/// wrote into it. Never opened with `O_TRUNC`: on ext4 a file truncated to zero is marked
+/// to have its delayed blocks allocated and written out when it is next closed
+/// (`auto_da_alloc`), which put the copy's whole writeback (100 MiB on the benchmark's
+/// database) in front of the parent's next commit, whose `fsync` then waited 30-50 ms
+/// behind it (measured with `benches/snapshot.rs`).
+pub(super) fn open_emptied(dest: &Path) -> Result<std::fs::File, SnapshotError> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dest)
+        .map_err(io_err("open", dest))?;
+    if f.metadata().map_err(io_err("stat", dest))?.len() != 0 {
+        f.set_len(0).map_err(io_err("truncate", dest))?;
+    }
+    Ok(f)
 }
 
 /// The check of the finished copy on this thread while `hash` runs on another:

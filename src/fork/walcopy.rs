@@ -185,11 +185,7 @@ pub(super) fn copy_files(
             _wal: Some(wal),
         }));
     }
-    let out = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(dest)
-        .map_err(io_err("open", dest))?;
+    let out = super::sqlite::open_emptied(dest)?;
     // `io::copy` between two files lets the kernel copy (`copy_file_range`). Each file is
     // copied as far as it reached when it was opened, after the read transaction began:
     // the WAL's frames up to that transaction's last are in that much, and whatever a
