@@ -4,6 +4,7 @@
 //! as the file's bytes: `raw.rs`; a live WAL-mode parent's as its database file and `-wal`,
 //! replayed into the copy: `walcopy.rs`).
 
+use super::precopy::RawSource;
 use super::sqlite::{
     as_reader, check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy,
     sqlite_err, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
@@ -16,7 +17,8 @@ use std::time::{Duration, Instant};
 /// The one-image copy, for a database of at most `opts.image_max_bytes`, inside one read
 /// transaction (in WAL mode a fixed snapshot that never blocks a writer; in rollback mode
 /// the shared lock, held only while the image is read): a live WAL-mode parent's files
-/// copied and replayed (`walcopy.rs`), a rollback-journal database's bytes (`raw.rs`), or
+/// copied and replayed (`walcopy.rs`), a rollback-journal database's bytes (`raw.rs`; a
+/// large one copied before the lock and made the committed state under it: `precopy.rs`), or
 /// else every page of the database as that transaction sees it read by SQLite
 /// (`sqlite3_serialize`, through the pager: the WAL's frames included) into memory, then
 /// written to `dest` and checked there while another thread hashes it. Returns None
@@ -33,6 +35,14 @@ pub(super) fn copy_image(
     if opts.image_max_bytes == 0 {
         return Ok(None);
     }
+    // Rollback journal: the file opened before SQLite opens it (a file put in its place
+    // afterwards is then seen under the lock as another file), and a large one copied with
+    // no lock held (`precopy.rs`).
+    let mut raw = if !wal && opts.raw_copy {
+        Some(super::precopy::open_raw(src, dest, opts)?)
+    } else {
+        None
+    };
     let source = open_source(src, uri, opts, started)?;
     // WAL mode, a live parent (`uri`): the files under the read transaction (`walcopy.rs`),
     // attempt after attempt while the WAL restarts under the copy.
@@ -42,12 +52,6 @@ pub(super) fn copy_image(
         0
     };
     let mut restarts = 0;
-    // Rollback journal, a large file: copied first with no lock held (`precopy.rs`).
-    let mut precopied = if !wal && opts.raw_copy {
-        super::precopy::precopy(src, dest, opts)?
-    } else {
-        None
-    };
     loop {
         source
             .execute_batch("BEGIN DEFERRED")
@@ -67,7 +71,7 @@ pub(super) fn copy_image(
         let bytes = u64::try_from(pages.saturating_mul(page_size)).unwrap_or(0);
         if bytes == 0 || bytes > opts.image_max_bytes {
             let _ = source.execute_batch("COMMIT");
-            if let Some(p) = precopied.take() {
+            if let Some(RawSource::Precopied(p)) = raw.take() {
                 p.discard(dest)?;
             }
             return Ok(None);
@@ -78,10 +82,14 @@ pub(super) fn copy_image(
             started,
             locked,
         };
-        if !wal && opts.raw_copy {
-            return match precopied.take() {
-                Some(p) => super::precopy::copy_precopied(src, source, dest, &image, opts, p),
-                None => super::raw::copy_raw(src, source, dest, &image, opts),
+        if let Some(r) = raw.take() {
+            return match r {
+                RawSource::Precopied(p) => {
+                    super::precopy::copy_precopied(src, source, dest, &image, opts, p)
+                }
+                RawSource::Plain(file) => {
+                    super::raw::copy_raw(src, source, dest, &image, opts, file)
+                }
             }
             .map(Some);
         }
@@ -182,8 +190,9 @@ pub(super) fn copy_image(
     }
 }
 
-/// The BLAKE3 of the replayed copy `dest` (`bytes` long) from the pieces hashed behind
-/// its copy: those in the `dirty` ranges (the pages of the copied WAL's frames) and those
+/// The BLAKE3 of the copy `dest` (`bytes` long) from the pieces hashed behind its copy:
+/// those in the `dirty` ranges (the pages of the copied WAL's frames, replayed; or the
+/// units the comparison under the lock copied again, `precopy.rs`) and those
 /// past the shorter of the two lengths hashed again, the rest as they were; and how many
 /// pieces were hashed again.
 pub(super) fn rehash(

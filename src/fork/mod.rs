@@ -4,7 +4,8 @@
 //!   transaction, or the online backup API for a large database) while the parent keeps
 //!   running and writing; `image.rs` holds the one-image copy (`raw.rs`: a rollback-journal
 //!   database's image copied as the file's bytes by the kernel under the shared lock,
-//!   hashed while copied; `walcopy.rs`: a live WAL-mode parent's database file and `-wal`
+//!   hashed while copied; `precopy.rs`: a large one's copied first with no lock held, then
+//!   made the committed state under the lock; `walcopy.rs`: a live WAL-mode parent's database file and `-wal`
 //!   copied by the kernel under a held read transaction, the WAL then replayed into the
 //!   copy by SQLite; `pieces.rs`: its BLAKE3 kept piece by piece, so that only what the
 //!   replay rewrote is hashed again), `sqlite.rs` what both copies share (options,

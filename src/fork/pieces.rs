@@ -2,7 +2,8 @@
 //! rewritten after they were hashed can be hashed again alone (WAL mode's snapshot: the
 //! database file is hashed behind its copy, and SQLite's replay rewrites the pages the
 //! copied WAL holds, meanwhile or after; only their pieces are hashed again, see
-//! `walcopy.rs`).
+//! `walcopy.rs`; a large rollback-journal database copied before its lock, whose
+//! comparison under the lock rewrites what changed meanwhile: `precopy.rs`).
 //!
 //! A piece read while the file was shorter than it (the replay may cut the file to its
 //! page count while the thread behind reads) is not trusted: every piece from the first
@@ -49,7 +50,9 @@ impl Pieces {
     /// cut at most once, to `new_len`: then no length it had was below the shorter of the
     /// two, and a piece read whole below that changed only inside `dirty`. SQLite's replay
     /// of a copied WAL is such a change: it writes frames' pages (all in `dirty`), growing
-    /// the file where they lie past its end, and cuts it to its page count last. Pieces
+    /// the file where they lie past its end, and cuts it to its page count last; so is the
+    /// precopy's comparison (it rewrites units in place, all in `dirty`, then either
+    /// copies what the file grew by or cuts the copy once). Pieces
     /// read short are read again whatever followed; a file cut and then grown back over
     /// pieces read whole before the cut is not covered: their old bytes would stand.
     pub fn rehash(
@@ -61,8 +64,13 @@ impl Pieces {
         let count = new_len.div_ceil(PIECE) as usize;
         let mut again: BTreeSet<usize> = BTreeSet::new();
         // From the piece holding the old or new end on, the pieces changed length or bytes;
-        // from the first piece read short on, they were never hashed whole.
-        let stable = (self.len.min(new_len).min(self.unread_from) / PIECE) as usize;
+        // from the first piece read short on, they were never hashed whole. A last piece
+        // read whole at a length the file has again changed only inside `dirty`.
+        let stable = if new_len == self.len && self.unread_from >= self.len {
+            count
+        } else {
+            (self.len.min(new_len).min(self.unread_from) / PIECE) as usize
+        };
         again.extend(stable..count);
         for (start, end) in dirty {
             let end = end.min(new_len);
@@ -126,6 +134,9 @@ struct Hashing {
     unread: AtomicU64,
     /// The hashing was dropped unfinished: claim no more blocks.
     stop: AtomicBool,
+    /// Blocks hashed so far (tests wait on it: [`Behind::settle`]).
+    #[cfg(test)]
+    hashed: AtomicU64,
     /// Claim no block until resumed (the caller holds a lock a writer waits for, and
     /// wants the cores and the memory bandwidth meanwhile).
     paused: AtomicBool,
@@ -195,6 +206,8 @@ impl Hashing {
                 .collect();
             mine.push((b, cvs));
             busy += t.elapsed();
+            #[cfg(test)]
+            self.hashed.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -222,6 +235,8 @@ impl Behind {
             unread: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            #[cfg(test)]
+            hashed: AtomicU64::new(0),
             #[cfg(test)]
             gate: gate.clone(),
         });
@@ -260,6 +275,19 @@ impl Behind {
     pub fn pause(&self) {
         self.hashing
             .set(|_| self.hashing.paused.store(true, Ordering::Relaxed));
+    }
+
+    /// Tests: waits (at most 10 s) until the thread behind has hashed every block of the
+    /// `len` bytes copied, so that what the test changes next was hashed before.
+    #[cfg(test)]
+    pub fn settle(&self, len: u64) {
+        let t = Instant::now();
+        while self.thread.is_some()
+            && self.hashing.hashed.load(Ordering::SeqCst) < len.div_ceil(BLOCK)
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Undoes [`pause`](Self::pause).

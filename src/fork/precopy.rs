@@ -46,8 +46,8 @@ const UNIT: usize = 4 << 10;
 
 #[cfg(test)]
 thread_local! {
-    /// Runs once the unlocked copy is made, before the read transaction begins (tests
-    /// change the live database, or the copy, there).
+    /// Runs once the unlocked copy is made and hashed behind, before SQLite opens the
+    /// database (tests change the live database, or the copy, there).
     pub(super) static AFTER_THE_PRECOPY: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
         const { std::cell::RefCell::new(None) };
 }
@@ -78,20 +78,29 @@ impl Precopy {
     }
 }
 
-/// Before the read transaction: copies the database file `src`, as it is now, into the
-/// empty `dest` with no lock held. None (nothing done) when the file is below
-/// `opts.precopy_min_bytes` or above the image bound: then `raw.rs` copies it under the
-/// lock, or the online backup API copies it.
-pub(super) fn precopy(
+/// The live rollback-journal database file as the one-image copy takes it: opened before
+/// SQLite's own connection, so that a file put in its place afterwards is seen under the
+/// lock as another file (`raw.rs`'s `check_locked_file`), and, when large, copied already.
+pub(super) enum RawSource {
+    /// Copied under the lock (`raw.rs`).
+    Plain(File),
+    /// Copied with no lock held, to be made the committed state under it.
+    Precopied(Precopy),
+}
+
+/// Before SQLite opens the database and its read transaction begins: opens the database
+/// file `src` and, when it is at least `opts.precopy_min_bytes` and within the image bound,
+/// copies it as it is now into the empty `dest` with no lock held.
+pub(super) fn open_raw(
     src: &Path,
     dest: &Path,
     opts: &SnapshotOptions,
-) -> Result<Option<Precopy>, SnapshotError> {
+) -> Result<RawSource, SnapshotError> {
     let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
         .map_err(io_err("open", src))?;
     let len = file.metadata().map_err(io_err("stat", src))?.len();
     if len < opts.precopy_min_bytes || len > opts.image_max_bytes {
-        return Ok(None);
+        return Ok(RawSource::Plain(file));
     }
     let out = super::sqlite::open_emptied(dest)?;
     let behind = match opts.digest {
@@ -117,9 +126,13 @@ pub(super) fn precopy(
     }
     #[cfg(test)]
     if let Some(hook) = AFTER_THE_PRECOPY.with(|h| h.borrow_mut().take()) {
+        // Every piece hashed first: what the hook changes must then be hashed again.
+        if let Some(b) = &behind {
+            b.settle(copied);
+        }
         hook();
     }
-    Ok(Some(Precopy {
+    Ok(RawSource::Precopied(Precopy {
         file,
         out,
         copied,

@@ -2,7 +2,10 @@
 //! `image.rs`): while the read transaction holds SQLite's SHARED lock no connection
 //! can write the database file (a commit needs EXCLUSIVE), so the file's first
 //! `page_count * page_size` bytes are exactly the committed state that transaction sees,
-//! the same bytes `sqlite3_serialize` would return.
+//! the same bytes `sqlite3_serialize` would return. (A file of at least
+//! `precopy_min_bytes` is copied before the lock instead and made that state under it:
+//! `precopy.rs`, which shares this file's lock check, its chunked copy and its end of the
+//! read.)
 //!
 //! They are copied file to file by the kernel (`copy_file_range`, page cache to page
 //! cache: no copy through fork's memory and no fresh memory to fault in), in chunks, under
@@ -52,11 +55,11 @@ pub(super) fn copy_raw(
     dest: &Path,
     image: &Image,
     opts: &SnapshotOptions,
+    file: File,
 ) -> Result<SnapshotStats, SnapshotError> {
-    // Kept open until the read transaction has ended: closing any descriptor of a file
-    // drops every POSIX lock the process holds on it, SQLite's SHARED lock included.
-    let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
-        .map_err(io_err("open", src))?;
+    // `file` (opened before SQLite opened the database) is kept open until the read
+    // transaction has ended: closing any descriptor of a file drops every POSIX lock the
+    // process holds on it, SQLite's SHARED lock included.
     check_locked_file(&file, src, image)?;
     let out = super::sqlite::open_emptied(dest)?;
     let back = File::open(dest).map_err(io_err("open", dest))?;
@@ -196,7 +199,8 @@ pub(super) fn end_read(
     (ended, held)
 }
 
-/// Copies at most `bytes` bytes of `from` into `to` (both at their start), `chunk` bytes
+/// Copies at most `bytes` bytes of `from` into `to` (each from its descriptor's offset:
+/// the start, or where the precopy's growth resumes), `chunk` bytes
 /// at a time, telling `progress` how far the copy has come after each chunk; returns how
 /// many bytes it copied (fewer only when `from` ended first). `std::io::copy` between two
 /// files lets the kernel copy (`copy_file_range`), or reads and writes where the
