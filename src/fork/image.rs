@@ -9,7 +9,6 @@ use super::sqlite::{
     as_reader, check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy,
     sqlite_err, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
-use std::fs;
 use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -152,7 +151,7 @@ pub(super) fn copy_image(
                     let (ok, checked, digest, _) = check_beside(dest, opts.check, || {
                         let (pieces, behind) = b.finish(len)?;
                         let t = Instant::now();
-                        let (digest, n) = rehash(dest, bytes, pieces, dirty)?;
+                        let (digest, n) = pieces.root_after(dest, bytes, dirty)?;
                         busy = behind + t.elapsed();
                         again = Some(n);
                         Ok(digest)
@@ -187,29 +186,6 @@ pub(super) fn copy_image(
             );
         }
         return serialize(src, source, dest, wal, opts, &image, restarts).map(Some);
-    }
-}
-
-/// The BLAKE3 of the copy `dest` (`bytes` long) from the pieces hashed behind its copy:
-/// those in the `dirty` ranges (the pages of the copied WAL's frames, replayed; or the
-/// units the comparison under the lock copied again, `precopy.rs`) and those
-/// past the shorter of the two lengths hashed again, the rest as they were; and how many
-/// pieces were hashed again.
-pub(super) fn rehash(
-    dest: &Path,
-    bytes: u64,
-    mut pieces: super::pieces::Pieces,
-    dirty: Vec<(u64, u64)>,
-) -> io::Result<(String, usize)> {
-    let f = fs::File::open(dest)?;
-    let again = pieces.rehash(&f, bytes, dirty)?;
-    match pieces.root() {
-        Some(root) => Ok((root, again)),
-        // One piece or less: its hash is not made from a chaining value.
-        None => Ok((
-            super::sqlite::StateDigest::Blake3.of_file(&f, bytes)?,
-            again,
-        )),
     }
 }
 

@@ -92,6 +92,29 @@ impl Pieces {
         Ok(again.len())
     }
 
+    /// The BLAKE3 of the copy `dest`, now `bytes` long, from these pieces hashed behind
+    /// its copy: those in the `dirty` ranges (the pages of the copied WAL's frames,
+    /// replayed; or the units the precopy's comparison under the lock copied again) and
+    /// those past the shorter of the two lengths hashed again ([`rehash`](Self::rehash)),
+    /// the rest as they were; and how many pieces were hashed again.
+    pub fn root_after(
+        mut self,
+        dest: &std::path::Path,
+        bytes: u64,
+        dirty: Vec<(u64, u64)>,
+    ) -> io::Result<(String, usize)> {
+        let f = File::open(dest)?;
+        let again = self.rehash(&f, bytes, dirty)?;
+        match self.root() {
+            Some(root) => Ok((root, again)),
+            // One piece or less: its hash is not made from a chaining value.
+            None => Ok((
+                super::digest::StateDigest::Blake3.of_file(&f, bytes)?,
+                again,
+            )),
+        }
+    }
+
     /// `blake3:<hex>` of the bytes hashed, or None when they fit in one piece (then the
     /// root is not made from a chaining value) or a piece was read short and not hashed
     /// again since: hash the file in one pass.

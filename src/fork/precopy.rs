@@ -19,7 +19,6 @@
 //! BLAKE3's pieces are hashed behind the unlocked copy, and those the comparison rewrote,
 //! grew or cut are hashed again (`pieces.rs`); SHA-256 hashes the finished copy.
 
-use super::image::rehash;
 use super::pieces::Behind;
 use super::raw::{check_locked_file, copy_chunks, end_read, Image, CHUNK};
 use super::sqlite::{
@@ -188,8 +187,9 @@ pub(super) fn copy_precopied(
             let check_elapsed = t.elapsed();
             let (pieces, behind) = b.finish(copied).map_err(io_err("hash", dest))?;
             let t = Instant::now();
-            let (digest, n) =
-                rehash(dest, image.bytes, pieces, dirty).map_err(io_err("hash", dest))?;
+            let (digest, n) = pieces
+                .root_after(dest, image.bytes, dirty)
+                .map_err(io_err("hash", dest))?;
             again = Some(n);
             // Its time: what the hashing threads were busy, not their waits.
             (checked, check_elapsed, digest, behind + t.elapsed())
