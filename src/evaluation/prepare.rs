@@ -50,6 +50,20 @@ fn refused(what: &'static str) -> impl Fn(String) -> EvaluateError {
     move |e| EvaluateError::Input(format!("copying {what} of the runtime: {e}"))
 }
 
+/// How a failed copy of the runtime's source into a side's workspace `dest` is told: a
+/// workspace already holding something, or an error on `dest` itself, is fork's own doing
+/// (internal, 70); anything else is the runtime's source refused (bad input, 65).
+fn source_copy_error(e: crate::fork::workspace::WorkspaceError, dest: &Path) -> EvaluateError {
+    use crate::fork::workspace::WorkspaceError;
+    match e {
+        e @ WorkspaceError::NotEmpty { .. } => internal("copying the source tree")(e.to_string()),
+        WorkspaceError::Io(e) if e.path == dest => {
+            internal("copying the source tree")(e.to_string())
+        }
+        e => refused("the source tree")(e.to_string()),
+    }
+}
+
 /// The error of a side whose copy of the runtime's source is not the tree the evaluation
 /// began with: the parent changed its source meanwhile (`what`: the paths, or the hashes).
 /// No run of it may count.
@@ -107,16 +121,7 @@ pub fn prepare_side(
         &ws.src(),
         &p.manifest.runtime.exclude,
     )
-    .map_err(|e| match e {
-        // A workspace already holding something is fork's own doing, not the runtime's.
-        e @ crate::fork::workspace::WorkspaceError::NotEmpty { .. } => {
-            internal("copying the source tree")(e.to_string())
-        }
-        crate::fork::workspace::WorkspaceError::Io(e) if e.path == ws.src() => {
-            internal("copying the source tree")(e.to_string())
-        }
-        e => refused("the source tree")(e.to_string()),
-    })?;
+    .map_err(|e| source_copy_error(e, &ws.src()))?;
     // The copy is the source the evaluation began with, or no run of it may count
     // (checked before the tools and the state are copied).
     if now.hash != source_is.hash {
@@ -206,4 +211,51 @@ pub fn doors_for(p: &Plan, t: &TaskPlan) -> Result<crate::sandbox::Doors, Evalua
         doors.cost = Some(g.meter.clone());
     }
     Ok(doors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fork::workspace::WorkspaceError;
+
+    /// A workspace that already holds something, or fails itself, is fork's fault; an
+    /// entry of the runtime's source that cannot be copied is the runtime's.
+    #[test]
+    fn a_failed_source_copy_blames_the_workspace_only_for_its_own_faults() {
+        let dest = Path::new("/run/fork-x/ws/src");
+        let io = |path: &str| {
+            WorkspaceError::Io(crate::ioerr::IoError::new(
+                "create",
+                Path::new(path),
+                std::io::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32),
+            ))
+        };
+        let cases = [
+            (WorkspaceError::NotEmpty { path: dest.into() }, true),
+            (io("/run/fork-x/ws/src"), true),
+            (io("/srv/runtime/src/app.py"), false),
+            (
+                WorkspaceError::Link {
+                    path: "/srv/runtime/src/a".into(),
+                    component: "a".into(),
+                },
+                false,
+            ),
+        ];
+        for (e, ours) in cases {
+            let shown = e.to_string();
+            match source_copy_error(e, dest) {
+                EvaluateError::Internal(m) => {
+                    assert!(ours, "{shown}: internal");
+                    assert!(m.starts_with("copying the source tree: "), "{m}");
+                    assert!(m.contains(&shown), "{m}");
+                }
+                EvaluateError::Input(m) => {
+                    assert!(!ours, "{shown}: input");
+                    assert!(m.contains(&shown), "{m}");
+                }
+                other => panic!("{shown}: {other:?}"),
+            }
+        }
+    }
 }

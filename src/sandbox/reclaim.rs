@@ -60,6 +60,14 @@ pub(super) fn unescape_mountinfo(s: &str) -> PathBuf {
     PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Runs once [`chown_tree`] has entered a directory (a test moves it out from under
+    /// the walk there).
+    static AFTER_ENTERING: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Hands the tree under `root` (a sandbox's disk) to `uid:gid`. It runs only while nothing
 /// runs in the sandbox (before a run: no process of an earlier one is left), and only the
 /// supervisor writes the disk then, so the tree holds still: each entry's kind is taken
@@ -103,6 +111,10 @@ pub(super) fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxE
             let subdirs = chown_entries(&dir, owner).map_err(|e| fail("chown", e))?;
             levels.push((id(&dir)?, subdirs));
             cur = dir;
+            #[cfg(test)]
+            if let Some(hook) = AFTER_ENTERING.with(|h| h.borrow_mut().take()) {
+                hook();
+            }
             continue;
         }
         levels.pop();
@@ -203,5 +215,40 @@ mod tests {
         let me = nix::unistd::geteuid().as_raw();
         assert_eq!(fs::metadata(&outside).unwrap().uid(), me);
         assert_eq!(fs::symlink_metadata(dir.path()).unwrap().uid(), me);
+    }
+
+    /// The tree moved after all (a directory renamed out of the disk while the walk is in
+    /// it): going back up by `..` lands elsewhere, and the walk stops there with an error
+    /// instead of handing over what lies beside the moved directory.
+    #[test]
+    fn a_directory_moved_out_from_under_the_walk_stops_it() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: chown needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (root, elsewhere) = (dir.path().join("disk"), dir.path().join("elsewhere"));
+        fs::create_dir_all(root.join("a")).unwrap();
+        fs::create_dir_all(root.join("b")).unwrap();
+        fs::create_dir(&elsewhere).unwrap();
+        fs::write(elsewhere.join("beside.txt"), "not the disk's").unwrap();
+        // Both subdirectories moved out once the walk has entered the first of them: its
+        // way back up by `..` then leads into `elsewhere`.
+        let (r, e) = (root.clone(), elsewhere.clone());
+        super::AFTER_ENTERING.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                for name in ["a", "b"] {
+                    fs::rename(r.join(name), e.join(name)).unwrap();
+                }
+            }))
+        });
+        let err = chown_tree(&root, 54321, 54322).unwrap_err().to_string();
+        assert!(err.contains("walk"), "{err}");
+        let me = nix::unistd::geteuid().as_raw();
+        assert_eq!(
+            fs::metadata(elsewhere.join("beside.txt")).unwrap().uid(),
+            me
+        );
+        assert_eq!(fs::metadata(&elsewhere).unwrap().uid(), me);
     }
 }
