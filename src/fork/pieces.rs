@@ -300,15 +300,19 @@ impl Behind {
             .set(|_| self.hashing.paused.store(true, Ordering::Relaxed));
     }
 
-    /// Tests: waits (at most 10 s) until the thread behind has hashed every block of the
-    /// `len` bytes copied, so that what the test changes next was hashed before.
+    /// Tests: waits (at most 60 s, then panics) until the thread behind has hashed every
+    /// block of the `len` bytes copied, so that what the test changes next was hashed
+    /// before.
     #[cfg(test)]
     pub fn settle(&self, len: u64) {
         let t = Instant::now();
         while self.thread.is_some()
             && self.hashing.hashed.load(Ordering::SeqCst) < len.div_ceil(BLOCK)
-            && t.elapsed() < Duration::from_secs(10)
         {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the thread behind did not hash the copy within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     }

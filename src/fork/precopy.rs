@@ -235,17 +235,24 @@ fn reconcile(
     let half = (common / 2).div_ceil(BLOCK as u64) * BLOCK as u64;
     let [first, second] = bufs;
     let (a, b) = std::thread::scope(|s| {
-        let other = (half < common)
-            .then(|| s.spawn(move || compare_range(file, out, half, common, second, src, dest)));
+        // Without a thread to be had, this one compares the second half too.
+        let other = (half < common).then(|| {
+            std::thread::Builder::new()
+                .name("fork-compare".into())
+                .spawn_scoped(s, move || {
+                    compare_range(file, out, half, common, second, src, dest)
+                })
+        });
         let a = compare_range(file, out, 0, half.min(common), first, src, dest);
         let b = match other {
-            Some(t) => t.join().unwrap_or_else(|_| {
+            Some(Ok(t)) => t.join().unwrap_or_else(|_| {
                 Err(SnapshotError::Io {
                     action: "compare",
                     path: dest.to_path_buf(),
                     source: io::Error::other("the comparing thread panicked"),
                 })
             }),
+            Some(Err(_)) => compare_range(file, out, half, common, first, src, dest),
             None => Ok((Vec::new(), 0)),
         };
         (a, b)
@@ -299,15 +306,19 @@ fn compare_range(
         out.read_exact_at(&mut ours[..n], off)
             .map_err(io_err("read", dest))?;
         if live[..n] != ours[..n] {
-            for at in (0..n).step_by(UNIT) {
+            // Each run of differing units is written at once.
+            let mut run: Option<(usize, usize)> = None;
+            for at in (0..n).step_by(UNIT).chain([n]) {
                 let end = (at + UNIT).min(n);
-                if live[at..end] == ours[at..end] {
+                if at < n && live[at..end] != ours[at..end] {
+                    run = Some((run.map_or(at, |r| r.0), end));
                     continue;
                 }
-                out.write_all_at(&live[at..end], off + at as u64)
+                let Some((a, e)) = run.take() else { continue };
+                out.write_all_at(&live[a..e], off + a as u64)
                     .map_err(io_err("write", dest))?;
-                recopied += (end - at) as u64;
-                let (s, e) = (off + at as u64, off + end as u64);
+                recopied += (e - a) as u64;
+                let (s, e) = (off + a as u64, off + e as u64);
                 match dirty.last_mut() {
                     Some(last) if last.1 == s => last.1 = e,
                     _ => dirty.push((s, e)),

@@ -80,10 +80,17 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             |_, dest| {
                 let dest = dest.to_path_buf();
                 Box::new(move || {
-                    let f = fs::OpenOptions::new().write(true).open(&dest).unwrap();
+                    let f = fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&dest)
+                        .unwrap();
                     let len = f.metadata().unwrap().len();
+                    // Each byte turned into its complement: always a change.
                     for at in [0, 4096 * 3 + 17, len / 2, len - 1] {
-                        f.write_all_at(&[0xa5], at).unwrap();
+                        let mut b = [0u8];
+                        f.read_exact_at(&mut b, at).unwrap();
+                        f.write_all_at(&[!b[0]], at).unwrap();
                     }
                 })
             },

@@ -70,9 +70,10 @@ pub struct SnapshotOptions {
     /// `precopy.rs`), so that a committing writer waits one reading of the two files
     /// instead of the kernel's copy of the file (measured on 100 MiB under a writer
     /// committing 380 times a second: the lock held a median 21.6 ms instead of 43.7; the
-    /// snapshot as a whole takes that reading longer, 1.5x). `u64::MAX`: always copy under
-    /// the lock (as before this option). Default 32 MiB: below it the lock's copy of the
-    /// file is about 15 ms at most even on a slow day, not worth the longer snapshot.
+    /// whole snapshot about 1.5x as long, 89.4 against 58.7 ms). `u64::MAX`: always copy
+    /// under the lock (as before this option). Default 32 MiB: below it the lock's copy of
+    /// the file takes about 15-19 ms at most even on a slow day, not worth the longer
+    /// snapshot.
     pub precopy_min_bytes: u64,
     /// WAL mode, a live parent only: copy the one image as the database file and its
     /// `-wal`, by the kernel, under a held read transaction, then let SQLite's recovery

@@ -219,7 +219,8 @@ mod tests {
 
     /// The tree moved after all (a directory renamed out of the disk while the walk is in
     /// it): going back up by `..` lands elsewhere, and the walk stops there with an error
-    /// instead of handing over what lies beside the moved directory.
+    /// instead of walking on beside the moved directory, where a directory of the name
+    /// the walk would enter next holds a file that is not the disk's.
     #[test]
     fn a_directory_moved_out_from_under_the_walk_stops_it() {
         if !nix::unistd::geteuid().is_root() {
@@ -228,27 +229,36 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let (root, elsewhere) = (dir.path().join("disk"), dir.path().join("elsewhere"));
-        fs::create_dir_all(root.join("a")).unwrap();
-        fs::create_dir_all(root.join("b")).unwrap();
+        for name in ["a", "b"] {
+            fs::create_dir_all(root.join(name)).unwrap();
+            fs::write(root.join(name).join("f"), "the disk's").unwrap();
+        }
         fs::create_dir(&elsewhere).unwrap();
-        fs::write(elsewhere.join("beside.txt"), "not the disk's").unwrap();
-        // Both subdirectories moved out once the walk has entered the first of them: its
-        // way back up by `..` then leads into `elsewhere`.
+        let (uid, gid) = (54321, 54322);
+        // Once the walk has entered one of them (its file already handed over), that one
+        // is moved into `elsewhere`, beside a directory named as the other, not the disk's.
         let (r, e) = (root.clone(), elsewhere.clone());
         super::AFTER_ENTERING.with(|h| {
             *h.borrow_mut() = Some(Box::new(move || {
-                for name in ["a", "b"] {
-                    fs::rename(r.join(name), e.join(name)).unwrap();
-                }
+                let entered = ["a", "b"]
+                    .into_iter()
+                    .find(|n| fs::metadata(r.join(n).join("f")).unwrap().uid() == uid)
+                    .unwrap();
+                let other = if entered == "a" { "b" } else { "a" };
+                fs::rename(r.join(entered), e.join(entered)).unwrap();
+                fs::create_dir(e.join(other)).unwrap();
+                fs::write(e.join(other).join("beside.txt"), "not the disk's").unwrap();
             }))
         });
-        let err = chown_tree(&root, 54321, 54322).unwrap_err().to_string();
+        let err = chown_tree(&root, uid, gid).unwrap_err().to_string();
         assert!(err.contains("walk"), "{err}");
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(
-            fs::metadata(elsewhere.join("beside.txt")).unwrap().uid(),
-            me
-        );
-        assert_eq!(fs::metadata(&elsewhere).unwrap().uid(), me);
+        for entry in fs::read_dir(&elsewhere).unwrap() {
+            let other = entry.unwrap().path();
+            if other.join("beside.txt").exists() {
+                assert_eq!(fs::metadata(&other).unwrap().uid(), me);
+                assert_eq!(fs::metadata(other.join("beside.txt")).unwrap().uid(), me);
+            }
+        }
     }
 }
