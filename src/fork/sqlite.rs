@@ -567,3 +567,34 @@ mod retry_tests {
         assert!(matches!(got, Err(SnapshotError::Timeout { .. })), "{got:?}");
     }
 }
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+
+    /// The copy is opened empty to read and write, the very file `snapshot` created (never
+    /// replaced by another); a copy an earlier attempt wrote into is emptied; a missing
+    /// one is an error naming it.
+    #[test]
+    fn the_copy_is_opened_empty_and_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for earlier in [&b""[..], &b"an earlier attempt's bytes"[..]] {
+            let dest = dir.path().join(format!("c{}.db", earlier.len()));
+            std::fs::write(&dest, earlier).unwrap();
+            let ino = std::fs::metadata(&dest).unwrap().ino();
+            let mut f = open_emptied(&dest).unwrap();
+            assert_eq!(f.metadata().unwrap().len(), 0, "{}", earlier.len());
+            assert_eq!(std::fs::metadata(&dest).unwrap().ino(), ino);
+            f.write_all(b"new").unwrap();
+            f.rewind().unwrap();
+            let mut back = String::new();
+            f.read_to_string(&mut back).unwrap();
+            assert_eq!(back, "new");
+        }
+        let missing = dir.path().join("missing.db");
+        let err = open_emptied(&missing).unwrap_err().to_string();
+        assert!(err.contains("missing.db"), "{err}");
+    }
+}
