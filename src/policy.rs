@@ -134,6 +134,47 @@ pub struct StatePolicy {
     /// releases before BLAKE3 became the default).
     #[serde(default)]
     pub digest: crate::fork::StateDigest,
+    /// `precopy = "32MiB"` (the default) | `"off"`: a rollback-journal store at least this
+    /// large is copied before the shared lock is taken and then compared with the live file
+    /// under it (the parent's writer waits about half as long, the snapshot takes about 1.5x
+    /// as long); `"off"` copies it whole under the lock, as the releases before that did.
+    /// The same bytes either way, so it is not part of the conditions a verdict is cached
+    /// under (`skip_serializing`).
+    #[serde(default, skip_serializing)]
+    pub precopy: Precopy,
+}
+
+/// `[state] precopy`: from which size a rollback-journal store is copied before its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Precopy {
+    /// `SnapshotOptions::precopy_min_bytes`; `u64::MAX` for `"off"`.
+    pub min_bytes: u64,
+}
+
+impl Default for Precopy {
+    fn default() -> Self {
+        Precopy {
+            min_bytes: crate::fork::snapshot::PRECOPY_MIN_BYTES,
+        }
+    }
+}
+
+impl TryFrom<String> for Precopy {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.trim() == "off" {
+            return Ok(Precopy {
+                min_bytes: u64::MAX,
+            });
+        }
+        match units::parse_size(&s) {
+            Ok(min_bytes) => Ok(Precopy { min_bytes }),
+            Err(_) => Err(format!(
+                "state.precopy: `{s}` is neither \"off\" nor a size such as \"32MiB\""
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -581,6 +622,31 @@ mod tests {
         assert!(e.to_string().contains("budget.memory"), "{e}");
         let e = Policy::parse("[filesystem]\nhide = [\"relative\"]\n", "p.toml", None).unwrap_err();
         assert!(e.to_string().contains("filesystem.hide"), "{e}");
+    }
+
+    #[test]
+    fn state_precopy_is_off_or_a_size_and_not_among_the_serialized_conditions() {
+        let builtin = Policy::builtin().unwrap();
+        assert_eq!(
+            builtin.state.precopy.min_bytes,
+            crate::fork::snapshot::PRECOPY_MIN_BYTES
+        );
+        let parse =
+            |v: &str| Policy::parse(&format!("[state]\nprecopy = \"{v}\"\n"), "p.toml", None);
+        assert_eq!(parse("off").unwrap().state.precopy.min_bytes, u64::MAX);
+        let small = parse("1MiB").unwrap();
+        assert_eq!(small.state.precopy.min_bytes, 1 << 20);
+        let e = parse("soon").unwrap_err().to_string();
+        assert!(
+            e.contains("p.toml") && e.contains("state.precopy") && e.contains("soon"),
+            "{e}"
+        );
+        // The same bytes either way: a verdict's conditions do not depend on it.
+        let base = Policy::parse("[state]\n", "p.toml", None).unwrap();
+        assert_eq!(
+            serde_json::to_string(&small).unwrap(),
+            serde_json::to_string(&base).unwrap()
+        );
     }
 
     #[test]

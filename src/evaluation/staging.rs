@@ -257,16 +257,18 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
         let opts = SnapshotOptions {
             check: IntegrityCheck::Skip,
             digest: p.policy.state.digest,
+            precopy_min_bytes: p.policy.state.precopy.min_bytes,
             read_as: read_as.clone(),
             ..SnapshotOptions::default()
         };
         let stats = snapshot(&p.runtime.join(s), &snap_dir.join(&name), &opts)
             .map_err(|e| EvaluateError::Input(format!("snapshotting {}: {e}", s.display())))?;
         tracing::info!(
-            "snapshot {}: {} bytes in {:?} (copy {:?}, hash {:?}; {} steps, {} restarts, longest step {:?})",
+            "snapshot {}: {} bytes in {:?} by {:?} (copy {:?}, hash {:?}; {} steps, {} restarts, longest step {:?})",
             s.display(),
             stats.bytes,
             stats.elapsed,
+            stats.method,
             stats.copy_elapsed,
             stats.hash_elapsed,
             stats.steps,
