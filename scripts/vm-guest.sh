@@ -4,6 +4,11 @@
 # over the fork binary, which only the throwaway guest may do.
 set -uo pipefail
 fork=$FORK_VM_BIN
+# A target directory shared read-only (scripts/vm-test.sh: one the guest's tmpfs overlays
+# would hide): its tmp/, the tests' scratch, becomes a tmpfs of the guest's own.
+if [ "${FORK_VM_TMP_MOUNT:-no}" = yes ]; then
+  mount -t tmpfs -o mode=1777 fork-vm-scratch "$FORK_VM_TMP"
+fi
 cg=/sys/fs/cgroup
 pass=0
 fail=0

@@ -106,10 +106,21 @@ chmod 644 "$out"/host-*
 echo "vm-test: kernel $kernel, mode $mode, output in $out"
 # virtme-ng's guest: the host's files read-only, writable overlays on /etc, /tmp, /var, /home
 # and the tests' scratch directory; the guest's own init, fork starts in the root cgroup.
+# Those tmpfs overlays hide the host's /var/tmp (and /var/cache, /var/log, /run), where
+# scripts/target-dir.sh builds a checkout under /tmp or a 0700 home: such a target
+# directory is shared read-only by itself (a share is mounted after the overlays, so an
+# overlay inside it would be hidden: the guest mounts a tmpfs on its tmp/ instead).
+shares=(--overlay-rwdir "$target/tmp")
+tmp_mount=no
+case "$(cd "$target" && pwd -P)/" in
+  /var/tmp/*|/var/cache/*|/var/log/*|/run/*)
+    shares=(--rodir "$target")
+    tmp_mount=yes ;;
+esac
 status=0
 timeout "${FORK_VM_TIMEOUT:-3000}" vng --disable-kvm --run "$kernel" --memory 4G --cpus 2 \
-  --overlay-rwdir "$target/tmp" --rwdir "$out" \
-  --exec "env FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' ${FORK_VM_USER_ARGS+FORK_VM_USER_ARGS='$FORK_VM_USER_ARGS'} FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $out/bin/vm-guest.sh" \
+  "${shares[@]}" --rwdir "$out" \
+  --exec "env FORK_VM_TMP_MOUNT=$tmp_mount FORK_VM_MODE=$mode FORK_VM_SUITES=${FORK_VM_SUITES:-both} FORK_VM_TESTS='$(echo "$tests" | tr '\n' ' ')' FORK_VM_ARGS='$*' ${FORK_VM_USER_ARGS+FORK_VM_USER_ARGS='$FORK_VM_USER_ARGS'} FORK_VM_BIN='$target/debug/fork' FORK_VM_REAL='$out/bin/fork' FORK_VM_TMP='$target/tmp' FORK_VM_REPO='$PWD' FORK_VM_OUT='$out' bash $out/bin/vm-guest.sh" \
   >"$log" 2>&1 || status=$?
 rm -rf "$out/bin" # the snapshot (hundreds of MB); the logs stay
 grep -E '^vm: ' "$log" || true
