@@ -29,7 +29,9 @@
 //! point it at the filesystem that matters), FORK_BENCH_SWEEP=1 (also time the copy phase
 //! for several `pages_per_step` values, which is how the defaults were chosen),
 //! FORK_BENCH_WAL_AUTOCHECKPOINT (the writer's `wal_autocheckpoint`, 1000; 0 lets the WAL
-//! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`).
+//! grow through the runs, to weigh the WAL file copy's replay against `sqlite3_serialize`),
+//! FORK_BENCH_WRITER_PAUSE_MS (the writer's pause after each commit, 1; 1000 is a sparse
+//! parent, whose rollback-mode precopy its stamps mostly prove untouched).
 
 use fork::fork::snapshot::{snapshot, IntegrityCheck, SnapshotOptions, SnapshotStats, StateDigest};
 use rusqlite::Connection;
@@ -145,6 +147,10 @@ fn writer(db: &Path) {
     }
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut last_done = Instant::now();
+    // FORK_BENCH_WRITER_PAUSE_MS: the writer's pause after each commit (1 ms: a busy
+    // parent, about 380 commits a second here; 1000: a sparse one, whose commits seldom
+    // fall inside a snapshot).
+    let pause = Duration::from_millis(env_or("FORK_BENCH_WRITER_PAUSE_MS", 1));
     while !stop.load(Ordering::SeqCst) {
         // xorshift: a random row to rewrite.
         x ^= x << 13;
@@ -166,7 +172,7 @@ fn writer(db: &Path) {
         longest_gap.fetch_max(last_done.elapsed().as_micros() as u64, Ordering::SeqCst);
         last_done = Instant::now();
         commits.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(pause);
     }
 }
 
@@ -321,6 +327,9 @@ struct Runs {
     gap: Vec<Duration>,
     cpu: Vec<Duration>,
     restarts: Vec<u32>,
+    /// Runs whose precopy was proven untouched by its stamps (nothing compared under the
+    /// lock).
+    uncompared: usize,
     last: Option<SnapshotStats>,
 }
 
@@ -335,6 +344,7 @@ impl Runs {
         self.longest_step.push(st.longest_step);
         self.stall.push(stall);
         self.restarts.push(st.restarts);
+        self.uncompared += usize::from(st.compared_bytes == Some(0));
         self.last = Some(st.clone());
     }
 }
@@ -531,7 +541,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
         );
         if let Some(st) = &r.last {
             println!(
-                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}, pieces hashed again {:?} of {}, bytes copied again under the lock {:?}",
+                "  last: {} pages in {} steps, {} busy retries, wal={}, method {:?}, pieces hashed again {:?} of {}, bytes copied again under the lock {:?}, compared {:?}; runs with nothing compared (the stamps proved the file untouched): {} of {}",
                 st.pages,
                 st.steps,
                 st.busy_retries,
@@ -539,7 +549,10 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
                 st.method,
                 st.pieces_hashed_again,
                 st.bytes.div_ceil(8192),
-                st.recopied_bytes
+                st.recopied_bytes,
+                st.compared_bytes,
+                r.uncompared,
+                r.total.len()
             );
         }
         println!(

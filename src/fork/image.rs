@@ -37,12 +37,18 @@ pub(super) fn copy_image(
     // Rollback journal: the file opened before SQLite opens it (a file put in its place
     // afterwards is then seen under the lock as another file), and a large one copied with
     // no lock held (`precopy.rs`).
-    let mut raw = if !wal && opts.raw_copy {
-        Some(super::precopy::open_raw(src, dest, opts)?)
+    let raw = if !wal && opts.raw_copy {
+        Some(super::precopy::open_raw(src, opts)?)
     } else {
         None
     };
     let source = open_source(src, uri, opts, started)?;
+    let mut raw = match raw {
+        Some(RawSource::Large(file)) => Some(RawSource::Precopied(Box::new(
+            super::precopy::precopy(file, &source, src, dest, opts, started)?,
+        ))),
+        other => other,
+    };
     // WAL mode, a live parent (`uri`): the files under the read transaction (`walcopy.rs`),
     // attempt after attempt while the WAL restarts under the copy.
     let mut file_attempts = if wal && uri.is_some() && opts.wal_file_copy {
@@ -84,9 +90,9 @@ pub(super) fn copy_image(
         if let Some(r) = raw.take() {
             return match r {
                 RawSource::Precopied(p) => {
-                    super::precopy::copy_precopied(src, source, dest, &image, opts, p)
+                    super::precopy::copy_precopied(src, source, dest, &image, opts, *p)
                 }
-                RawSource::Plain(file) => {
+                RawSource::Plain(file) | RawSource::Large(file) => {
                     super::raw::copy_raw(src, source, dest, &image, opts, file)
                 }
             }
@@ -177,6 +183,7 @@ pub(super) fn copy_image(
                 integrity_ok,
                 pieces_hashed_again: again,
                 recopied_bytes: None,
+                compared_bytes: None,
             }));
         }
         if restarts > 0 {
@@ -260,6 +267,7 @@ fn serialize(
         integrity_ok,
         pieces_hashed_again: None,
         recopied_bytes: None,
+        compared_bytes: None,
     })
 }
 

@@ -18,17 +18,32 @@
 //! pages it changed meanwhile; the snapshot as a whole takes about that reading longer.
 //! BLAKE3's pieces are hashed behind the unlocked copy, and those the comparison rewrote,
 //! grew or cut are hashed again (`pieces.rs`); SHA-256 hashes the finished copy.
+//!
+//! A parent that did not commit meanwhile pays no comparison. Before the unlocked copy a
+//! first, short read transaction takes the shared lock (so no commit is writing the file)
+//! and reads the file's change time (ctime, which every write sets and no call can set
+//! back) with the clock's current tick. Under the second lock, a change time, modification
+//! time and length still the same, on a filesystem that keeps them in the inode for every
+//! write (ext2/3/4, XFS, Btrfs, tmpfs, F2FS), prove that no byte was written between the
+//! two locks: the copy, made between them, is then the committed state without being
+//! read again. A write after the first lock is stamped with a later tick (or, on a
+//! filesystem with fine-grained stamps, a time after the one read): so the proof is only
+//! taken when the change time read was already before the current tick; otherwise, and
+//! on any other filesystem (network and FUSE filesystems may report cached times), every
+//! byte is compared. The copy's own change time is checked too, as a guard against
+//! another writer of fork's private staging (not a proof: a write within the tick of
+//! fork's own last one keeps it).
 
 use super::pieces::Behind;
 use super::raw::{check_locked_file, copy_chunks, end_read, Image, CHUNK};
 use super::sqlite::{
-    check_and_hash, check_copy, io_err, SnapshotError, SnapshotMethod, SnapshotOptions,
-    SnapshotStats, StateDigest,
+    as_reader, check_and_hash, check_copy, io_err, retry_busy, sqlite_err, SnapshotError,
+    SnapshotMethod, SnapshotOptions, SnapshotStats, StateDigest,
 };
 use rusqlite::Connection;
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::time::Instant;
 
@@ -45,8 +60,8 @@ const UNIT: usize = 4 << 10;
 
 #[cfg(test)]
 thread_local! {
-    /// Runs once the unlocked copy is made and hashed behind, before SQLite opens the
-    /// database (tests change the live database, or the copy, there).
+    /// Runs once the unlocked copy is made and hashed behind, before the read transaction
+    /// that takes the lock (tests change the live database, or the copy, there).
     pub(super) static AFTER_THE_PRECOPY: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
         const { std::cell::RefCell::new(None) };
 }
@@ -66,6 +81,83 @@ pub(super) struct Precopy {
     /// The comparison's buffers, filled once here so that no page of them is faulted in
     /// under the lock.
     bufs: Buffers,
+    /// The live file's stamps read under the first, short read transaction, when they can
+    /// prove it untouched later; and the copy's, once written.
+    quiet: Option<(Stamps, Stamps)>,
+}
+
+/// What a file's inode says of its last change: change time, modification time, length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamps {
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+    len: u64,
+}
+
+impl Stamps {
+    fn of(file: &File) -> io::Result<Stamps> {
+        let m = file.metadata()?;
+        Ok(Stamps {
+            ctime: (m.ctime(), m.ctime_nsec()),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            len: m.len(),
+        })
+    }
+}
+
+/// Filesystems that set a file's change time in its inode on every write, whoever writes
+/// (`statfs`'s magic numbers): ext2/3/4, XFS, Btrfs, tmpfs, F2FS.
+const STAMPING: [nix::sys::statfs::FsType; 5] = {
+    use nix::sys::statfs::*;
+    [
+        EXT4_SUPER_MAGIC, // ext2 and ext3 share it
+        XFS_SUPER_MAGIC,
+        BTRFS_SUPER_MAGIC,
+        TMPFS_MAGIC,
+        F2FS_SUPER_MAGIC,
+    ]
+};
+
+/// Whether `file`'s filesystem is one of [`STAMPING`].
+pub(super) fn stamping(file: &File) -> bool {
+    nix::sys::statfs::fstatfs(file).is_ok_and(|f| STAMPING.contains(&f.filesystem_type()))
+}
+
+/// Under a first, short read transaction on `source` (the shared lock: no commit is
+/// writing the file), the live file's stamps, when a later change must change them: its
+/// filesystem stamps every write, and its change time is before the clock's current tick
+/// (a write in the tick the time was read in could leave it as it is).
+fn quiet_stamps(
+    file: &File,
+    source: &Connection,
+    src: &Path,
+    opts: &SnapshotOptions,
+    started: Instant,
+) -> Result<Option<Stamps>, SnapshotError> {
+    use nix::time::{clock_gettime, ClockId};
+    if !stamping(file) {
+        return Ok(None);
+    }
+    source
+        .execute_batch("BEGIN DEFERRED")
+        .map_err(sqlite_err("begin a read transaction on", src))?;
+    let read = as_reader(src, opts, || {
+        retry_busy(src, opts, started, "read", || {
+            source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+                r.get::<_, i64>(0)
+            })
+        })
+    });
+    let stamps = read.and_then(|_| Stamps::of(file).map_err(io_err("stat", src)));
+    let now = clock_gettime(ClockId::CLOCK_REALTIME_COARSE);
+    source
+        .execute_batch("COMMIT")
+        .map_err(sqlite_err("end the read transaction on", src))?;
+    let stamps = stamps?;
+    Ok(now
+        .ok()
+        .filter(|now| stamps.ctime < (now.tv_sec(), now.tv_nsec()))
+        .map(|_| stamps))
 }
 
 impl Precopy {
@@ -79,28 +171,49 @@ impl Precopy {
 
 /// The live rollback-journal database file as the one-image copy takes it: opened before
 /// SQLite's own connection, so that a file put in its place afterwards is seen under the
-/// lock as another file (`raw.rs`'s `check_locked_file`), and, when large, copied already.
+/// lock as another file (`raw.rs`'s `check_locked_file`), and, when large, copied before
+/// the lock.
 pub(super) enum RawSource {
     /// Copied under the lock (`raw.rs`).
     Plain(File),
+    /// Large: to be copied with no lock held ([`precopy`]) once SQLite has it open.
+    Large(File),
     /// Copied with no lock held, to be made the committed state under it.
-    Precopied(Precopy),
+    Precopied(Box<Precopy>),
 }
 
-/// Before SQLite opens the database and its read transaction begins: opens the database
-/// file `src` and, when it is at least `opts.precopy_min_bytes` and within the image bound,
-/// copies it as it is now into the empty `dest` with no lock held.
-pub(super) fn open_raw(
-    src: &Path,
-    dest: &Path,
-    opts: &SnapshotOptions,
-) -> Result<RawSource, SnapshotError> {
+/// Before SQLite opens the database: opens the database file `src`, large when it is at
+/// least `opts.precopy_min_bytes` and within the image bound.
+pub(super) fn open_raw(src: &Path, opts: &SnapshotOptions) -> Result<RawSource, SnapshotError> {
     let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
         .map_err(io_err("open", src))?;
     let len = file.metadata().map_err(io_err("stat", src))?.len();
     if len < opts.precopy_min_bytes || len > opts.image_max_bytes {
         return Ok(RawSource::Plain(file));
     }
+    Ok(RawSource::Large(file))
+}
+
+/// Once SQLite has the database open (`source`), before the read transaction that copies
+/// it: the file's stamps under a first, short read transaction ([`quiet_stamps`]), then
+/// the file as it is now copied into the empty `dest` with no lock held.
+pub(super) fn precopy(
+    file: File,
+    source: &Connection,
+    src: &Path,
+    dest: &Path,
+    opts: &SnapshotOptions,
+    started: Instant,
+) -> Result<Precopy, SnapshotError> {
+    let quiet = quiet_stamps(&file, source, src, opts, started)?;
+    let len = quiet.map_or_else(
+        || {
+            file.metadata()
+                .map(|m| m.len())
+                .map_err(io_err("stat", src))
+        },
+        |q| Ok(q.len),
+    )?;
     let out = super::sqlite::open_emptied(dest)?;
     let behind = match opts.digest {
         StateDigest::Blake3 => Some(Behind::start(
@@ -123,6 +236,11 @@ pub(super) fn open_raw(
     if let Some(b) = &behind {
         b.ended(copied);
     }
+    // Both stamps, or neither: the copy's own only guards a proof the live file's gives.
+    let quiet = match quiet {
+        Some(live) => Some((live, Stamps::of(&out).map_err(io_err("stat", dest))?)),
+        None => None,
+    };
     #[cfg(test)]
     if let Some(hook) = AFTER_THE_PRECOPY.with(|h| h.borrow_mut().take()) {
         // Every piece hashed first: what the hook changes must then be hashed again.
@@ -131,7 +249,7 @@ pub(super) fn open_raw(
         }
         hook();
     }
-    Ok(RawSource::Precopied(Precopy {
+    Ok(Precopy {
         file,
         out,
         copied,
@@ -140,7 +258,8 @@ pub(super) fn open_raw(
             (vec![0xff; BLOCK], vec![0xff; BLOCK]),
             (vec![0xff; BLOCK], vec![0xff; BLOCK]),
         ],
-    }))
+        quiet,
+    })
 }
 
 /// Under `source`'s read transaction (the shared lock held): makes the unlocked copy the
@@ -160,19 +279,25 @@ pub(super) fn copy_precopied(
         copied,
         behind,
         mut bufs,
+        quiet,
     } = pre;
     // The cores and the memory bandwidth go to the comparison while the lock is held.
     if let Some(b) = &behind {
         b.pause();
     }
-    let reconciled = check_locked_file(&file, src, image)
-        .and_then(|()| reconcile(&file, &out, copied, image.bytes, &mut bufs, src, dest));
+    let reconciled = check_locked_file(&file, src, image).and_then(|()| {
+        if untouched(quiet, &file, &out, copied, image.bytes) {
+            return Ok((Vec::new(), 0, 0));
+        }
+        reconcile(&file, &out, copied, image.bytes, &mut bufs, src, dest)
+            .map(|(dirty, recopied)| (dirty, recopied, copied.min(image.bytes)))
+    });
     // The lock goes as soon as the copy is the committed state.
     let (ended, held) = end_read(source, file, image, src);
     if let Some(b) = &behind {
         b.resume();
     }
-    let (dirty, recopied) = reconciled?;
+    let (dirty, recopied, compared) = reconciled?;
     ended?;
     drop(out);
     let copy_elapsed = image.started.elapsed();
@@ -213,7 +338,26 @@ pub(super) fn copy_precopied(
         integrity_ok,
         pieces_hashed_again: again,
         recopied_bytes: Some(recopied),
+        compared_bytes: Some(compared),
     })
+}
+
+/// Under the second lock: whether the stamps prove that neither the live file nor the copy
+/// changed since the first lock, and the copy holds the whole database.
+fn untouched(
+    quiet: Option<(Stamps, Stamps)>,
+    file: &File,
+    out: &File,
+    copied: u64,
+    bytes: u64,
+) -> bool {
+    let Some((live, ours)) = quiet else {
+        return false;
+    };
+    live.len == copied
+        && copied == bytes
+        && Stamps::of(file).is_ok_and(|now| now == live)
+        && Stamps::of(out).is_ok_and(|now| now == ours)
 }
 
 /// Makes `out` (holding `copied` bytes copied from `file` with no lock held) hold exactly

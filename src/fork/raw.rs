@@ -153,6 +153,7 @@ pub(super) fn copy_raw(
         integrity_ok,
         pieces_hashed_again: None,
         recopied_bytes: None,
+        compared_bytes: None,
     })
 }
 

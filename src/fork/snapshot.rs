@@ -251,6 +251,7 @@ fn copy_check_hash(
         integrity_ok,
         pieces_hashed_again: None,
         recopied_bytes: None,
+        compared_bytes: None,
     })
 }
 

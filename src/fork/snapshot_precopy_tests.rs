@@ -30,6 +30,28 @@ fn serialized(src: &Path, dest: &Path) -> Vec<u8> {
     fs::read(dest).unwrap()
 }
 
+/// Turns four bytes of `dest` (the first, the last and two between) into their
+/// complements: always a change.
+fn scribble(dest: &Path) {
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dest)
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    for at in [0, 4096 * 3 + 17, len / 2, len - 1] {
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[!b[0]], at).unwrap();
+    }
+}
+
+/// Waits out the clock tick of the database's last write: a parent untouched since an
+/// earlier tick can be proven untouched by its change time (`precopy.rs`).
+fn settle_stamps() {
+    std::thread::sleep(std::time::Duration::from_millis(25));
+}
+
 fn on(src: &Path, sql: &'static str) -> impl FnOnce() {
     let src = src.to_path_buf();
     move || Connection::open(&src).unwrap().execute_batch(sql).unwrap()
@@ -75,23 +97,14 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             1 << 20,
         ),
         (
-            // The unlocked copy is trusted for nothing: every byte is compared.
+            // Once the parent has committed, the unlocked copy is trusted for nothing:
+            // every byte is compared (the commit rewrites one row, in place).
             "the copy scribbled on",
-            |_, dest| {
-                let dest = dest.to_path_buf();
+            |src, dest| {
+                let (commit, dest) = (on(src, "UPDATE meta SET n = n"), dest.to_path_buf());
                 Box::new(move || {
-                    let f = fs::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(&dest)
-                        .unwrap();
-                    let len = f.metadata().unwrap().len();
-                    // Each byte turned into its complement: always a change.
-                    for at in [0, 4096 * 3 + 17, len / 2, len - 1] {
-                        let mut b = [0u8];
-                        f.read_exact_at(&mut b, at).unwrap();
-                        f.write_all_at(&[!b[0]], at).unwrap();
-                    }
+                    scribble(&dest);
+                    commit();
                 })
             },
             4 * 4096,
@@ -101,6 +114,7 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
         for digest in [StateDigest::Blake3, StateDigest::Sha256] {
             let src = dir.path().join(format!("s{i}{}.db", digest.name()));
             make_db(&src, false, 1500);
+            settle_stamps();
             let before = fs::metadata(&src).unwrap().len();
             let dest = dir.path().join(format!("c{i}{}.db", digest.name()));
             let hook = change(&src, &dest);
@@ -116,8 +130,18 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             assert!(st.integrity_ok, "{what}");
             let recopied = st.recopied_bytes.unwrap();
             assert!(recopied >= least, "{what}: {recopied} bytes copied again");
-            if least == 0 {
+            // An untouched parent is proven so by its stamps and not read again; once it
+            // committed, every byte the copy and the database share is compared.
+            let compared = st.compared_bytes.unwrap();
+            // (Elsewhere than on a filesystem whose stamps prove it, it is compared.)
+            let proven = crate::fork::precopy::stamping(&fs::File::open(&src).unwrap());
+            if least == 0 && proven {
                 assert_eq!(recopied, 0, "{what}");
+                assert_eq!(compared, 0, "{what}");
+            } else if least == 0 {
+                assert_eq!((recopied, compared), (0, before), "{what}");
+            } else {
+                assert_eq!(compared, before.min(st.bytes), "{what}");
             }
             match what {
                 "the file grown" => assert!(st.bytes > before, "{what}"),
@@ -230,4 +254,53 @@ fn a_database_replaced_after_its_precopy_is_refused() {
         "{err}"
     );
     assert!(!dest.exists());
+}
+
+/// The stamps, not the bytes, decide whether the comparison is skipped: a parent whose
+/// file is written with the very bytes it holds (no commit, nothing changed) is compared
+/// all the same; fork's copy written after the precopy (the parent quiet) is compared and
+/// mended too. Each snapshot is the committed state.
+#[test]
+fn a_changed_stamp_on_either_file_means_every_byte_is_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    type Touch = fn(&Path, &Path);
+    let touches: [(&str, Touch); 2] = [
+        ("the parent's page 2 written as it is", |src, _| {
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(src)
+                .unwrap();
+            let mut page = vec![0u8; 4096];
+            f.read_exact_at(&mut page, 4096).unwrap();
+            f.write_all_at(&page, 4096).unwrap();
+        }),
+        ("fork's copy scribbled on", |_, dest| scribble(dest)),
+    ];
+    for (i, (what, touch)) in touches.into_iter().enumerate() {
+        let src = dir.path().join(format!("s{i}.db"));
+        make_db(&src, false, 1500);
+        settle_stamps();
+        let dest = dir.path().join(format!("c{i}.db"));
+        let (s, d) = (src.clone(), dest.clone());
+        AFTER_THE_PRECOPY.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || {
+                // Past the tick of fork's own last write to its copy.
+                settle_stamps();
+                touch(&s, &d);
+            }))
+        });
+        let st = snapshot(&src, &dest, &precopying(StateDigest::Blake3)).unwrap();
+        let want = serialized(&src, &dir.path().join(format!("w{i}.db")));
+        assert!(
+            fs::read(&dest).unwrap() == want,
+            "{what}: not the committed state"
+        );
+        assert_eq!(st.compared_bytes, Some(want.len() as u64), "{what}: {st:?}");
+        assert_eq!(
+            st.digest,
+            StateDigest::Blake3.of_path(&dest).unwrap(),
+            "{what}"
+        );
+    }
 }

@@ -182,6 +182,11 @@ pub struct SnapshotStats {
     /// 4 KiB units that differed from the committed state, and what the file grew by
     /// after the unlocked copy). None for the other methods.
     pub recopied_bytes: Option<u64>,
+    /// [`SnapshotMethod::FileBytesPrecopied`]: the bytes of the live file compared with
+    /// the copy under the lock; 0 when the file's change time proved it untouched since a
+    /// first, short read transaction before the unlocked copy (`precopy.rs`). None for
+    /// the other methods.
+    pub compared_bytes: Option<u64>,
 }
 
 /// Why a snapshot failed. Each message names the file and what to do.
