@@ -7,7 +7,8 @@ fork=$FORK_VM_BIN
 # A target directory shared read-only (scripts/vm-test.sh: one the guest's tmpfs overlays
 # would hide): its tmp/, the tests' scratch, becomes a tmpfs of the guest's own.
 if [ "${FORK_VM_TMP_MOUNT:-no}" = yes ]; then
-  mount -t tmpfs -o mode=1777 fork-vm-scratch "$FORK_VM_TMP"
+  mount -t tmpfs -o mode=1777 fork-vm-scratch "$FORK_VM_TMP" ||
+    { echo "vm: the tests' scratch tmpfs on $FORK_VM_TMP: FAIL"; echo "0 passed, 1 failed"; exit 1; }
 fi
 cg=/sys/fs/cgroup
 pass=0

@@ -146,7 +146,7 @@ pub struct StatePolicy {
 
 /// `[state] precopy`: from which size a rollback-journal store is copied before its lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[serde(try_from = "SizeOrOff")]
 pub struct Precopy {
     /// `SnapshotOptions::precopy_min_bytes`; `u64::MAX` for `"off"`.
     pub min_bytes: u64,
@@ -160,10 +160,22 @@ impl Default for Precopy {
     }
 }
 
-impl TryFrom<String> for Precopy {
+/// `[state] precopy` as written: a size (`"32MiB"`, or bytes as a number) or `"off"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeOrOff {
+    Bytes(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeOrOff> for Precopy {
     type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        if s.trim() == "off" {
+    fn try_from(v: SizeOrOff) -> Result<Self, String> {
+        let s = match v {
+            SizeOrOff::Bytes(min_bytes) => return Ok(Precopy { min_bytes }),
+            SizeOrOff::Text(s) => s,
+        };
+        if s.trim().eq_ignore_ascii_case("off") {
             return Ok(Precopy {
                 min_bytes: u64::MAX,
             });
@@ -634,6 +646,9 @@ mod tests {
         let parse =
             |v: &str| Policy::parse(&format!("[state]\nprecopy = \"{v}\"\n"), "p.toml", None);
         assert_eq!(parse("off").unwrap().state.precopy.min_bytes, u64::MAX);
+        assert_eq!(parse("Off").unwrap().state.precopy.min_bytes, u64::MAX);
+        let bytes = Policy::parse("[state]\nprecopy = 4096\n", "p.toml", None).unwrap();
+        assert_eq!(bytes.state.precopy.min_bytes, 4096);
         let small = parse("1MiB").unwrap();
         assert_eq!(small.state.precopy.min_bytes, 1 << 20);
         let e = parse("soon").unwrap_err().to_string();

@@ -21,14 +21,17 @@
 //!
 //! A parent that did not commit meanwhile pays no comparison. Before the unlocked copy a
 //! first, short read transaction takes the shared lock (so no commit is writing the file)
-//! and reads the file's change time (ctime, which every write sets and no call can set
-//! back) with the clock's current tick. Under the second lock, a change time, modification
+//! and reads the file's change time (ctime, which every `write` sets and no call can set
+//! back; a write through a shared writable mapping to a page already dirty sets nothing,
+//! but SQLite writes through one only when built with `SQLITE_MMAP_READWRITE`) with the
+//! clock's current tick. Under the second lock, a change time, modification
 //! time and length still the same, on a filesystem that keeps them in the inode for every
 //! write (ext2/3/4, XFS, Btrfs, tmpfs, F2FS), prove that no byte was written between the
 //! two locks: the copy, made between them, is then the committed state without being
 //! read again. A write after the first lock is stamped with a later tick (or, on a
 //! filesystem with fine-grained stamps, a time after the one read): so the proof is only
-//! taken when the change time read was already before the current tick; otherwise, and
+//! taken when the change time read was already before the current tick (before the
+//! current second on a filesystem stamping whole seconds); otherwise, and
 //! on any other filesystem (network and FUSE filesystems may report cached times), every
 //! byte is compared. The copy's own change time is checked too, as a guard against
 //! another writer of fork's private staging (not a proof: a write within the tick of
@@ -106,7 +109,8 @@ impl Stamps {
 }
 
 /// Filesystems that set a file's change time in its inode on every write, whoever writes
-/// (`statfs`'s magic numbers): ext2/3/4, XFS, Btrfs, tmpfs, F2FS.
+/// (`statfs`'s magic numbers): ext2/3/4, XFS, Btrfs, tmpfs, F2FS. (ext2, and ext4 with
+/// 128-byte inodes, stamp whole seconds: see [`before_the_tick`].)
 const STAMPING: [nix::sys::statfs::FsType; 5] = {
     use nix::sys::statfs::*;
     [
@@ -148,16 +152,34 @@ fn quiet_stamps(
             })
         })
     });
-    let stamps = read.and_then(|_| Stamps::of(file).map_err(io_err("stat", src)));
-    let now = clock_gettime(ClockId::CLOCK_REALTIME_COARSE);
-    source
+    // The proof is only a shortcut: a stamp or a clock that cannot be read drops it.
+    let stamps = Stamps::of(file).ok();
+    let now = clock_gettime(ClockId::CLOCK_REALTIME_COARSE).ok();
+    let ended = source
         .execute_batch("COMMIT")
-        .map_err(sqlite_err("end the read transaction on", src))?;
-    let stamps = stamps?;
-    Ok(now
-        .ok()
-        .filter(|now| stamps.ctime < (now.tv_sec(), now.tv_nsec()))
-        .map(|_| stamps))
+        .map_err(sqlite_err("end the read transaction on", src));
+    // A failed read is the error to report (it may have ended the transaction itself).
+    read?;
+    ended?;
+    Ok(match (stamps, now) {
+        (Some(stamps), Some(now)) if before_the_tick(stamps, (now.tv_sec(), now.tv_nsec())) => {
+            Some(stamps)
+        }
+        _ => None,
+    })
+}
+
+/// Whether a write after the clock read `now` must change `stamps`: its change time is
+/// before `now`'s tick, and (the kernel rounds every stamp down to the filesystem's
+/// granularity) before `now`'s second when its stamps hold no nanoseconds, as on ext2, or
+/// ext4 with 128-byte inodes, which stamp whole seconds: a write later in that second
+/// would be stamped the same.
+fn before_the_tick(stamps: Stamps, now: (i64, i64)) -> bool {
+    if stamps.ctime.1 == 0 || stamps.mtime.1 == 0 {
+        stamps.ctime.0 < now.0
+    } else {
+        stamps.ctime < now
+    }
 }
 
 impl Precopy {
@@ -237,10 +259,7 @@ pub(super) fn precopy(
         b.ended(copied);
     }
     // Both stamps, or neither: the copy's own only guards a proof the live file's gives.
-    let quiet = match quiet {
-        Some(live) => Some((live, Stamps::of(&out).map_err(io_err("stat", dest))?)),
-        None => None,
-    };
+    let quiet = quiet.and_then(|live| Stamps::of(&out).ok().map(|ours| (live, ours)));
     #[cfg(test)]
     if let Some(hook) = AFTER_THE_PRECOPY.with(|h| h.borrow_mut().take()) {
         // Every piece hashed first: what the hook changes must then be hashed again.
@@ -472,4 +491,34 @@ fn compare_range(
         off += n as u64;
     }
     Ok((dirty, recopied))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamps(ctime: (i64, i64), mtime: (i64, i64)) -> Stamps {
+        Stamps {
+            ctime,
+            mtime,
+            len: 4096,
+        }
+    }
+
+    /// A stamp proves a file untouched only when a later write must stamp it otherwise:
+    /// before the clock's tick, and before its second on a filesystem of whole seconds.
+    #[test]
+    fn a_stamp_proves_only_what_a_later_write_must_change() {
+        let ns = stamps((100, 500), (100, 500));
+        assert!(before_the_tick(ns, (100, 501)));
+        assert!(before_the_tick(ns, (101, 0)));
+        assert!(!before_the_tick(ns, (100, 500)), "the same tick");
+        assert!(!before_the_tick(ns, (100, 499)), "a clock behind the stamp");
+        // Whole seconds (no nanoseconds): a write later in second 100 is stamped (100, 0).
+        let whole = stamps((100, 0), (100, 0));
+        assert!(!before_the_tick(whole, (100, 700_000_000)));
+        assert!(before_the_tick(whole, (101, 0)));
+        // One of the two without nanoseconds is enough to be careful.
+        assert!(!before_the_tick(stamps((100, 5), (100, 0)), (100, 9)));
+    }
 }

@@ -180,6 +180,22 @@ pub(super) fn check_locked_file(
             )),
         });
     }
+    // Bytes 18 and 19 of the header: 1 in rollback-journal mode, 2 in WAL mode. A parent
+    // that turned its database to WAL after fork looked (its header, `inspect_source`)
+    // has committed state in its `-wal`, which a copy of the file alone would miss.
+    let mut version = [0u8; 2];
+    file.read_exact_at(&mut version, 18)
+        .map_err(io_err("read", src))?;
+    if version != [1, 1] {
+        return Err(SnapshotError::Io {
+            action: "copy",
+            path: src.to_path_buf(),
+            source: io::Error::other(format!(
+                "the database left rollback-journal mode during the snapshot (header bytes 18-19: {} {}); snapshot it again",
+                version[0], version[1]
+            )),
+        });
+    }
     Ok(())
 }
 

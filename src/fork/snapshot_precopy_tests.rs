@@ -277,6 +277,10 @@ fn a_changed_stamp_on_either_file_means_every_byte_is_compared() {
         }),
         ("fork's copy scribbled on", |_, dest| scribble(dest)),
     ];
+    if !crate::fork::precopy::stamping(&fs::File::open(dir.path()).unwrap()) {
+        eprintln!("fork-test-skip: the temp dir's filesystem has no stamps to prove with");
+        return;
+    }
     for (i, (what, touch)) in touches.into_iter().enumerate() {
         let src = dir.path().join(format!("s{i}.db"));
         make_db(&src, false, 1500);
@@ -302,5 +306,39 @@ fn a_changed_stamp_on_either_file_means_every_byte_is_compared() {
             StateDigest::Blake3.of_path(&dest).unwrap(),
             "{what}"
         );
+    }
+}
+
+/// The database turned to WAL between the unlocked copy and the lock: its committed state
+/// may now lie in its `-wal`, which no copy of the file alone holds, so the snapshot is
+/// refused, naming the cause, whether copied before the lock or under it.
+#[test]
+fn a_database_turned_to_wal_during_its_snapshot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, min) in [1u64 << 20, u64::MAX].into_iter().enumerate() {
+        let src = dir.path().join(format!("s{i}.db"));
+        make_db(&src, false, 1500);
+        let dest = dir.path().join(format!("c{i}.db"));
+        let turn = on(
+            &src,
+            "PRAGMA journal_mode = WAL; UPDATE meta SET n = n + 1;",
+        );
+        if min == u64::MAX {
+            // Copied under the lock: the change comes just before the read transaction.
+            crate::fork::sqlite::BEFORE_THE_PARENT_IS_READ
+                .with(|h| h.borrow_mut().push_back(Box::new(turn)));
+        } else {
+            AFTER_THE_PRECOPY.with(|h| *h.borrow_mut() = Some(Box::new(turn)));
+        }
+        let opts = SnapshotOptions {
+            precopy_min_bytes: min,
+            ..SnapshotOptions::default()
+        };
+        let err = snapshot(&src, &dest, &opts);
+        AFTER_THE_PRECOPY.with(|h| h.borrow_mut().take());
+        crate::fork::sqlite::BEFORE_THE_PARENT_IS_READ.with(|h| h.borrow_mut().clear());
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("left rollback-journal mode"), "{min}: {err}");
+        assert!(!dest.exists(), "{min}");
     }
 }
