@@ -46,10 +46,22 @@ fn scribble(dest: &Path) {
     }
 }
 
-/// Waits out the clock tick of the database's last write: a parent untouched since an
-/// earlier tick can be proven untouched by its change time (`precopy.rs`).
-fn settle_stamps() {
-    std::thread::sleep(std::time::Duration::from_millis(25));
+/// Waits out the clock tick of `path`'s last write (its second, on a filesystem stamping
+/// whole seconds): a file untouched since an earlier tick can be proven untouched by its
+/// change time, and a write after it changes that time (`precopy.rs`).
+fn settle_stamps(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).unwrap();
+    let wait = if m.ctime_nsec() == 0 || m.mtime_nsec() == 0 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        std::time::Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()))
+            + std::time::Duration::from_millis(25)
+    } else {
+        std::time::Duration::from_millis(25)
+    };
+    std::thread::sleep(wait);
 }
 
 fn on(src: &Path, sql: &'static str) -> impl FnOnce() {
@@ -101,7 +113,7 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             // every byte is compared (the commit rewrites one row, in place).
             "the copy scribbled on",
             |src, dest| {
-                let (commit, dest) = (on(src, "UPDATE meta SET n = n"), dest.to_path_buf());
+                let (commit, dest) = (on(src, "UPDATE meta SET n = n + 1"), dest.to_path_buf());
                 Box::new(move || {
                     scribble(&dest);
                     commit();
@@ -114,7 +126,7 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
         for digest in [StateDigest::Blake3, StateDigest::Sha256] {
             let src = dir.path().join(format!("s{i}{}.db", digest.name()));
             make_db(&src, false, 1500);
-            settle_stamps();
+            settle_stamps(&src);
             let before = fs::metadata(&src).unwrap().len();
             let dest = dir.path().join(format!("c{i}{}.db", digest.name()));
             let hook = change(&src, &dest);
@@ -284,13 +296,13 @@ fn a_changed_stamp_on_either_file_means_every_byte_is_compared() {
     for (i, (what, touch)) in touches.into_iter().enumerate() {
         let src = dir.path().join(format!("s{i}.db"));
         make_db(&src, false, 1500);
-        settle_stamps();
+        settle_stamps(&src);
         let dest = dir.path().join(format!("c{i}.db"));
         let (s, d) = (src.clone(), dest.clone());
         AFTER_THE_PRECOPY.with(|h| {
             *h.borrow_mut() = Some(Box::new(move || {
                 // Past the tick of fork's own last write to its copy.
-                settle_stamps();
+                settle_stamps(&d);
                 touch(&s, &d);
             }))
         });
