@@ -777,6 +777,44 @@ mod tests {
         );
     }
 
+    /// Eight first uses at once (evaluations on a fresh host each creating the node key):
+    /// exactly one creates it, every other is told it exists, and the key and its public
+    /// half left are the one the winner returned, never a mix of two.
+    #[test]
+    fn concurrent_keygens_leave_one_whole_key() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..20 {
+            let path = dir.path().join(format!("r{round}")).join("node.key");
+            let gate = std::sync::Barrier::new(8);
+            let results: Vec<_> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            gate.wait();
+                            generate_node_key(&path, false)
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let won: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            assert_eq!(won.len(), 1, "round {round}: {results:?}");
+            for r in &results {
+                if let Err(e) = r {
+                    assert!(matches!(e, IdentityError::KeyExists { .. }), "{e}");
+                }
+            }
+            assert_eq!(load_node_key(&path).unwrap().public(), *won[0]);
+            assert_eq!(read_public_key(&public_key_path(&path)).unwrap(), *won[0]);
+            // No temporary file of a loser is left beside them.
+            let names: Vec<_> = fs::read_dir(path.parent().unwrap())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names.len(), 2, "round {round}: {names:?}");
+        }
+    }
+
     #[test]
     fn keygen_load_and_refusals() {
         let dir = tempfile::tempdir().unwrap();
