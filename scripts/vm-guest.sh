@@ -8,7 +8,7 @@ fork=$FORK_VM_BIN
 # would hide): its tmp/, the tests' scratch, becomes a tmpfs of the guest's own.
 if [ "${FORK_VM_TMP_MOUNT:-no}" = yes ]; then
   mount -t tmpfs -o mode=1777 fork-vm-scratch "$FORK_VM_TMP" ||
-    { echo "vm: the tests' scratch tmpfs on $FORK_VM_TMP: FAIL"; echo "0 passed, 1 failed"; exit 1; }
+    { echo "vm: the tests' scratch tmpfs on $FORK_VM_TMP: FAIL"; echo "vm-result: passed=0 failed=1"; exit 1; }
 fi
 cg=/sys/fs/cgroup
 pass=0

@@ -134,7 +134,8 @@ pub struct StatePolicy {
     /// releases before BLAKE3 became the default).
     #[serde(default)]
     pub digest: crate::fork::StateDigest,
-    /// `precopy = "32MiB"` (the default) | `"off"`: a rollback-journal store at least this
+    /// `precopy = "32MiB"` (the default; any size, or a number of bytes) | `"off"` (any
+    /// case): a rollback-journal store at least this
     /// large is copied before the shared lock is taken and then compared with the live file
     /// under it (the parent's writer waits about half as long, the snapshot takes about 1.5x
     /// as long); `"off"` copies it whole under the lock, as the releases before that did.
@@ -166,6 +167,8 @@ impl Default for Precopy {
 enum SizeOrOff {
     Bytes(u64),
     Text(String),
+    /// Anything else (`true`, `-1`, `1.5`), refused with what is expected.
+    Other(toml::Value),
 }
 
 impl TryFrom<SizeOrOff> for Precopy {
@@ -174,6 +177,7 @@ impl TryFrom<SizeOrOff> for Precopy {
         let s = match v {
             SizeOrOff::Bytes(min_bytes) => return Ok(Precopy { min_bytes }),
             SizeOrOff::Text(s) => s,
+            SizeOrOff::Other(v) => return Err(precopy_expected(&v.to_string())),
         };
         if s.trim().eq_ignore_ascii_case("off") {
             return Ok(Precopy {
@@ -182,11 +186,15 @@ impl TryFrom<SizeOrOff> for Precopy {
         }
         match units::parse_size(&s) {
             Ok(min_bytes) => Ok(Precopy { min_bytes }),
-            Err(_) => Err(format!(
-                "state.precopy: `{s}` is neither \"off\" nor a size such as \"32MiB\""
-            )),
+            Err(_) => Err(precopy_expected(&format!("`{s}`"))),
         }
     }
+}
+
+fn precopy_expected(what: &str) -> String {
+    format!(
+        "state.precopy: {what} is neither \"off\", a number of bytes, nor a size such as \"32MiB\""
+    )
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -651,6 +659,12 @@ mod tests {
         assert_eq!(bytes.state.precopy.min_bytes, 4096);
         let small = parse("1MiB").unwrap();
         assert_eq!(small.state.precopy.min_bytes, 1 << 20);
+        for bad in ["true", "-1", "1.5"] {
+            let e = Policy::parse(&format!("[state]\nprecopy = {bad}\n"), "p.toml", None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("state.precopy") && e.contains(bad), "{e}");
+        }
         let e = parse("soon").unwrap_err().to_string();
         assert!(
             e.contains("p.toml") && e.contains("state.precopy") && e.contains("soon"),

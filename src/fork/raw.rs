@@ -187,13 +187,18 @@ pub(super) fn check_locked_file(
     file.read_exact_at(&mut version, 18)
         .map_err(io_err("read", src))?;
     if version != [1, 1] {
+        let why = if version == [2, 2] {
+            "the database left rollback-journal mode during the snapshot (header bytes 18-19: 2 2, WAL); snapshot it again".to_string()
+        } else {
+            format!(
+                "the database's header names no journal mode SQLite writes (bytes 18-19: {} {})",
+                version[0], version[1]
+            )
+        };
         return Err(SnapshotError::Io {
             action: "copy",
             path: src.to_path_buf(),
-            source: io::Error::other(format!(
-                "the database left rollback-journal mode during the snapshot (header bytes 18-19: {} {}); snapshot it again",
-                version[0], version[1]
-            )),
+            source: io::Error::other(why),
         });
     }
     Ok(())
