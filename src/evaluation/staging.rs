@@ -264,7 +264,7 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
         let stats = snapshot(&p.runtime.join(s), &snap_dir.join(&name), &opts)
             .map_err(|e| EvaluateError::Input(format!("snapshotting {}: {e}", s.display())))?;
         tracing::info!(
-            "snapshot {}: {} bytes in {:?} by {:?} (copy {:?}, hash {:?}; {} steps, {} restarts, longest step {:?})",
+            "snapshot {}: {} bytes in {:?} by {:?} (copy {:?}, hash {:?}; {} steps, {} restarts, longest step {:?}; under the lock compared {:?} bytes, copied again {:?})",
             s.display(),
             stats.bytes,
             stats.elapsed,
@@ -273,7 +273,9 @@ fn snapshot_stores(p: &Plan, snap_dir: &Path) -> Result<Vec<StoreCopy>, Evaluate
             stats.hash_elapsed,
             stats.steps,
             stats.restarts,
-            stats.longest_step
+            stats.longest_step,
+            stats.compared_bytes,
+            stats.recopied_bytes
         );
         // The copy of the parent's state is private to fork (and then to the successor).
         std::fs::set_permissions(
