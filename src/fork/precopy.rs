@@ -38,7 +38,7 @@
 //! fork's own last one keeps it).
 
 use super::pieces::Behind;
-use super::raw::{check_locked_file, copy_chunks, end_read, Image, CHUNK};
+use super::raw::{check_locked_file, copy_chunks, end_read, FileTimes, Image, CHUNK};
 use super::sqlite::{
     as_reader, check_and_hash, check_copy, io_err, retry_busy, sqlite_err, SnapshotError,
     SnapshotMethod, SnapshotOptions, SnapshotStats, StateDigest,
@@ -340,24 +340,22 @@ pub(super) fn copy_precopied(
         }
         None => check_and_hash(dest, opts.check, opts.digest)?,
     };
+    let times = FileTimes {
+        held,
+        copy: copy_elapsed,
+        check: check_elapsed,
+        hash: hash_elapsed,
+    };
     Ok(SnapshotStats {
-        bytes: image.bytes,
-        pages: image.pages,
-        steps: 1,
-        restarts: 0,
-        busy_retries: 0,
-        wal: false,
-        method: SnapshotMethod::FileBytesPrecopied,
-        elapsed: image.started.elapsed(),
-        copy_elapsed,
-        check_elapsed,
-        hash_elapsed,
-        longest_step: held,
-        digest,
-        integrity_ok,
         pieces_hashed_again: again,
         recopied_bytes: Some(recopied),
         compared_bytes: Some(compared),
+        ..image.file_stats(
+            SnapshotMethod::FileBytesPrecopied,
+            times,
+            digest,
+            integrity_ok,
+        )
     })
 }
 

@@ -39,6 +39,47 @@ pub(super) struct Image {
     pub locked: Instant,
 }
 
+/// What a one-image copy of the file's bytes measured: the lock held, the copy's, the
+/// check's and the hash's times.
+pub(super) struct FileTimes {
+    pub held: Duration,
+    pub copy: Duration,
+    pub check: Duration,
+    pub hash: Duration,
+}
+
+impl Image {
+    /// The stats of this image copied as the file's bytes (one step, no restarts), by
+    /// `method`; the precopy's own fields are added by `precopy.rs`.
+    pub(super) fn file_stats(
+        &self,
+        method: super::sqlite::SnapshotMethod,
+        times: FileTimes,
+        digest: String,
+        integrity_ok: bool,
+    ) -> SnapshotStats {
+        SnapshotStats {
+            bytes: self.bytes,
+            pages: self.pages,
+            steps: 1,
+            restarts: 0,
+            busy_retries: 0,
+            wal: false,
+            method,
+            elapsed: self.started.elapsed(),
+            copy_elapsed: times.copy,
+            check_elapsed: times.check,
+            hash_elapsed: times.hash,
+            longest_step: times.held,
+            digest,
+            integrity_ok,
+            pieces_hashed_again: None,
+            recopied_bytes: None,
+            compared_bytes: None,
+        }
+    }
+}
+
 /// The copier's chunk: the hasher starts after the first one, so small enough that it
 /// starts at once, large enough that a chunk's system call and hand-over cost nothing next
 /// to its copy.
@@ -136,25 +177,18 @@ pub(super) fn copy_raw(
             )),
         });
     }
-    Ok(SnapshotStats {
-        bytes: image.bytes,
-        pages: image.pages,
-        steps: 1,
-        restarts: 0,
-        busy_retries: 0,
-        wal: false,
-        method: super::sqlite::SnapshotMethod::FileBytes,
-        elapsed: image.started.elapsed(),
-        copy_elapsed,
-        check_elapsed,
-        hash_elapsed,
-        longest_step: held,
+    let times = FileTimes {
+        held,
+        copy: copy_elapsed,
+        check: check_elapsed,
+        hash: hash_elapsed,
+    };
+    Ok(image.file_stats(
+        super::sqlite::SnapshotMethod::FileBytes,
+        times,
         digest,
         integrity_ok,
-        pieces_hashed_again: None,
-        recopied_bytes: None,
-        compared_bytes: None,
-    })
+    ))
 }
 
 /// Under the lock: the file SQLite locked is the one at the path now (a parent does not
