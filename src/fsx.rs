@@ -405,20 +405,29 @@ fn not_a_directory(component: String) -> FsxError {
 /// reads what it needs, bounded.
 pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
     let shown = path.display().to_string();
-    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
-    let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(|e| match e {
-        Errno::ENOENT => FsxError::Missing {
+    let (fd, st) = open_nonblocking(path).map_err(|(op, e)| match (op, e) {
+        ("open", Errno::ENOENT) => FsxError::Missing {
             component: shown.clone(),
         },
-        other => FsxError::Io {
-            op: "open",
+        ("open", other) => FsxError::Io {
+            op,
             component: shown.clone(),
             source: other.into(),
         },
+        (op, other) => errno_error(op, &shown, other),
     })?;
-    let st = nix::sys::stat::fstat(&fd).map_err(|e| errno_error("fstat", &shown, e))?;
     expect_kind(&st, &shown, "regular file")?;
     Ok((File::from(fd), u64::try_from(st.st_size).unwrap_or(0)))
+}
+
+/// `path` opened to read without waiting for a FIFO's writer (`O_NONBLOCK`) or taking a
+/// terminal, and its `fstat`: what [`open_regular`] and [`open_input`] check the kind of.
+/// The error names the step that failed.
+fn open_nonblocking(path: &Path) -> Result<(OwnedFd, FileStat), (&'static str, Errno)> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(|e| ("open", e))?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| ("fstat", e))?;
+    Ok((fd, st))
 }
 
 /// An input file the user named (a policy, a manifest, a key, a bundle's document),
@@ -426,9 +435,7 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
 /// refused unless it is a regular file, so no input can hang a command. The errors are
 /// plain I/O errors (`NotFound` kept), for the caller's own error type.
 pub fn open_input(path: &Path) -> std::io::Result<File> {
-    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
-    let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(std::io::Error::from)?;
-    let st = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?;
+    let (fd, st) = open_nonblocking(path).map_err(|(_, e)| std::io::Error::from(e))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
