@@ -180,6 +180,41 @@ evaluate_demo() {
   return 1
 }
 
+# A side's source copied into its empty workspace on a filesystem that folds case: two
+# names of the runtime's source that fold together (KIND file: `notes.txt` and `NOTES.txt`;
+# dir: `lib/` and `Lib/`) are refused, naming the path (exit 65), never one copied over the
+# other. This guest's kernel folds case (CONFIG_UNICODE; the host's may not): an ext4 made
+# with `-O casefold`, a directory of it flagged `+F` as TMPDIR, and the capped disk off,
+# so that the run directory and the workspace in it are made there.
+casefold_copy() {
+  local kind=$1 d=/tmp/fork-vm/casefold-$1 rc=0
+  local mnt=$d/mnt
+  rm -rf "$d" && mkdir -p "$mnt" || return 1
+  # Debian builds loop devices and ext4 as modules (the host's /lib/modules has them).
+  modprobe -q loop 2>/dev/null
+  modprobe -q ext4 2>/dev/null
+  truncate -s 64M "$d.img" && mkfs.ext4 -q -F -O casefold "$d.img" && mount -o loop "$d.img" "$mnt" ||
+    { echo "no case-folding ext4 here"; return 1; }
+  mkdir "$mnt/tmp" && chattr +F "$mnt/tmp" && chmod 1777 "$mnt/tmp" || { umount "$mnt"; return 1; }
+  cp -r "$FORK_VM_REPO/fixtures/hermes-demo" "$d/rt"
+  case $kind in
+    file) echo one >"$d/rt/hermes/notes.txt" && echo two >"$d/rt/hermes/NOTES.txt" ;;
+    dir) mkdir "$d/rt/lib" "$d/rt/Lib" && echo one >"$d/rt/lib/a.txt" && echo two >"$d/rt/Lib/b.txt" ;;
+  esac
+  # The default policy (with the seccomp profile it names beside it), the capped disk off.
+  cp -r "$FORK_VM_REPO/policies" "$d/policies" &&
+    sed -i 's/^disk = "required"/disk = "off"/' "$d/policies/default.toml" || { umount "$mnt"; return 1; }
+  TMPDIR=$mnt/tmp XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
+    --runtime "$d/rt" --policy "$d/policies/default.toml" --task tests --no-ledger --out "$d/out" >"$d/out.txt" 2>&1 || rc=$?
+  # Nothing of the evaluation is left on that filesystem.
+  local left
+  left=$(find "$mnt/tmp" -mindepth 1 | head -n 3)
+  umount "$mnt"
+  grep -q 'fold case' "$d/out.txt" && [ $rc = 65 ] && [ -z "$left" ] ||
+    { echo "exit $rc; left: $left"; tail -n 5 "$d/out.txt"; return 1; }
+  echo "exit 65: $(grep -m 1 'fold case' "$d/out.txt" | cut -c1-200)"
+}
+
 # scripts/bench-launch-layers.sh's checks on this kernel (cgroup v2, an older Landlock ABI):
 # each variant's isolation block is what the variant claims (the timings of an emulated
 # guest mean nothing). It runs fork through the shim, a fresh cgroup per run.
@@ -195,6 +230,8 @@ step "root: no sandbox cgroup left" leftovers
 step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
 step "root: the launch-by-layer benchmark's variants have the layers they claim (v2, this ABI)" launch_layers
 step "root: fork evaluate of the demo patch (--task judged) gives the host's verdict" evaluate_demo root judged --task judged
+step "root: two names that fold together, copied onto a case-folding ext4: refused, naming them (file)" casefold_copy file
+step "root: two names that fold together, copied onto a case-folding ext4: refused, naming them (directory)" casefold_copy dir
 
 as_user() {
   export -f reported_run memory_budget evaluate_demo
