@@ -548,7 +548,7 @@ fn bench_mode(dir: &Path, mode: &str, mb: u64, runs: usize, sweep: bool) {
                 st.wal,
                 st.method,
                 st.pieces_hashed_again,
-                st.bytes.div_ceil(8192),
+                st.bytes.div_ceil(fork::fork::snapshot::PIECE_BYTES),
                 st.recopied_bytes,
                 st.compared_bytes,
                 r.uncompared,

@@ -168,7 +168,7 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             if let Some(n) = again {
                 // Every piece was hashed before the change (the hook waits for it): the
                 // changed ones are hashed again, and only those.
-                let pieces = st.bytes.div_ceil(8 << 10) as usize;
+                let pieces = st.bytes.div_ceil(PIECE_BYTES) as usize;
                 assert!(
                     n < pieces || what == "the file shrunk",
                     "{what}: {n} of {pieces}"

@@ -586,7 +586,7 @@ fn a_copy_cut_by_the_replay_under_the_hasher_is_named_by_its_own_bytes() {
     check_invariants(&dest);
 }
 
-/// At SQLite's smallest and largest page sizes (512 B: 16 pages to a piece; 64 KiB: 8
+/// At SQLite's smallest and largest page sizes (512 B: 32 pages to a piece; 64 KiB: 4
 /// pieces to a page) the replayed copy is still named by its own bytes, holds what the
 /// parent committed, and only pieces the frames name are hashed again.
 #[test]
@@ -704,7 +704,7 @@ fn frame_pages_names_every_frames_page() {
     );
 }
 
-/// A WAL database of one piece or less (8 KiB: two 4 KiB pages) copied as files: its
+/// A WAL database of one piece or less (16 KiB: up to four 4 KiB pages) copied as files: its
 /// BLAKE3 is not made from a chaining value, so the replayed copy is hashed in one pass.
 #[test]
 fn a_wal_database_of_one_piece_is_hashed_in_one_pass() {

@@ -173,7 +173,8 @@ pub struct SnapshotStats {
     pub digest: String,
     /// True when the integrity check ran and answered `ok` (false only with `Skip`).
     pub integrity_ok: bool,
-    /// WAL mode's file copy with BLAKE3: the copy's pieces hashed again after the WAL's
+    /// WAL mode's file copy with BLAKE3: the copy's pieces (of
+    /// [`PIECE_BYTES`](super::snapshot::PIECE_BYTES)) hashed again after the WAL's
     /// replay (the rest were hashed behind the copy); a rollback-journal database copied
     /// before its lock ([`SnapshotMethod::FileBytesPrecopied`]): those hashed again after
     /// the comparison under the lock. None: hashed whole, or while copied.
