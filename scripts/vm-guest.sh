@@ -187,30 +187,35 @@ evaluate_demo() {
 # with `-O casefold`, a directory of it flagged `+F` as TMPDIR, and the capped disk off,
 # so that the run directory and the workspace in it are made there.
 casefold_copy() {
-  local kind=$1 d=/tmp/fork-vm/casefold-$1 rc=0
-  local mnt=$d/mnt
-  rm -rf "$d" && mkdir -p "$mnt" || return 1
+  local kind=$1 d=/tmp/fork-vm/casefold-$1 rc=0 left named
+  local mnt=$d/mnt img=$d.img
+  rm -rf "$d" "$img" && mkdir -p "$mnt" || return 1
   # Debian builds loop devices and ext4 as modules (the host's /lib/modules has them).
   modprobe -q loop 2>/dev/null
   modprobe -q ext4 2>/dev/null
-  truncate -s 64M "$d.img" && mkfs.ext4 -q -F -O casefold "$d.img" && mount -o loop "$d.img" "$mnt" ||
-    { echo "no case-folding ext4 here"; return 1; }
-  mkdir "$mnt/tmp" && chattr +F "$mnt/tmp" && chmod 1777 "$mnt/tmp" || { umount "$mnt"; return 1; }
-  cp -r "$FORK_VM_REPO/fixtures/hermes-demo" "$d/rt"
-  case $kind in
-    file) echo one >"$d/rt/hermes/notes.txt" && echo two >"$d/rt/hermes/NOTES.txt" ;;
-    dir) mkdir "$d/rt/lib" "$d/rt/Lib" && echo one >"$d/rt/lib/a.txt" && echo two >"$d/rt/Lib/b.txt" ;;
-  esac
-  # The default policy (with the seccomp profile it names beside it), the capped disk off.
-  cp -r "$FORK_VM_REPO/policies" "$d/policies" &&
-    sed -i 's/^disk = "required"/disk = "off"/' "$d/policies/default.toml" || { umount "$mnt"; return 1; }
+  truncate -s 64M "$img" && mkfs.ext4 -q -F -O casefold "$img" && mount -o loop "$img" "$mnt" ||
+    { echo "no case-folding ext4 here"; rm -f "$img"; return 1; }
+  # From here every way out unmounts the filesystem and removes its image.
+  casefold_done() { umount "$mnt" && rm -f "$img"; }
+  mkdir "$mnt/tmp" && chattr +F "$mnt/tmp" && chmod 1777 "$mnt/tmp" &&
+    cp -r "$FORK_VM_REPO/fixtures/hermes-demo" "$d/rt" &&
+    case $kind in
+      file) named=src/hermes/notes.txt && echo one >"$d/rt/hermes/notes.txt" && echo two >"$d/rt/hermes/NOTES.txt" ;;
+      dir) named=src/lib && mkdir "$d/rt/lib" "$d/rt/Lib" && echo one >"$d/rt/lib/a.txt" && echo two >"$d/rt/Lib/b.txt" ;;
+    esac &&
+    # The default policy (with the seccomp profile it names beside it), the capped disk off.
+    cp -r "$FORK_VM_REPO/policies" "$d/policies" &&
+    sed -i 's/^disk = "required"/disk = "off"/' "$d/policies/default.toml" &&
+    grep -q '^disk = "off"' "$d/policies/default.toml" ||
+    { echo "setting up the runtime failed"; casefold_done; return 1; }
   TMPDIR=$mnt/tmp XDG_CONFIG_HOME=$d/xdg "$fork" evaluate "$FORK_VM_REPO/fixtures/patches/swap-compressor.diff" \
     --runtime "$d/rt" --policy "$d/policies/default.toml" --task tests --no-ledger --out "$d/out" >"$d/out.txt" 2>&1 || rc=$?
-  # Nothing of the evaluation is left on that filesystem.
-  local left
+  # Nothing of the evaluation is left on that filesystem, and nothing holds it.
   left=$(find "$mnt/tmp" -mindepth 1 | head -n 3)
-  umount "$mnt"
-  grep -q 'fold case' "$d/out.txt" && [ $rc = 65 ] && [ -z "$left" ] ||
+  casefold_done || { echo "the case-folding filesystem could not be unmounted (still in use)"; return 1; }
+  # The refusal names the second of the two names the copy met (either may come first).
+  grep -qi "$named: another entry of the source was copied to this name (does the workspace's filesystem fold case?)" "$d/out.txt" &&
+    [ $rc = 65 ] && [ -z "$left" ] ||
     { echo "exit $rc; left: $left"; tail -n 5 "$d/out.txt"; return 1; }
   echo "exit 65: $(grep -m 1 'fold case' "$d/out.txt" | cut -c1-200)"
 }
@@ -230,8 +235,8 @@ step "root: no sandbox cgroup left" leftovers
 step "root: Landlock degrades to the kernel's ABI, netns isolates, v2 statistics" landlock_and_netns
 step "root: the launch-by-layer benchmark's variants have the layers they claim (v2, this ABI)" launch_layers
 step "root: fork evaluate of the demo patch (--task judged) gives the host's verdict" evaluate_demo root judged --task judged
-step "root: two names that fold together, copied onto a case-folding ext4: refused, naming them (file)" casefold_copy file
-step "root: two names that fold together, copied onto a case-folding ext4: refused, naming them (directory)" casefold_copy dir
+step "root: two names that fold together, copied onto a case-folding ext4: refused, naming the path (file)" casefold_copy file
+step "root: two names that fold together, copied onto a case-folding ext4: refused, naming the path (directory)" casefold_copy dir
 
 as_user() {
   export -f reported_run memory_budget evaluate_demo
