@@ -395,8 +395,8 @@ fn copy_at(
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let (f, st) = open_at(dir, name).map_err(|e| (false, e))?;
-    if let Some(o) = owner.filter(|o| !o.may_read(&st)) {
-        return Err((false, o.refusal(&st)));
+    if let Some(Err(reason)) = owner.map(|o| o.check_read(&f, &st)) {
+        return Err((false, reason));
     }
     let mode = st.st_mode & 0o7777;
     let write = |e: std::io::Error| (true, format!("writing its copy {}: {e}", to.display()));

@@ -375,4 +375,25 @@ fn a_protected_file_its_owner_cannot_read_is_refused() {
         matches!(&err, EvaluateError::Input(m) if m.contains("linked.py") && m.contains("uid 65534")),
         "{err:?}"
     );
+    // Readable by its mode bits, closed to the owner by an access ACL entry: refused too.
+    std::fs::remove_file(rt.join("src/tests/linked.py")).unwrap();
+    let closed = rt.join("src/tests/closed.py");
+    std::fs::write(&closed, "c").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    {
+        use crate::fork::acl::{self, entry::*};
+        let acl = [user_obj(6), user(65534, 0), group_obj(4), mask(4), other(4)];
+        if let Err(e) = acl::set(&std::fs::File::open(&closed).unwrap(), &acl) {
+            eprintln!("fork-test-skip: the temp dir's filesystem keeps no ACLs ({e})");
+            return;
+        }
+    }
+    let stage = tmp.path().join("stage2");
+    std::fs::create_dir_all(&stage).unwrap();
+    let _unmount2 = Unmount(stage.join(COPY_DIR));
+    let err = snapshot(&stage, &rt, Path::new("src"), &pats(&["tests/**"]), &[]).unwrap_err();
+    assert!(
+        matches!(&err, EvaluateError::Input(m) if m.contains("closed.py") && m.contains("access ACL")),
+        "{err:?}"
+    );
 }

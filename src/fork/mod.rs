@@ -16,6 +16,7 @@
 //!   (the source hash and listing every copy is checked by, the deployment hash a verdict
 //!   signs), re-exported there.
 
+pub(crate) mod acl;
 pub mod copyback;
 pub mod digest;
 pub mod error;

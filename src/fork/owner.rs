@@ -3,9 +3,9 @@
 //! its tree; it can only be there by root's doing, or linked in from elsewhere (a hard link
 //! to a root-only file, where `fs.protected_hardlinks` is 0; or the stale inode a link keeps
 //! after the original was replaced), and fork would otherwise copy it into a sandbox that
-//! runs the owner's code. Decided by the mode bits as the kernel checks them (owner, then
-//! group, then others; ACLs are not read, so a file an ACL alone opens to the owner is
-//! refused too, named).
+//! runs the owner's code. Decided as the kernel checks a read: by the file's POSIX access
+//! ACL when it has one (`acl.rs`: a named user's or group's entry, the mask), else by its
+//! mode bits (owner, then group, then others).
 
 use nix::sys::stat::FileStat;
 use nix::unistd::{Gid, Uid};
@@ -79,6 +79,31 @@ impl Owner {
             mode & 0o040 != 0
         } else {
             mode & 0o004 != 0
+        }
+    }
+
+    /// Whether the owner may read the file open at `file` (its `fstat`: `st`), by its
+    /// access ACL when it has one, else by its mode bits: Err says why not, for the
+    /// caller's refusal. An ACL that cannot be read or is not in the kernel's layout
+    /// refuses the file.
+    pub fn check_read(&self, file: &std::fs::File, st: &FileStat) -> Result<(), String> {
+        match super::acl::of(file) {
+            super::acl::Acl::None if self.may_read(st) => Ok(()),
+            super::acl::Acl::None => Err(self.refusal(st)),
+            super::acl::Acl::Entries(acl) => {
+                if super::acl::allows_read(&acl, self.uid, &self.gids, st.st_uid, st.st_gid) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} (by its access ACL, `getfacl` shows it)",
+                        self.refusal(st)
+                    ))
+                }
+            }
+            super::acl::Acl::Unreadable(why) => Err(format!(
+                "{why}, and fork, running as root, copies only what the tree's owner (uid {})                  could read itself: remove the ACL (`setfacl -b`) or the file",
+                self.uid
+            )),
         }
     }
 

@@ -214,13 +214,14 @@ impl Tree {
                 std::io::Error::other("not a regular file any more (swapped while reading)"),
             ));
         }
-        if let Some(o) = self.owner.as_ref().filter(|o| !o.may_read(&st)) {
+        let file = File::from(fd);
+        if let Some(Err(reason)) = self.owner.as_ref().map(|o| o.check_read(&file, &st)) {
             return Err(WorkspaceError::Unreadable {
                 path: shown,
-                reason: o.refusal(&st),
+                reason,
             });
         }
-        Ok(File::from(fd))
+        Ok(file)
     }
 
     /// Every entry (relative path and kind; for regular files also the sha256 of the

@@ -668,3 +668,79 @@ fn a_root_fork_copies_only_what_the_trees_owner_could_read() {
     copy_tree_beneath(&rt, Path::new("src"), &to3, &[]).unwrap();
     assert_eq!(fs::read(to3.join("linked")).unwrap(), b"root only");
 }
+
+/// As root, another user's tree is held to each file's access ACL where it has one, as the
+/// kernel would hold that user: a root-only file (mode 0600) that an ACL entry opens to
+/// the owner is copied, a world-readable one (0644) that an entry closes to the owner is
+/// refused, naming it and the ACL. The mode bits alone would say the opposite of both.
+#[test]
+fn a_root_fork_holds_another_users_tree_to_its_acls() {
+    use crate::fork::acl::{self, entry::*};
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let nobody = 65534;
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tmp.path().join("rt");
+    let src = rt.join("src");
+    fs::create_dir_all(&src).unwrap();
+    chown(&rt, Some(nobody), Some(nobody)).unwrap();
+    let with_acl = |name: &str, mode: u32, acl: &[acl::Entry]| {
+        let path = src.join(name);
+        fs::write(&path, name).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        acl::set(&fs::File::open(&path).unwrap(), acl)
+    };
+    let opened = [
+        user_obj(6),
+        user(nobody, 4),
+        group_obj(0),
+        mask(4),
+        other(0),
+    ];
+    if let Err(e) = with_acl("opened.txt", 0o600, &opened) {
+        eprintln!("fork-test-skip: the temp dir's filesystem keeps no ACLs ({e})");
+        return;
+    }
+    let to = tmp.path().join("to");
+    copy_tree_beneath(&rt, Path::new("src"), &to, &[]).unwrap();
+    assert_eq!(fs::read(to.join("opened.txt")).unwrap(), b"opened.txt");
+    // The mask closes the named entry again.
+    with_acl(
+        "opened.txt",
+        0o600,
+        &[
+            user_obj(6),
+            user(nobody, 4),
+            group_obj(0),
+            mask(0),
+            other(0),
+        ],
+    )
+    .unwrap();
+    let e = copy_tree_beneath(&rt, Path::new("src"), &tmp.path().join("to2"), &[]).unwrap_err();
+    assert!(
+        matches!(&e, WorkspaceError::Unreadable { path, reason } if path.ends_with("opened.txt") && reason.contains("access ACL")),
+        "{e}"
+    );
+    with_acl("opened.txt", 0o600, &opened).unwrap();
+    let closed = [
+        user_obj(6),
+        user(nobody, 0),
+        group_obj(4),
+        mask(4),
+        other(4),
+    ];
+    with_acl("closed.txt", 0o644, &closed).unwrap();
+    let e = copy_tree_beneath(&rt, Path::new("src"), &tmp.path().join("to3"), &[]).unwrap_err();
+    assert!(
+        matches!(&e, WorkspaceError::Unreadable { path, reason } if path.ends_with("closed.txt") && reason.contains("access ACL") && reason.contains("uid 65534")),
+        "{e}"
+    );
+    let e = tree_hash_beneath(&rt, Path::new("src"), &[]).unwrap_err();
+    assert!(matches!(e, WorkspaceError::Unreadable { .. }), "{e}");
+    // A root-owned tree is read as before, ACLs or not.
+    chown(&rt, Some(0), Some(0)).unwrap();
+    copy_tree_beneath(&rt, Path::new("src"), &tmp.path().join("to4"), &[]).unwrap();
+}
