@@ -95,6 +95,8 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
 /// member of the file's group or of a named group is granted when one of those entries
 /// grants under the mask, and denied otherwise (the others' entry is not consulted);
 /// anyone else gets the others' entry. An entry that should be there and is not denies.
+/// (The kernel consults the ACL only for someone other than the file's owner, and only
+/// while the group bits, the mask, are not all clear: [`super::owner::Owner::check_read`].)
 pub fn allows_read(acl: &[Entry], uid: u32, gids: &[u32], file_uid: u32, file_gid: u32) -> bool {
     let find = |tag: u16| acl.iter().find(|e| e.tag == tag);
     let mask = find(MASK).map_or(u16::MAX, |e| e.perm);

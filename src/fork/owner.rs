@@ -82,12 +82,19 @@ impl Owner {
         }
     }
 
-    /// Whether the owner may read the file open at `file` (its `fstat`: `st`), by its
-    /// access ACL when it has one, else by its mode bits: Err says why not, for the
-    /// caller's refusal. An ACL that cannot be read or is not in the kernel's layout
-    /// refuses the file.
+    /// Whether the owner may read the file open at `file` (its `fstat`: `st`), as the
+    /// kernel decides (`acl_permission_check`): the file's owner by the owner's bits; anyone
+    /// else by the file's access ACL when it has one and the group bits (the ACL's mask)
+    /// are not all clear, else by the mode bits. Err says why not, for the caller's
+    /// refusal. An ACL that cannot be read or is not in the kernel's layout refuses the
+    /// file.
     pub fn check_read(&self, file: &std::fs::File, st: &FileStat) -> Result<(), String> {
-        match super::acl::of(file) {
+        let acl = if st.st_uid == self.uid || st.st_mode & 0o070 == 0 {
+            super::acl::Acl::None
+        } else {
+            super::acl::of(file)
+        };
+        match acl {
             super::acl::Acl::None if self.may_read(st) => Ok(()),
             super::acl::Acl::None => Err(self.refusal(st)),
             super::acl::Acl::Entries(acl) => {
@@ -101,7 +108,8 @@ impl Owner {
                 }
             }
             super::acl::Acl::Unreadable(why) => Err(format!(
-                "{why}, and fork, running as root, copies only what the tree's owner (uid {})                  could read itself: remove the ACL (`setfacl -b`) or the file",
+                "{why}, and fork, running as root, copies only what the tree's owner (uid {}) \
+                 could read itself: remove the ACL (`setfacl -b`) or the file",
                 self.uid
             )),
         }
