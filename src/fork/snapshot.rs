@@ -74,6 +74,7 @@ pub use super::sqlite::{
 /// The piece a BLAKE3-named copy is hashed in when its pieces can be hashed again alone
 /// (what [`SnapshotStats::pieces_hashed_again`] counts).
 pub const PIECE_BYTES: u64 = super::pieces::PIECE;
+
 /// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
 /// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
 fn inspect_source(src: &Path, read_as: Option<&ReadAs>) -> Result<bool, SnapshotError> {
