@@ -639,10 +639,12 @@ pub fn public_key_arg(s: &str) -> Result<PublicKey, IdentityError> {
         Ok(k) => return Ok(k),
         Err(e) => e,
     };
+    // An OpenSSH key line is `TYPE BASE64 [COMMENT]`: text that starts like one but has no
+    // blank in it (`ssh-node.pub`) is a path, and a missing one is said as such.
     let keyish = t.starts_with("ed25519:")
         || t.starts_with("-----BEGIN")
         || t.contains('\n')
-        || crate::keyformat::decode_public(t).is_some();
+        || (crate::keyformat::decode_public(t).is_some() && t.contains(char::is_whitespace));
     if keyish {
         return Err(err);
     }
@@ -676,6 +678,12 @@ mod tests {
         let e = arg(&missing).unwrap_err();
         assert!(matches!(e, IdentityError::NoKeyFile { .. }), "{e}");
         assert!(e.to_string().contains("no such file"), "{e}");
+        // So is a missing relative path that starts as an OpenSSH key's type does.
+        for name in ["ssh-node.pub", "ecdsa-steward.pub"] {
+            assert!(!Path::new(name).exists());
+            let e = public_key_arg(name).unwrap_err();
+            assert!(matches!(e, IdentityError::NoKeyFile { .. }), "{name}: {e}");
+        }
         // A directory or a FIFO is not a key file.
         let fifo = dir.path().join("fifo.pub");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
