@@ -155,7 +155,10 @@ pub fn copy_dir(from: &Path, to: &Path) {
 
 /// Records every sandbox run directory (`fork-<id>`, not the evaluation's own
 /// `fork-eval-<id>`) that appears in a run root while it watches (the sandboxes' own ids,
-/// which the verdict does not carry), polling every millisecond.
+/// which the verdict does not carry): from the kernel's inotify events on the run root,
+/// queued however long this thread waits for a core (a directory that lived a few
+/// milliseconds while the thread was starved was missed by polling alone, under CI's
+/// load), and from a listing every millisecond.
 pub struct Watcher {
     stop: Arc<AtomicBool>,
     seen: Arc<Mutex<BTreeSet<String>>>,
@@ -167,23 +170,50 @@ impl Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(BTreeSet::new()));
         let (s, n, root) = (stop.clone(), seen.clone(), run_root.to_path_buf());
-        let thread = std::thread::spawn(move || loop {
-            let done = s.load(Ordering::SeqCst);
-            if let Ok(rd) = std::fs::read_dir(&root) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    if let Some(id) = name
-                        .strip_prefix("fork-")
-                        .filter(|i| !i.starts_with("eval-"))
-                    {
-                        n.lock().unwrap().insert(id.to_string());
+        // Watching from here on, before the command starts.
+        let mut events = inotify::Inotify::init().unwrap();
+        events
+            .watches()
+            .add(
+                run_root,
+                inotify::WatchMask::CREATE | inotify::WatchMask::MOVED_TO,
+            )
+            .unwrap();
+        let thread = std::thread::spawn(move || {
+            let note = |name: &str| {
+                if let Some(id) = name
+                    .strip_prefix("fork-")
+                    .filter(|i| !i.starts_with("eval-"))
+                {
+                    n.lock().unwrap().insert(id.to_string());
+                }
+            };
+            let mut buf = [0u8; 64 << 10];
+            loop {
+                let done = s.load(Ordering::SeqCst);
+                // Every queued event, whether or not the directory is still there.
+                while let Ok(evs) = events.read_events(&mut buf) {
+                    let mut any = false;
+                    for ev in evs {
+                        any = true;
+                        if let Some(name) = ev.name {
+                            note(&name.to_string_lossy());
+                        }
+                    }
+                    if !any {
+                        break;
                     }
                 }
+                if let Ok(rd) = std::fs::read_dir(&root) {
+                    for e in rd.flatten() {
+                        note(&e.file_name().to_string_lossy());
+                    }
+                }
+                if done {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            if done {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
         });
         Watcher {
             stop,
