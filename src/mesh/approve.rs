@@ -161,9 +161,10 @@ fn bundle_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// Reads at most [`MAX_READ_BYTES`] of `path`; `Ok(None)` when it does not exist.
+/// Reads at most [`MAX_READ_BYTES`] of `path` (a regular file, opened without blocking:
+/// a FIFO is refused, never waited on); `Ok(None)` when it does not exist.
 fn read_limited(path: &Path) -> Result<Option<Vec<u8>>, ApproveError> {
-    let f = match fs::File::open(path) {
+    let f = match crate::fsx::open_input(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(IoError::new("open", path, e).into()),

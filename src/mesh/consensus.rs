@@ -215,7 +215,8 @@ fn claimed_generation(bundle: &Path) -> Option<u64> {
         bundle.to_path_buf()
     };
     let mut bytes = Vec::new();
-    std::fs::File::open(doc)
+    // Opened without blocking, regular files only: a FIFO is never waited on.
+    crate::fsx::open_input(&doc)
         .ok()?
         .take(64 << 20)
         .read_to_end(&mut bytes)

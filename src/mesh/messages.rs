@@ -546,7 +546,8 @@ pub fn read_bundle_files(dir: &Path) -> Result<BTreeMap<String, String>, MeshErr
             )));
         }
         let mut bytes = Vec::new();
-        std::fs::File::open(path)
+        // Checked again on the descriptor: a file swapped for a FIFO is never waited on.
+        crate::fsx::open_input(path)
             .and_then(|f| {
                 f.take(MAX_VERDICT_MESSAGE_BYTES as u64 + 1)
                     .read_to_end(&mut bytes)

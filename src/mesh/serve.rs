@@ -350,13 +350,13 @@ async fn handle(bus: &Bus, node: &Node, msg: jetstream::Message) -> Flow {
     let sent = async {
         let m = VerdictMessage::from_bundle(&p.proposal_id, &node.public, &bundle, node.publish)?;
         let bytes = m.to_json()?;
-        // One answer per node and proposal: the stream drops a republished one.
-        let msg_id = format!("{}-{}", p.proposal_id, node.public.key_id());
+        // A retry of this answer is dropped as a duplicate (its id hashes these bytes).
+        let scope = format!("{}-{}", p.proposal_id, node.public.key_id());
         bus.publish_retrying(
             bus.subjects.verdicts(&p.proposal_id),
             bytes,
             &m.header,
-            &msg_id,
+            &scope,
             Duration::from_secs(600),
         )
         .await

@@ -438,7 +438,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         };
         let bytes = serde_json::to_vec(&msg)
             .map_err(|e| MeshError::Internal(format!("encoding an approval: {e}")))?;
-        let msg_id = format!(
+        let scope = format!(
             "{}-steward-{}-{}",
             m.proposal_id,
             steward.public().key_id(),
@@ -449,7 +449,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
             bus.subjects.verdicts(&m.proposal_id),
             bytes,
             &msg.header,
-            &msg_id,
+            &scope,
             remaining.max(Duration::from_secs(5)),
         )
         .await?;

@@ -329,16 +329,18 @@ impl Bus {
     }
 
     /// Publishes to a stream subject, with the message's NATS headers (from `header`, its
-    /// body's header), and waits for the stream's acknowledgement. `msg_id` lets the stream
-    /// drop a retried duplicate.
+    /// body's header), and waits for the stream's acknowledgement. The message's id
+    /// ([`message_id`]: `scope` and the payload's hash) lets the stream drop a retried
+    /// duplicate of these very bytes, and nothing else.
     pub async fn publish(
         &self,
         subject: String,
         payload: Vec<u8>,
         header: &Header,
-        msg_id: &str,
+        scope: &str,
     ) -> Result<u64, MeshError> {
         self.check_payload(&subject, payload.len())?;
+        let msg_id = message_id(scope, &payload);
         let what = format!("publish to {subject}");
         let ack = self
             .js
@@ -346,7 +348,7 @@ impl Bus {
                 subject,
                 jetstream::message::PublishMessage::build()
                     .payload(payload.into())
-                    .headers(wire::headers(header, msg_id)),
+                    .headers(wire::headers(header, &msg_id)),
             )
             .await
             .map_err(|e| nats_err(what.clone())(e.to_string()))?;
@@ -363,7 +365,7 @@ impl Bus {
         subject: String,
         payload: Vec<u8>,
         header: &Header,
-        msg_id: &str,
+        scope: &str,
         give_up_after: Duration,
     ) -> Result<u64, MeshError> {
         self.check_payload(&subject, payload.len())?;
@@ -372,7 +374,7 @@ impl Bus {
         loop {
             attempt += 1;
             match self
-                .publish(subject.clone(), payload.clone(), header, msg_id)
+                .publish(subject.clone(), payload.clone(), header, scope)
                 .await
             {
                 Ok(seq) => return Ok(seq),
@@ -387,6 +389,20 @@ impl Bus {
             }
         }
     }
+}
+
+/// The id a message is published under (NATS's `Nats-Msg-Id`): `scope` (the proposal, and
+/// who answers it) and the first 128 bits of the payload's SHA-256. Within its duplicate
+/// window the stream stores one message per id and acknowledges any other with that id as
+/// a duplicate without storing it: an id anyone could compute before the message exists
+/// (the proposal's id and a node's public key id, as an earlier release used) let whoever
+/// can publish on the subject send any bytes under it first, and the node's real answer
+/// was then dropped while its publish looked acknowledged. With the payload's hash in it,
+/// only these very bytes (a retry of this publish) are ever dropped as a duplicate.
+pub fn message_id(scope: &str, payload: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hash = hex::encode(Sha256::digest(payload));
+    format!("{scope}-{}", &hash[..32])
 }
 
 /// The durable consumer of a node serving `runtime` (a subject token):

@@ -83,8 +83,10 @@ fn message_for(proposal_id: &str, node_key: &Path, bundle: &Path) -> Vec<u8> {
 }
 
 /// A test-side publisher listening to proposals: for each one, `answer` returns the
-/// messages to publish on its verdict subject; each answered proposal is reported on the
-/// returned channel (after its messages are flushed).
+/// messages to publish on its verdict subject, each with the `Nats-Msg-Id` to send it
+/// under (None: a fresh one, and the body's header copied into the NATS headers; Some:
+/// that id alone); each answered proposal is reported on the returned channel (after its
+/// messages are flushed).
 struct FakeNode {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -94,7 +96,7 @@ struct FakeNode {
 impl FakeNode {
     fn start(
         url: &str,
-        mut answer: impl FnMut(&Proposal) -> Vec<Vec<u8>> + Send + 'static,
+        mut answer: impl FnMut(&Proposal) -> Vec<(Vec<u8>, Option<String>)> + Send + 'static,
     ) -> FakeNode {
         use futures_util::StreamExt;
         let stop = Arc::new(AtomicBool::new(false));
@@ -115,8 +117,15 @@ impl FakeNode {
                         continue;
                     };
                     let p = decode_proposal(&m.payload).unwrap();
-                    for payload in answer(&p) {
-                        let h = headers_of(&payload);
+                    for (payload, id) in answer(&p) {
+                        let h = match id {
+                            None => headers_of(&payload),
+                            Some(id) => {
+                                let mut h = async_nats::HeaderMap::new();
+                                h.insert("Nats-Msg-Id", id.as_str());
+                                h
+                            }
+                        };
                         c.publish_with_headers(
                             subjects.verdicts(&p.proposal_id),
                             h,
@@ -170,11 +179,15 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
     std::fs::create_dir_all(&forged).unwrap();
 
     // What the fake publisher does, per proposal: the first gets a forged APPROVE from the
-    // trusted liar (twice: a duplicate), one from an untrusted key, and a bundle with a
-    // path-escaping file name; the second gets replays of the first's verdicts.
+    // trusted liar (twice: a duplicate), one from an untrusted key, a bundle with a
+    // path-escaping file name, and junk under each honest node's message id as an earlier
+    // release computed it (`<proposal>-<key id>`, known to anyone: the stream dropped the
+    // node's real verdict as a duplicate of it); the second gets replays of the first's
+    // verdicts.
     let first: Arc<Mutex<Option<(String, PathBuf)>>> = Arc::new(Mutex::new(None));
     let honest1_bundle: Arc<Mutex<Option<PathBuf>>> = Arc::new(Mutex::new(None));
     let (liar_key, stranger_key) = (liar.key_file(), stranger.key_file());
+    let squatted = [h1.key_id(), h2.key_id()];
     let (f, hb, fdir) = (first.clone(), honest1_bundle.clone(), forged.clone());
     let fake = FakeNode::start(&nats.url(), move |p| {
         let mut first = f.lock().unwrap();
@@ -189,22 +202,27 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
                 let mut escaping: Value = serde_json::from_slice(&lie_msg).unwrap();
                 escaping["header"]["message_id"] = uuid::Uuid::new_v4().to_string().into();
                 escaping["files"]["../../escaped.txt"] = "eA==".into();
-                vec![
-                    lie_msg.clone(),
-                    lie_msg,
-                    message_for(&p.proposal_id, &stranger_key, &strange),
-                    serde_json::to_vec(&escaping).unwrap(),
-                ]
+                let mut out: Vec<(Vec<u8>, Option<String>)> = vec![
+                    (lie_msg.clone(), None),
+                    (lie_msg, None),
+                    (message_for(&p.proposal_id, &stranger_key, &strange), None),
+                    (serde_json::to_vec(&escaping).unwrap(), None),
+                ];
+                for k in &squatted {
+                    let id = format!("{}-{k}", p.proposal_id);
+                    out.push((br#"{"junk":true}"#.to_vec(), Some(id)));
+                }
+                out
             }
             Some((first_id, lie)) => {
                 let h1_old = hb.lock().unwrap().clone().expect("honest bundle known");
                 vec![
                     // The liar's old bundle, re-sent as an answer to this proposal.
-                    message_for(&p.proposal_id, &liar_key, lie),
+                    (message_for(&p.proposal_id, &liar_key, lie), None),
                     // An honest node's old bundle, re-sent likewise.
-                    message_for(&p.proposal_id, &liar_key, &h1_old),
+                    (message_for(&p.proposal_id, &liar_key, &h1_old), None),
                     // The old message as it was, on this proposal's subject.
-                    message_for(first_id, &liar_key, &h1_old),
+                    (message_for(first_id, &liar_key, &h1_old), None),
                 ]
             }
         }
@@ -230,6 +248,8 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
     assert_eq!(p.code, 1, "{}", p.ctx());
     let c = p.consensus();
     assert_eq!(c["approved"], false, "{}", p.ctx());
+    // The honest nodes' verdicts count, though junk went out first under the ids an
+    // earlier release gave them.
     assert_eq!(c["responders"], 3, "{}", p.ctx());
     assert_eq!(
         c["approvals"],
@@ -252,7 +272,13 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
     }
     assert_eq!(p.refused_reasons(), vec!["untrusted"], "{}", p.ctx());
     let refused = p.refused_messages();
-    assert_eq!(refused.len(), 2, "{}", p.ctx());
+    assert_eq!(refused.len(), 4, "{}", p.ctx());
+    assert_eq!(
+        refused.iter().filter(|r| r.contains("malformed")).count(),
+        2,
+        "the junk: {}",
+        p.ctx()
+    );
     assert!(
         refused.iter().any(|r| r.contains("duplicate")),
         "{}",
