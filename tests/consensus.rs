@@ -110,6 +110,48 @@ fn quorum_floor_trust_and_the_steward_gate() {
     assert_eq!(code, 1, "{rep}");
     assert_eq!(rep["responders"], 0, "{rep}");
 
+    // A node whose policy gates patches smaller than this one REJECTs it by its size, and
+    // its vote is on the same patch (the whole file's hash, not the prefix it kept): its
+    // dissent counts. With it, 1 of 2 responders approve, short of 2/3.
+    let strict_dir = root.join("strict");
+    std::fs::create_dir_all(strict_dir.join("runs")).unwrap();
+    let k = node_cmd(&strict_dir).arg("keygen").output().unwrap();
+    assert_eq!(k.status.code(), Some(0), "{}", ok(&k));
+    let k4 = String::from_utf8_lossy(&k.stdout).trim().to_string();
+    let strict = strict_dir.join("strict.toml");
+    std::fs::write(&strict, "[gates]\nmax_patch_bytes = 100\n").unwrap();
+    let b4 = strict_dir.join("verdict");
+    let e = node_cmd(&strict_dir)
+        .arg("evaluate")
+        .arg(&patch)
+        .arg("--runtime")
+        .arg(demo())
+        .arg("--policy")
+        .arg(&strict)
+        .arg("--out")
+        .arg(&b4)
+        .output()
+        .unwrap();
+    assert_eq!(e.status.code(), Some(1), "a size-gate REJECT: {}", ok(&e));
+    let (code, rep) = consensus(
+        &root,
+        &[
+            "--trust",
+            &k1,
+            "--trust",
+            &k4,
+            "--patch",
+            p,
+            "--min-nodes",
+            "1",
+        ],
+        &[&b1, &b4],
+    );
+    assert_eq!(code, 1, "{rep}");
+    assert_eq!(rep["responders"], 2, "{rep}");
+    assert_eq!(rep["approvals"], 1, "{rep}");
+    assert_eq!(rep["refused"].as_array().unwrap().len(), 0, "{rep}");
+
     // The human gate: a steward key; without its approval, no consensus.
     let steward_dir = root.join("steward");
     std::fs::create_dir_all(&steward_dir).unwrap();
@@ -182,5 +224,49 @@ fn a_missing_trust_file_is_named_as_missing() {
                 "{what} {cmd:?}: {err}"
             );
         }
+    }
+}
+
+/// A FIFO given as a bundle, or as a bundle's verdict.json, is refused at once by
+/// `fork consensus`, never waited on.
+#[test]
+fn a_fifo_bundle_is_refused_at_once() {
+    let root = scratch("consensus-fifo");
+    std::fs::create_dir_all(root.join("runs")).unwrap();
+    let key = root.join("k.key");
+    let g = Command::new(fork_bin())
+        .args(["keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert_eq!(g.status.code(), Some(0), "{}", ok(&g));
+    let public = String::from_utf8_lossy(&g.stdout).trim().to_string();
+    let fifo = root.join("fifo");
+    let bundle = root.join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o600);
+    nix::unistd::mkfifo(&fifo, mode).unwrap();
+    nix::unistd::mkfifo(&bundle.join("verdict.json"), mode).unwrap();
+    for input in [&fifo, &bundle] {
+        let mut c = fork_cmd(&root.join("runs"));
+        c.args(["consensus", "--json", "--trust", &public])
+            .arg(input)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("consensus waited on the FIFO {}", input.display());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", ok(&o));
+        let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(rep["responders"], 0, "{rep}");
+        assert_eq!(rep["refused"].as_array().unwrap().len(), 1, "{rep}");
     }
 }
