@@ -113,6 +113,81 @@ fn sigterm_during_a_long_parse_ends_evaluate_within_a_second() {
 }
 
 #[test]
+fn sigterm_during_the_gates_ends_evaluate_with_no_verdict() {
+    need_root!();
+    // A large patch (the policy lets 64 MiB through the size gate) that the protected-path
+    // gate will stop: its parse holds the supervisor in the gates, before any run is made
+    // (so the interrupt watcher, which tears down runs, has none to end), and the REJECT
+    // that follows would be signed and recorded unless the evaluation looks at the flag.
+    let env = Env::new("int-gates");
+    let rt = env.runtime("rt", "");
+    let policy = env.dir.join("big.toml");
+    std::fs::write(&policy, "[gates]\nmax_patch_bytes = \"64MiB\"\n").unwrap();
+    let lines = 1_500_000;
+    let mut diff = format!(
+        "diff --git a/tests/big.txt b/tests/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/tests/big.txt\n@@ -0,0 +1,{lines} @@\n"
+    );
+    for i in 0..lines {
+        diff.push_str(&format!(
+            "+line {i} of a patch long enough to parse a while\n"
+        ));
+    }
+    let big = env.dir.join("big.diff");
+    std::fs::write(&big, diff).unwrap();
+    let out = env.out("gates");
+    let ledger = env.dir.join("ledger.db");
+    let w = Watcher::start(&env.run_root);
+    // The evaluation's own run directory (`fork-eval-<id>`, which the Watcher leaves out).
+    let mut made = inotify::Inotify::init().unwrap();
+    made.watches()
+        .add(&env.run_root, inotify::WatchMask::CREATE)
+        .unwrap();
+    let mut child = env
+        .cmd()
+        .arg("evaluate")
+        .arg(&big)
+        .arg("--runtime")
+        .arg(&rt)
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--ledger")
+        .arg(&ledger)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the evaluation ended before it could be interrupted in the gates"
+    );
+    let (code, _) = signal_and_time(&mut child, Signal::SIGTERM);
+    let ids = w.finish();
+    assert_eq!(code, Some(130));
+    // Ended where the gates did: not even the evaluation's staging was made (the interrupt
+    // watcher would tear it down, but only if it looked, every 20 ms, before this thread
+    // had signed and recorded the REJECT).
+    let mut buf = [0u8; 4096];
+    let names: Vec<String> = match made.read_events(&mut buf) {
+        Ok(evs) => evs
+            .filter_map(|e| e.name.map(|n| n.to_string_lossy().into_owned()))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Vec::new(),
+        Err(e) => panic!("{e}"),
+    };
+    assert!(names.is_empty(), "made after the signal: {names:?}");
+    assert!(ids.is_empty(), "sandboxes made after the signal: {ids:?}");
+    assert!(!out.exists(), "an interrupted evaluation writes no bundle");
+    assert!(
+        !ledger.exists(),
+        "an interrupted evaluation writes no ledger row"
+    );
+    assert_run_root_clean(&env.run_root, &ids, &[]);
+}
+
+#[test]
 fn sigint_during_a_run_ends_evaluate_within_a_second() {
     need_root!();
     let env = Env::new("int-run");

@@ -135,6 +135,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             &p.policy.gates,
         ),
     };
+    // A signal during the gates (no run is held yet, so the interrupt watcher leaves the
+    // ending to this thread) ends the evaluation here, before anything is made.
+    check_interrupt()?;
     let ephemeral = EphemeralKey::generate();
     // The evaluation's own run directory (locked, 0700): the staging area for the snapshot
     // and the evidence. A crash leaves it to `fork gc`, like a sandbox's.
@@ -200,6 +203,9 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 artifacts: vec![patch_artifact],
                 tasks: not_run(&p, &format!("the {gate} gate stopped the patch")),
             };
+            // An interrupted evaluation writes no bundle and no ledger row, a REJECT's
+            // neither (hashing the parent's state and source above may have taken a while).
+            check_interrupt()?;
             let ev = conclude::seal(&p, c, &key, ephemeral, &node)?;
             return Ok(ev);
         }

@@ -106,12 +106,17 @@ pub(super) fn marker_name(rest: &[u8], line: usize) -> Result<Option<String>, Pa
 /// [`tidy`]. Absolute paths and paths starting with `..` are kept whole so the gates can
 /// see them.
 pub fn strip_prefix(path: &str) -> String {
+    stripped(path).to_string()
+}
+
+/// [`strip_prefix`], borrowed.
+fn stripped(path: &str) -> &str {
     if path.starts_with('/') {
-        return path.to_string();
+        return path;
     }
     match path.split_once('/') {
-        Some(("..", _)) | None => path.to_string(),
-        Some((_, rest)) => tidy(rest.to_string()),
+        Some(("..", _)) | None => path,
+        Some((_, rest)) => tidied(rest),
     }
 }
 
@@ -120,17 +125,33 @@ pub fn strip_prefix(path: &str) -> String {
 /// is rewritten: `//`, inner `.` and `..` components are left for [`verify_path`] to
 /// refuse (`git apply` squashes `//`, so normalising it here would hide an alias).
 pub fn tidy(path: String) -> String {
-    let mut rest = path.as_str();
+    let kept = tidied(&path);
+    if kept.len() == path.len() {
+        return path;
+    }
+    kept.to_string()
+}
+
+/// [`tidy`], borrowed.
+fn tidied(path: &str) -> &str {
+    let mut rest = path;
     while let Some(r) = rest.strip_prefix("./") {
         rest = r;
     }
-    if rest.is_empty() || rest.starts_with('/') || rest.len() == path.len() {
-        // Nothing to drop, or dropping would leave an empty or absolute path: keep it
-        // whole so that `verify_path` refuses it.
+    if rest.is_empty() || rest.starts_with('/') {
+        // Dropping would leave an empty or absolute path: keep it whole so that
+        // `verify_path` refuses it.
         return path;
     }
-    rest.to_string()
+    rest
 }
+
+/// The longest `diff --git` line read (its names): two paths of at most 4,095 bytes
+/// (Linux's `PATH_MAX` with its NUL), each behind its `a/` or `b/`, C-quoted at up to
+/// four bytes per byte, with their quotes and the space between (32,781 bytes). A longer
+/// line names no path any filesystem could hold, and the split of its names, tried at
+/// every space, must stay cheap.
+const MAX_GIT_HEADER_NAMES: usize = 2 * (4 * (4095 + 2) + 2) + 1;
 
 /// Checks that a (tidied) patch path is in the one spelling git would also use, as
 /// git's `verify_path` does: relative, no NUL byte, no empty component (`//` or a
@@ -171,6 +192,15 @@ pub(super) fn git_header_names(
     rest: &[u8],
     line: usize,
 ) -> Result<Option<(String, String)>, PatchError> {
+    if rest.len() > MAX_GIT_HEADER_NAMES {
+        return err(
+            line,
+            format!(
+                "a `diff --git` line of {} bytes: its two names can be at most {MAX_GIT_HEADER_NAMES} bytes (paths of at most 4,095 bytes, quoted)",
+                rest.len() + "diff --git ".len()
+            ),
+        );
+    }
     if rest.first() == Some(&b'"') {
         let (a, tail) = unquote(rest, line)?;
         let Some(tail) = tail.strip_prefix(b" ") else {
@@ -197,12 +227,13 @@ pub(super) fn git_header_names(
         )));
     }
     let text = utf8(rest, line)?;
-    // Unquoted names may contain spaces: pick the split where both names agree.
+    // Unquoted names may contain spaces: pick the split where both names agree (compared
+    // borrowed, lengths first: no copy per space).
     let spaces: Vec<usize> = text.match_indices(' ').map(|(i, _)| i).collect();
     for &sp in &spaces {
-        let (a, b) = (strip_prefix(&text[..sp]), strip_prefix(&text[sp + 1..]));
+        let (a, b) = (stripped(&text[..sp]), stripped(&text[sp + 1..]));
         if a == b {
-            return Ok(Some((a, b)));
+            return Ok(Some((a.to_string(), b.to_string())));
         }
     }
     if spaces.len() == 1 {
@@ -218,6 +249,34 @@ pub(super) fn git_header_names(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_header_is_split_in_bounded_time_or_refused() {
+        // A name of spaces: every space is a candidate split. At the bound the split is
+        // still cheap (no copy per space); past it the line is refused by its length.
+        let names = |n: usize| format!("a/{} b/{}", "x ".repeat(n), "y ".repeat(n));
+        let started = std::time::Instant::now();
+        let at = names((MAX_GIT_HEADER_NAMES - 6) / 4);
+        assert!(at.len() <= MAX_GIT_HEADER_NAMES);
+        assert_eq!(git_header_names(at.as_bytes(), 1).unwrap(), None);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let past = names(MAX_GIT_HEADER_NAMES / 4 + 1);
+        let e = git_header_names(past.as_bytes(), 1).unwrap_err();
+        assert!(e.message.contains("can be at most"), "{}", e.message);
+        // The ordinary cases still split where the names agree.
+        assert_eq!(
+            git_header_names(b"a/my file.txt b/my file.txt", 1).unwrap(),
+            Some(("my file.txt".to_string(), "my file.txt".to_string()))
+        );
+        assert_eq!(
+            git_header_names(b"a/./x b/x", 1).unwrap(),
+            Some(("x".to_string(), "x".to_string()))
+        );
+    }
 
     #[test]
     fn strip_prefix_keeps_what_the_gates_must_see() {
