@@ -115,3 +115,94 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
 }
+
+/// A verdict that names a mesh proposal, endorsed by a node key nobody pinned (here a
+/// bundle made without any evaluation): this node's re-verification names no proposal,
+/// so its signed verdict cannot be counted in that proposal's vote; with `--trust` of the
+/// endorsing key it answers the same proposal.
+#[test]
+fn reverify_names_the_proposal_only_of_a_trusted_verdict() {
+    use fork::verdict::*;
+    need_root!();
+    let dir = scratch("reverify-proposal");
+    std::fs::create_dir_all(dir.join("runs")).unwrap();
+    let demo = demo();
+    let patch = patch("swap-compressor");
+    let m = fork::manifest::load(&demo).unwrap();
+    let (name, spec) = m.task(Some("contract")).unwrap();
+    let task_hash = sha256_digest(&serde_json::to_vec(&(&name.to_string(), spec)).unwrap());
+    let key_path = dir.join("theirs.key");
+    let public = fork::identity::generate_node_key(&key_path, false).unwrap();
+    let v = Verdict {
+        header: Header::new(),
+        verdict: VerdictKind::Approve,
+        confidence: 0.99,
+        patch_hash: sha256_digest(&std::fs::read(&patch).unwrap()),
+        task_hash: task_hash.clone(),
+        state_hash: sha256_digest(b"made up state"),
+        source_hash: sha256_digest(b"made up source"),
+        patched_tree_hash: None,
+        evaluation_summary: "made up".into(),
+        caveats: vec![],
+        tests: TestCounts::default(),
+        metrics: vec![],
+        budget: BudgetReport::default(),
+        isolation: serde_json::json!({}),
+        artifacts: vec![],
+        successor_key: String::new(),
+        run_id: fork::rundir::new_run_id(),
+        task: "contract".into(),
+        patch_gate: None,
+        proposal_id: Some("proposal-of-someone-else".into()),
+        provenance: None,
+        plan: vec![plan::TaskVerdict {
+            task: "contract".into(),
+            task_hash,
+            verdict: Some(VerdictKind::Approve),
+            confidence: Some(0.99),
+            summary: "made up".into(),
+            provenance: None,
+            tests: TestCounts::default(),
+            metrics: vec![],
+            budget: None,
+        }],
+    };
+    let theirs = dir.join("theirs");
+    let node = fork::identity::load_node_key(&key_path).unwrap();
+    let eph = fork::identity::EphemeralKey::generate();
+    write_bundle(&theirs, &v, &[], &eph, &node).unwrap();
+    eph.destroy();
+    let public = public.to_string();
+    for (trust, expect) in [
+        (None, serde_json::Value::Null),
+        (Some(public.as_str()), "proposal-of-someone-else".into()),
+    ] {
+        let ours = dir.join(if trust.is_some() {
+            "trusted"
+        } else {
+            "unpinned"
+        });
+        let mut c = node_cmd(&dir);
+        c.arg("reverify")
+            .arg(&theirs)
+            .arg("--patch")
+            .arg(&patch)
+            .arg("--runtime")
+            .arg(&demo)
+            .arg("--out")
+            .arg(&ours);
+        if let Some(k) = trust {
+            c.args(["--trust", k]);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            matches!(out.status.code(), Some(0) | Some(1)),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mine: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(ours.join("verdict.json")).unwrap()).unwrap();
+        let got = mine.get("proposal_id").cloned().unwrap_or_default();
+        assert_eq!(got, expect, "trust {trust:?}: {mine}");
+    }
+}

@@ -333,6 +333,20 @@ pub fn plan_hash(tasks: &[TaskPlan]) -> String {
     crate::verdict::plan::plan_hash(tasks.iter().map(|t| (t.name.as_str(), t.hash.as_str())))
 }
 
+/// The hash a verdict on `manifest`'s plan for `names` carries (`task_hash`), as
+/// [`plan`] computes it, without planning: what a proposer pins its vote count to.
+pub fn manifest_plan_hash(manifest: &Manifest, names: &[String]) -> Result<String, EvaluateError> {
+    let hashes = manifest
+        .plan(names)
+        .map_err(|e| EvaluateError::Input(e.to_string()))?
+        .into_iter()
+        .map(|(n, spec)| Ok((n, task_hash(n, spec)?)))
+        .collect::<Result<Vec<_>, EvaluateError>>()?;
+    Ok(crate::verdict::plan::plan_hash(
+        hashes.iter().map(|(n, h)| (*n, h.as_str())),
+    ))
+}
+
 /// What hides the parent's state stores: each store's whole directory (an empty tmpfs over
 /// it, so that a `-wal`, `-shm` or `-journal` the parent creates after the sandbox started
 /// is invisible too), unless that directory holds the source tree (the state sits at the

@@ -227,7 +227,7 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
     }
     let theirs = crate::verdict::verify_bundle(&dir, &trusted).map_err(ReverifyError::Invalid)?;
     // 2. The patch must be the one the verdict is about.
-    // Read as `evaluate` reads it (bounded by this node's size gate), so the hashes compare.
+    // Hashed whole, as `evaluate` hashes it, so the hashes compare.
     let max = crate::policy::Policy::load(a.policy.as_deref())
         .map(|p| p.gates.max_patch_bytes)
         .map_err(|e| ReverifyError::Input(e.to_string()))?;
@@ -262,7 +262,14 @@ pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), Reverify
     req.budget = budgets_of(&theirs.verdict.budget.limits);
     req.use_cache = false;
     req.ledger = LedgerChoice::Default;
-    req.proposal = theirs.verdict.proposal_id.clone();
+    // This node's verdict answers their proposal only when a trusted key endorsed theirs:
+    // a bundle checked against its own claimed endorser alone may name any live proposal,
+    // and this node's signature must not carry that claim into its vote count.
+    req.proposal = if their_node_trusted {
+        theirs.verdict.proposal_id.clone()
+    } else {
+        None
+    };
     let ours = evaluate(&req)?;
     let rules = crate::policy::Policy::load(a.policy.as_deref())
         .map(|p| p.decision)

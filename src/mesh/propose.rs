@@ -191,6 +191,14 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
     manifest
         .task(opts.task.as_deref())
         .map_err(|e| MeshError::Usage(e.to_string()))?;
+    // The votes counted are on the plan a node runs for this proposal (its task, or the
+    // runtime's default plan), as this runtime defines it: pinned here, so that no vote
+    // (the first one read, whoever sent it) decides which task the others must match.
+    let task_hash = crate::evaluation::plan::manifest_plan_hash(
+        &manifest,
+        &opts.task.iter().cloned().collect::<Vec<_>>(),
+    )
+    .map_err(|e| MeshError::Input(e.to_string()))?;
     let mut trusted = Vec::new();
     for t in &opts.trust {
         let k = parse_key("--trust", t)?;
@@ -235,7 +243,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         trusted,
         steward,
         patch_hash: Some(proposal.patch_hash.clone()),
-        task_hash: None,
+        task_hash: Some(task_hash),
         proposal_id: Some(id.clone()),
     };
 

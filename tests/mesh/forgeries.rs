@@ -27,13 +27,19 @@ fn task_hash() -> String {
 /// A verdict bundle signed by `node_key` (through a fresh ephemeral key), claiming APPROVE
 /// for `p`, without any evaluation: what a dishonest node would publish.
 fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
+    forge_bundle_of(dir, node_key, p, demo_plan());
+}
+
+/// [`forge_bundle`], claiming to have run `plan` (tasks and their hashes).
+fn forge_bundle_of(dir: &Path, node_key: &Path, p: &Proposal, plan: Vec<(String, String)>) {
     use fork::verdict::*;
+    let hash = plan::plan_hash(plan.iter().map(|(n, h)| (n.as_str(), h.as_str())));
     let v = Verdict {
         header: Header::new(),
         verdict: VerdictKind::Approve,
         confidence: 0.99,
         patch_hash: p.patch_hash.clone(),
-        task_hash: task_hash(),
+        task_hash: hash,
         state_hash: sha256_digest(b"made up state"),
         source_hash: sha256_digest(b"made up source"),
         patched_tree_hash: None,
@@ -49,11 +55,11 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
         artifacts: vec![],
         successor_key: String::new(),
         run_id: fork::rundir::new_run_id(),
-        task: plan::plan_name(demo_plan().iter().map(|(n, _)| n.as_str())),
+        task: plan::plan_name(plan.iter().map(|(n, _)| n.as_str())),
         patch_gate: None,
         proposal_id: Some(p.proposal_id.clone()),
         provenance: None,
-        plan: demo_plan()
+        plan: plan
             .into_iter()
             .map(|(task, task_hash)| plan::TaskVerdict {
                 task,
@@ -322,4 +328,46 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
     let refused = p.refused_messages();
     assert_eq!(refused.len(), 1, "{}", p.ctx());
     assert!(refused[0].contains(&id1), "{}", p.ctx());
+}
+
+/// The proposer counts votes on the plan its own runtime gives the proposal's task: a
+/// trusted node's vote on another task (here the only vote) is refused as `foreign_task`,
+/// never taken as the task the others must match (as the first vote read once was).
+#[test]
+fn the_proposer_pins_the_task_its_runtime_defines() {
+    need_root_and_nats!();
+    let dir = Dir::new("mesh-task-pin");
+    let nats = Nats::start(&dir.0);
+    let proposer = Node::new(&dir.0, "proposer");
+    let liar = Node::new(&dir.0, "liar");
+    let out = dir.0.join("out");
+    let forged = dir.0.join("forged");
+    std::fs::create_dir_all(&forged).unwrap();
+    let liar_key = liar.key_file();
+    let weak = vec![(
+        "weak".to_string(),
+        fork::verdict::sha256_digest(b"a task that checks nothing"),
+    )];
+    let fake = FakeNode::start(&nats.url(), move |p| {
+        let lie = forged.join("weak");
+        forge_bundle_of(&lie, &liar_key, p, weak.clone());
+        vec![(message_for(&p.proposal_id, &liar_key, &lie), None)]
+    });
+    let trust = [liar.key.as_str()];
+    let child = propose_in_background(
+        &proposer,
+        &nats.url(),
+        "breaks-test",
+        &trust,
+        &out,
+        &["--timeout", "8s", "--min-nodes", "1"],
+    );
+    fake.wait_answered();
+    let p = wait_proposed(child, Duration::from_secs(40));
+    assert_eq!(p.code, 1, "{}", p.ctx());
+    let c = p.consensus();
+    assert_eq!(c["approved"], false, "{}", p.ctx());
+    assert_eq!(c["responders"], 0, "{}", p.ctx());
+    assert_eq!(c["task_hash"], task_hash().as_str(), "{}", p.ctx());
+    assert_eq!(p.refused_reasons(), vec!["foreign_task"], "{}", p.ctx());
 }
