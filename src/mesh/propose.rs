@@ -5,9 +5,15 @@
 //! `<prefix>.v1.verdicts.<proposal_id>`, from the first message, so nothing published
 //! before the consumer existed or during a reconnect is missed). Each message's header is
 //! checked; a message seen before (same message id) is refused; every other one is written
-//! as a bundle directory `OUT/<proposal_id>/<node key id>-<n>/` and the votes are counted
-//! again, with the proposal's id and patch hash, so that a verdict for another proposal or
-//! patch (a replay) never counts. Collecting stops when the outcome can no longer change
+//! into a scratch directory and checked as `fork verify` checks it against the trusted
+//! keys. A bundle that verifies is kept as `OUT/<proposal_id>/<endorsing key id>-<n>/`
+//! (named after the key that really endorsed it, at most [`ANSWERS_PER_NODE`] per key, a
+//! copy of one already kept refused); one that does not is kept under the key id its
+//! message claims, for the report, up to [`REFUSED_KEPT`] of them, and removed past that.
+//! The votes are then counted again, with the proposal's id, patch hash and task hash, so
+//! that a verdict for another proposal or patch (a replay) never counts. So whatever
+//! anyone publishes on the subject, the proposer keeps and re-checks a bounded number of
+//! bundles, and no sender chooses where (in the counting's order) a genuine bundle lands. Collecting stops when the outcome can no longer change
 //! (every trusted node has a counted vote, approval has become impossible, or it holds
 //! even if every silent node votes against) or at the timeout.
 //!
@@ -30,8 +36,16 @@ use async_nats::jetstream::consumer;
 use futures_util::StreamExt;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The answers kept from one endorsing node key: a node answers once, and again only when
+/// the proposal was delivered to it again (at most `MAX_DELIVER` times).
+pub const ANSWERS_PER_NODE: usize = crate::mesh::transport::MAX_DELIVER as usize;
+
+/// The bundles kept that do not verify (shown in the report's `refused`); later ones are
+/// removed once refused, listed under `refused_messages` only.
+pub const REFUSED_KEPT: usize = 16;
 
 /// `fork mesh propose`.
 /// What `fork mesh propose` is asked.
@@ -294,7 +308,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
 
     let mut bundles: Vec<PathBuf> = Vec::new();
     let mut seen_messages: HashSet<String> = HashSet::new();
-    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut intake = Intake::default();
     let mut refused_messages = Vec::new();
     let mut messages = 0usize;
     let mut steward_approvals = 0usize;
@@ -391,20 +405,20 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             );
             continue;
         }
-        let key_id = match m.node_public_key() {
+        let claimed = match m.node_public_key() {
             Ok(k) => k.key_id(),
             Err(e) => {
                 refuse(None, e.to_string());
                 continue;
             }
         };
-        let n = per_node.entry(key_id.clone()).or_insert(0);
-        *n += 1;
-        let dir = out_dir.join(format!("{key_id}-{n}"));
-        if let Err(e) = crate::mesh::messages::write_bundle_files(&dir, &m.files) {
-            refuse(Some(m.node_key.clone()), e.to_string());
-            continue;
-        }
+        let dir = match keep(&out_dir, &m.files, &claimed, &cfg.trusted, &mut intake) {
+            Ok(dir) => dir,
+            Err(reason) => {
+                refuse(Some(m.node_key.clone()), reason);
+                continue;
+            }
+        };
         bundles.push(dir);
         if let Some(steward) = &cfg.steward {
             let mut still = Vec::new();
@@ -448,6 +462,80 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         refused_messages,
         consensus: report,
     })
+}
+
+/// What the proposer has kept of the answers so far.
+#[derive(Default)]
+struct Intake {
+    /// Directories made per key id (the endorsing key's, or the claimed one's for a bundle
+    /// that does not verify): names `<key id>-<n>` are never reused.
+    named: BTreeMap<String, usize>,
+    /// Bundles kept per endorsing node key.
+    per_node: BTreeMap<String, usize>,
+    /// The sha256 of each kept verified bundle's verdict.json.
+    verdicts: HashSet<String>,
+    /// Bundles kept that do not verify.
+    refused: usize,
+}
+
+/// Writes an answer's `files` into a scratch directory under `out_dir`, checks it against
+/// `trusted`, and keeps it (see the module docs): the directory it now has, or why it
+/// was not kept.
+fn keep(
+    out_dir: &Path,
+    files: &BTreeMap<String, String>,
+    claimed: &str,
+    trusted: &[PublicKey],
+    intake: &mut Intake,
+) -> Result<PathBuf, String> {
+    let scratch = out_dir.join(".incoming");
+    let _ = std::fs::remove_dir_all(&scratch);
+    crate::mesh::messages::write_bundle_files(&scratch, files).map_err(|e| e.to_string())?;
+    let mut name = |key_id: &str| {
+        let n = intake.named.entry(key_id.to_string()).or_insert(0);
+        *n += 1;
+        out_dir.join(format!("{key_id}-{n}"))
+    };
+    let dir = match crate::verdict::verify_bundle(&scratch, trusted) {
+        Ok(v) => {
+            let key_id = v.node_key.key_id();
+            let doc = std::fs::read(scratch.join(crate::verdict::bundle::VERDICT_FILE));
+            let doc = doc.map(|d| crate::verdict::sha256_digest(&d));
+            let refusal = match &doc {
+                Err(e) => Some(format!("reading its verdict.json: {e}")),
+                Ok(d) if intake.verdicts.contains(d) => {
+                    Some(format!("a copy of a verdict of {key_id} already received"))
+                }
+                Ok(_) if intake.per_node.get(&key_id).copied().unwrap_or(0) >= ANSWERS_PER_NODE => {
+                    Some(format!(
+                        "{key_id} already has {ANSWERS_PER_NODE} answers kept for this proposal"
+                    ))
+                }
+                Ok(_) => None,
+            };
+            if let Some(why) = refusal {
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Err(why);
+            }
+            if let Ok(d) = doc {
+                intake.verdicts.insert(d);
+            }
+            *intake.per_node.entry(key_id.clone()).or_insert(0) += 1;
+            name(&key_id)
+        }
+        Err(e) if intake.refused >= REFUSED_KEPT => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return Err(format!(
+                "{e} (not kept: {REFUSED_KEPT} bundles that do not verify are kept already)"
+            ));
+        }
+        Err(_) => {
+            intake.refused += 1;
+            name(claimed)
+        }
+    };
+    std::fs::rename(&scratch, &dir).map_err(|e| format!("keeping it as {}: {e}", dir.display()))?;
+    Ok(dir)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! path-escaping bundle and replayed verdicts are refused.
 
 use super::*;
+use fork::mesh::propose::REFUSED_KEPT;
 
 /// The proposals' plan (the one task they name), each task with its hash, as `fork
 /// evaluate` computes them.
@@ -348,10 +349,26 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
         "weak".to_string(),
         fork::verdict::sha256_digest(b"a task that checks nothing"),
     )];
+    // Untrusted senders, each with a bundle of its own; the first also re-sends the liar's
+    // bundle as its own answer (a copy, claimed under its key id).
+    let strangers: Vec<PathBuf> = (0..REFUSED_KEPT + 4)
+        .map(|i| {
+            let k = dir.0.join(format!("stranger{i}.key"));
+            fork::identity::generate_node_key(&k, false).unwrap();
+            k
+        })
+        .collect();
     let fake = FakeNode::start(&nats.url(), move |p| {
         let lie = forged.join("weak");
         forge_bundle_of(&lie, &liar_key, p, weak.clone());
-        vec![(message_for(&p.proposal_id, &liar_key, &lie), None)]
+        let mut out = vec![(message_for(&p.proposal_id, &liar_key, &lie), None)];
+        out.push((message_for(&p.proposal_id, &strangers[0], &lie), None));
+        for (i, k) in strangers.iter().enumerate() {
+            let b = forged.join(format!("stranger{i}"));
+            forge_bundle(&b, k, p);
+            out.push((message_for(&p.proposal_id, k, &b), None));
+        }
+        out
     });
     let trust = [liar.key.as_str()];
     let child = propose_in_background(
@@ -369,5 +386,33 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
     assert_eq!(c["approved"], false, "{}", p.ctx());
     assert_eq!(c["responders"], 0, "{}", p.ctx());
     assert_eq!(c["task_hash"], task_hash().as_str(), "{}", p.ctx());
-    assert_eq!(p.refused_reasons(), vec!["foreign_task"], "{}", p.ctx());
+    // What is kept is bounded whoever sends: the liar's one bundle, under the key id that
+    // endorsed it (its copy, claimed by a stranger, refused), and the first REFUSED_KEPT
+    // bundles that do not verify; the rest refused without being kept.
+    let mut reasons = p.refused_reasons();
+    reasons.sort();
+    let mut want = vec!["untrusted"; REFUSED_KEPT];
+    want.insert(0, "foreign_task");
+    assert_eq!(reasons, want, "{}", p.ctx());
+    let messages = p.refused_messages();
+    assert_eq!(
+        messages.iter().filter(|m| m.contains("not kept")).count(),
+        4,
+        "{}",
+        p.ctx()
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("a copy of a verdict")),
+        "{}",
+        p.ctx()
+    );
+    let kept = std::fs::read_dir(out.join(p.id())).unwrap().count();
+    assert_eq!(kept, REFUSED_KEPT + 1, "{}", p.ctx());
+    assert!(
+        out.join(p.id())
+            .join(format!("{}-1", liar.key_id()))
+            .is_dir(),
+        "{}",
+        p.ctx()
+    );
 }
