@@ -1,7 +1,7 @@
 //! Host-wide resources a successor could use up outside its budgets (AIO contexts, locked
-//! memory, /dev/shm, open files): each is refused or bounded inside `fork run`. Every probe
-//! is a short python3 program run in the sandbox; it only touches what it created, bounded
-//! in count and size.
+//! memory, /dev/shm, open files, per-user kernel counts): each is refused or bounded inside
+//! `fork run`. Every probe is a short python3 program run in the sandbox; it only touches
+//! what it created, bounded in count and size.
 
 mod common;
 use common::lifecycle::need_root;
@@ -19,6 +19,7 @@ fn py(flags: &[&str], code: &str, args: &[&str]) -> (Run, Value) {
 
 const ENOMEM: i64 = 12;
 const EMFILE: i64 = 24;
+const EAGAIN: i64 = 11;
 
 /// io_setup(nr): the return code and errno.
 const IO_SETUP: &str = r#"
@@ -180,4 +181,122 @@ fn dev_shm_counts_against_the_disk_budget() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.stdout.trim(), "hi");
     assert_eq!(r.budget(), None);
+}
+
+/// Creates inotify instances until one fails (at most N), says how many and why along with
+/// the user namespace's limit, then holds them until the file FLAG exists (at most 20 s).
+const INOTIFY_HOLD: &str = r#"
+import ctypes, json, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+n, flag = int(sys.argv[1]), sys.argv[2]
+fds, err = [], None
+for _ in range(n):
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        err = ctypes.get_errno()
+        break
+    fds.append(fd)
+limits = {f: open("/proc/sys/user/" + f).read().strip()
+          for f in ("max_inotify_instances", "max_inotify_watches")}
+print(json.dumps({"made": len(fds), "errno": err, "limits": limits}), flush=True)
+deadline = time.time() + 20
+while not os.path.exists(flag) and time.time() < deadline:
+    time.sleep(0.05)
+"#;
+
+#[test]
+fn inotify_instances_are_bounded_per_sandbox_and_root_keeps_its_own() {
+    need_root!();
+    use std::io::BufRead;
+    // The sandbox's user namespace is created by root, so the kernel charges its inotify
+    // instances to root's own count too (fs.inotify.max_user_instances, 128 by default):
+    // unbounded, a successor could hold all of them for its whole wall budget and every
+    // root daemon's inotify_init would fail. The sandbox's namespace has a limit of its own
+    // (16): it stops there, and root still creates instances meanwhile. The probe tries 64
+    // (half of root's default), so even an unbounded sandbox leaves root some.
+    let run_root = scratch("runs");
+    let flag = run_root.join("release");
+    let mut child = fork_cmd(&run_root)
+        .args(["run", "--", "python3", "-c", INOTIFY_HOLD, "64"])
+        .arg(&flag)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // While the sandbox holds what it got: root creates 8 instances of its own.
+    let host: Vec<_> = (0..8).map(|_| inotify::Inotify::init()).collect();
+    let host_made = host.iter().filter(|r| r.is_ok()).count();
+    drop(host);
+    std::fs::write(&flag, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{line} {stderr}");
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?} {stderr}"));
+    assert_eq!(host_made, 8, "root could not create inotify instances: {v}");
+    assert_eq!(v["limits"]["max_inotify_instances"], "16", "{v}");
+    assert_eq!(v["limits"]["max_inotify_watches"], "8192", "{v}");
+    assert_eq!(v["made"].as_u64(), Some(16), "{v}");
+    assert_eq!(v["errno"].as_i64(), Some(EMFILE), "{v}");
+    let _ = std::fs::remove_dir_all(&run_root);
+}
+
+/// Queues up to N real-time signals to itself (blocked) and creates up to Q POSIX message
+/// queues of the default size: how many of each, the errno that stopped each, and the
+/// process's limits. A queue counts as created when mq_open failed only to open it (EACCES:
+/// Landlock refuses opening what the kernel created on the IPC namespace's own mqueue
+/// filesystem): the kernel charges a queue when it creates it.
+const SIGNALS_AND_QUEUES: &str = r#"
+import ctypes, json, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+n, q = int(sys.argv[1]), int(sys.argv[2])
+sig = signal.SIGRTMIN
+signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+queued, serr = 0, None
+for _ in range(n):
+    if libc.sigqueue(os.getpid(), sig, ctypes.c_void_p(0)) != 0:
+        serr = ctypes.get_errno()
+        break
+    queued += 1
+libc.mq_open.restype = ctypes.c_int
+names, qerr = [], None
+for i in range(q):
+    name = ("/fork-test-%d-%d" % (os.getpid(), i)).encode()
+    if libc.mq_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600, None) < 0:
+        e = ctypes.get_errno()
+        if e != 13:
+            qerr = e
+            break
+    names.append(name)
+for name in names:
+    libc.mq_unlink(name)
+lim = {l[:25].strip(): l[25:].split()[:2] for l in open("/proc/self/limits")}
+print(json.dumps({"queued": queued, "signal_errno": serr, "queues": len(names),
+                  "queue_errno": qerr, "sigpending": lim.get("Max pending signals"),
+                  "msgqueue": lim.get("Max msgqueue size")}))
+"#;
+
+#[test]
+fn queued_signals_and_message_queues_are_bounded_per_sandbox() {
+    need_root!();
+    // Pending signals and POSIX message queue bytes are counted per user, and the
+    // sandbox's are charged to root's counts as well (its user namespace is root's): its own
+    // per-process limits bound them, 1024 queued signals and one default-size queue
+    // (100 KiB), so root keeps the rest of its own. The probe asks for at most 4096 signals
+    // (root's limit here is about 96,000) and 16 queues, and removes its queues.
+    let (r, v) = py(&[], SIGNALS_AND_QUEUES, &["4096", "16"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(v["sigpending"], serde_json::json!(["1024", "1024"]), "{v}");
+    assert_eq!(
+        v["msgqueue"],
+        serde_json::json!(["102400", "102400"]),
+        "{v}"
+    );
+    assert_eq!(v["queued"].as_u64(), Some(1024), "{v}");
+    assert_eq!(v["signal_errno"].as_i64(), Some(EAGAIN), "{v}");
+    assert_eq!(v["queues"].as_u64(), Some(1), "{v}");
+    assert_eq!(v["queue_errno"].as_i64(), Some(EMFILE), "{v}");
 }

@@ -3,7 +3,8 @@
 //! supervisor's environment can be read from /proc/1/environ).
 //!
 //! It enters the cgroup namespace (the supervisor has already moved it into the sandbox
-//! cgroup), builds the root and pivots into it, names the host, brings loopback up, then
+//! cgroup), builds the root and pivots into it (lowering its user namespace's limits on
+//! the way, [`super::userns_limits`]), names the host, brings loopback up, then
 //! forks the command. The command lowers its resource limits ([`super::rlimits`]), drops
 //! every capability and sets no_new_privs ([`super::caps`]), restricts itself with Landlock, installs the seccomp filters and
 //! execs. Namespace steps are in [`super::namespaces`], raw system calls in `sys`. The init reaps every
@@ -39,12 +40,7 @@ impl Status {
         }
     }
     fn error(&mut self, stage: &str, message: String) {
-        self.send(&InitMsg::Error {
-            stage: stage.to_string(),
-            message,
-            layer: None,
-            fix: None,
-        });
+        self.send(&setup_error(stage, message));
     }
 }
 
@@ -101,27 +97,46 @@ pub fn main(args: &[String]) -> i32 {
             return code::SETUP_FAILED;
         }
     };
-    match setup(&cfg) {
-        Ok(()) => {}
-        Err((stage, msg)) => {
-            status.error(stage, msg);
-            return code::SETUP_FAILED;
-        }
+    if let Err(e) = setup(&cfg) {
+        status.send(&e);
+        return code::SETUP_FAILED;
     }
     run_command(&cfg, &mut status)
 }
 
-fn setup(cfg: &InitConfig) -> Result<(), (&'static str, String)> {
-    if cfg.cgroupns {
-        namespaces::enter_cgroupns().map_err(|e| ("cgroupns", e))?;
+/// A setup error as the status pipe carries it.
+fn setup_error(stage: &str, message: String) -> InitMsg {
+    InitMsg::Error {
+        stage: stage.to_string(),
+        message,
+        layer: None,
+        fix: None,
     }
-    super::mounts::build_and_pivot(&cfg.newroot, cfg.scratch, &cfg.mounts)
-        .map_err(|e| ("mounts", e.to_string()))?;
+}
+
+/// Builds the sandbox around the init. On failure: the error for the status pipe (naming
+/// the layer and its fix when a layer is what is missing).
+fn setup(cfg: &InitConfig) -> Result<(), InitMsg> {
+    if cfg.cgroupns {
+        namespaces::enter_cgroupns().map_err(|e| setup_error("cgroupns", e))?;
+    }
+    super::mounts::build_and_pivot(&cfg.newroot, cfg.scratch, &cfg.mounts).map_err(|e| {
+        match e {
+            // Without its own limits the sandbox could take host root's per-user counts.
+            super::mounts::MountError::UserLimits(_) => InitMsg::Error {
+                stage: "userns".into(),
+                message: e.to_string(),
+                layer: Some(Layer::Userns),
+                fix: Some(super::userns_limits::FIX.into()),
+            },
+            e => setup_error("mounts", e.to_string()),
+        }
+    })?;
     if let Some(h) = &cfg.hostname {
-        namespaces::set_hostname(h).map_err(|e| ("utsns", e))?;
+        namespaces::set_hostname(h).map_err(|e| setup_error("utsns", e))?;
     }
     if cfg.netns {
-        super::net::loopback_up().map_err(|e| ("netns", e.to_string()))?;
+        super::net::loopback_up().map_err(|e| setup_error("netns", e.to_string()))?;
     }
     Ok(())
 }

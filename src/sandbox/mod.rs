@@ -42,6 +42,7 @@ mod supervisor;
 #[allow(unsafe_code)]
 pub(crate) mod sys;
 mod teardown;
+pub mod userns_limits;
 pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};

@@ -7,7 +7,8 @@
 //! - `/tmp`: the run's size-capped filesystem (writable), holding the workspace at
 //!   `/tmp/successor`;
 //! - `/proc`: a fresh procfs for the sandbox's pid namespace, with the kernel's
-//!   sensitive files masked and `/proc/sys` read-only;
+//!   sensitive files masked and `/proc/sys` read-only (the user namespace's limits,
+//!   [`super::userns_limits`], are written there first);
 //! - `/dev`: a read-only tmpfs with null, zero, full, random, urandom, tty (bound from the
 //!   host), a private devpts at /dev/pts (+ ptmx), /dev/shm (a directory of the capped
 //!   disk, `/tmp/.fork-shm`, so it counts against the disk budget; without a capped disk
@@ -43,6 +44,9 @@ pub enum MountError {
     },
     #[error("{} {}: {}", .0.action, .0.path.display(), .0.source)]
     Io(#[from] IoError),
+    /// The sandbox's user namespace refused its own limits ([`super::userns_limits`]).
+    #[error("lowering the sandbox's user namespace limits: {0}")]
+    UserLimits(String),
 }
 
 fn sys_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> MountError + 'a {
@@ -638,6 +642,9 @@ fn mount_proc(newroot: &Path, stash: &mut EmptyFiles) -> Result<(), MountError> 
         None::<&str>,
     )
     .map_err(sys_err("mount proc", &p))?;
+    // The user namespace's own limits, while /proc/sys is still writable (made read-only
+    // below) and before anything of the command runs.
+    super::userns_limits::apply(&p).map_err(MountError::UserLimits)?;
     // The kernel's own sensitive files, as container runtimes mask them.
     for f in [
         "kcore",

@@ -10,6 +10,19 @@
 //!   (EMFILE beyond), so the sandbox (at most `pids` processes) cannot fill the host's file
 //!   table (`fs.file-max`); every open file is also kernel memory charged to the memory
 //!   budget.
+//! - `RLIMIT_SIGPENDING` [`PENDING_SIGNALS`] and `RLIMIT_MSGQUEUE` [`MESSAGE_QUEUE_BYTES`]:
+//!   the kernel counts queued signals and POSIX message queue bytes per user, at every level
+//!   of the chain of user namespaces, and the sandbox's user namespace is created by fork's
+//!   supervisor: as root, what the sandbox queues is charged to host root's own counts too,
+//!   which every root process shares (root's `sigqueue` would fail with EAGAIN, its
+//!   `mq_open` with EMFILE). The count of the sandbox's own user is checked against the
+//!   queueing process's limit, so with these limits on every process of the sandbox it
+//!   holds at most that many of root's (a queue is charged when it is created, even where
+//!   Landlock then refuses to open it). Standard signals sent while the count is full still
+//!   arrive, without their extra information, as the kernel does for any user.
+//!
+//! The user namespace's own limits (inotify, fanotify, namespaces) are set by the init:
+//! see [`super::userns_limits`].
 
 use nix::sys::resource::{setrlimit, Resource};
 
@@ -17,6 +30,12 @@ use nix::sys::resource::{setrlimit, Resource};
 pub const LOCKED_MEMORY: u64 = 0;
 /// Descriptors one sandboxed process may hold (the usual default soft limit).
 pub const OPEN_FILES: u64 = 1024;
+/// Signals queued for the sandbox's processes at once (root's default limit is in the tens
+/// of thousands; queued signals are rare in ordinary programs: each POSIX timer holds one).
+pub const PENDING_SIGNALS: u64 = 1024;
+/// Bytes of POSIX message queues the sandbox may create: one queue of the default size
+/// (10 messages of 8 KiB, about 81 KiB with the kernel's overhead), of root's 800 KiB.
+pub const MESSAGE_QUEUE_BYTES: u64 = 100 << 10;
 
 /// Sets the command's limits, soft and hard (lowering needs no privilege; raising them
 /// back needs CAP_SYS_RESOURCE in the host's user namespace, which the sandbox never has).
@@ -24,6 +43,16 @@ pub fn apply() -> Result<(), String> {
     for (res, name, value) in [
         (Resource::RLIMIT_MEMLOCK, "RLIMIT_MEMLOCK", LOCKED_MEMORY),
         (Resource::RLIMIT_NOFILE, "RLIMIT_NOFILE", OPEN_FILES),
+        (
+            Resource::RLIMIT_SIGPENDING,
+            "RLIMIT_SIGPENDING",
+            PENDING_SIGNALS,
+        ),
+        (
+            Resource::RLIMIT_MSGQUEUE,
+            "RLIMIT_MSGQUEUE",
+            MESSAGE_QUEUE_BYTES,
+        ),
     ] {
         setrlimit(res, value, value).map_err(|e| format!("setrlimit({name}, {value}): {e}"))?;
     }
