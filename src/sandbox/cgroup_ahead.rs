@@ -237,11 +237,15 @@ fn make_cgroup(
                     return Ok(None);
                 }
             }
-            let p = cgroup::probe();
-            let fix = if p.fix.is_empty() {
-                cgroup::DELEGATE_FIX.to_string()
+            let fix = if matches!(e, cgroup::CgroupError::NoSocketAccounting { .. }) {
+                cgroup::SOCKET_ACCOUNTING_FIX.to_string()
             } else {
-                p.fix.join("; ")
+                let p = cgroup::probe();
+                if p.fix.is_empty() {
+                    cgroup::DELEGATE_FIX.to_string()
+                } else {
+                    p.fix.join("; ")
+                }
             };
             require_missing(layers, Layer::Cgroup, &e.to_string(), &fix)?;
             Ok(None)

@@ -4,8 +4,14 @@
 //! - **v1**: memory is a hard limit (`memory.limit_in_bytes`) with memory+swap set to the same
 //!   value (`memory.memsw.limit_in_bytes`) so the kernel OOM-kills instead of swapping; without
 //!   swap accounting `memory.swappiness` is set to 0 and `probe` reports the gap when the host
-//!   has swap. CPU is a CFS quota over a 100 ms period; pids is `pids.max`.
-//! - **v2**: `memory.max`, `memory.swap.max = 0`, `cpu.max`, `pids.max`.
+//!   has swap. Socket buffers get a limit of the same size (`memory.kmem.tcp.limit_in_bytes`):
+//!   a v1 memory cgroup charges sockets only once that file has been written (then TCP and
+//!   UDP buffers alike, measured on kernel 6.18), and to a counter of their own, apart from
+//!   `memory.limit_in_bytes`; past it the kernel drops datagrams and holds TCP senders back
+//!   (no OOM kill). Without that file the layer is refused ([`CgroupError::NoSocketAccounting`]).
+//!   CPU is a CFS quota over a 100 ms period; pids is `pids.max`.
+//! - **v2**: `memory.max` (socket buffers included), `memory.swap.max = 0`, `cpu.max`,
+//!   `pids.max`.
 
 use std::path::PathBuf;
 
@@ -16,6 +22,12 @@ use cgroups_rs::fs::MaxValue;
 
 use super::layout::missing_controllers_error;
 use super::{CgroupError, CgroupLimits, CgroupVersion, SandboxCgroup};
+
+/// What to do when a v1 memory controller cannot bound socket buffers.
+pub const SOCKET_ACCOUNTING_FIX: &str = "boot the host with cgroup v2 (systemd.unified_cgroup_hierarchy=1), whose memory.max counts socket buffers, or use a kernel whose cgroup v1 memory controller has memory.kmem.tcp.limit_in_bytes";
+
+/// The v1 control file that turns a memory cgroup's socket accounting on and bounds it.
+const V1_SOCKET_LIMIT: &str = "memory.kmem.tcp.limit_in_bytes";
 
 /// CFS period for the CPU limit.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -107,6 +119,20 @@ impl SandboxCgroup {
             } else {
                 // No swap accounting: make the cgroup avoid swap as far as v1 allows.
                 let _ = mem.set_swappiness(0);
+            }
+            if !v2 {
+                // Socket buffers: charged only once this is written (v2 always charges them
+                // to memory.max). Written before any task joins, so every socket the
+                // sandbox creates is charged.
+                let file = dir.join(V1_SOCKET_LIMIT);
+                if !file.exists() {
+                    return Err(CgroupError::NoSocketAccounting { file });
+                }
+                mem.set_tcp_limit(value).map_err(write_err(
+                    Some(dir.clone()),
+                    V1_SOCKET_LIMIT,
+                    bytes.to_string(),
+                ))?;
             }
         }
         if let Some((quota_us, period_us)) = quota {

@@ -8,7 +8,8 @@
 //! `memory/process_api/<id>/fork-<run_id>`, `cpu/fork-<run_id>`, and so on.
 //!
 //! - **v1**: memory, pids, cpu and cpuacct are required; freezer is used for the kill when
-//!   mounted.
+//!   mounted. The memory controller must offer socket accounting
+//!   (`memory.kmem.tcp.limit_in_bytes`, see `limits.rs`).
 //! - **v2** (unified mode): memory, cpu and pids must be delegated to our cgroup; fork enables
 //!   them for its children and, when the "no internal processes" rule requires it, moves itself
 //!   (and only itself) into the leaf `fork-supervisor`. The v2 path's pure parts are
@@ -47,6 +48,7 @@ pub use stats::CgroupSample;
 use delegate::ensure_v2_controllers;
 pub use delegate::DELEGATE_FIX;
 use layout::{detect_layout, missing_controllers_error, validate_run_id, Layout, PREFIX};
+pub use limits::SOCKET_ACCOUNTING_FIX;
 use stats::StatFiles;
 
 /// Which cgroup interface the budgets use.
@@ -137,6 +139,13 @@ pub enum CgroupError {
         run_id: String,
         /// Why it is refused.
         detail: &'static str,
+    },
+    /// cgroup v1: the memory controller has no socket accounting to turn on, so socket
+    /// buffers would be outside the memory budget.
+    #[error("cgroup v1: {file:?} is missing, so the sandbox's socket buffers (TCP and UDP) would not count against its memory budget; fix: {SOCKET_ACCOUNTING_FIX}")]
+    NoSocketAccounting {
+        /// The control file that is missing.
+        file: PathBuf,
     },
     /// A cgroup for this run already exists (a crashed run not yet collected).
     #[error("cgroup: {path:?} already exists; fix: run `fork gc` to collect stale runs, or use a fresh run id")]

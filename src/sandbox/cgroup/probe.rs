@@ -200,6 +200,7 @@ pub fn probe() -> CgroupProbe {
                 | CgroupError::InternalProcesses { fix, .. }
                 | CgroupError::MissingControllers { fix, .. }
                 | CgroupError::OwnCgroup { fix, .. } => fix.clone(),
+                CgroupError::NoSocketAccounting { .. } => super::SOCKET_ACCOUNTING_FIX.into(),
                 _ if !nix::unistd::geteuid().is_root() => match layout.version {
                     CgroupVersion::V2 => super::DELEGATE_FIX.into(),
                     CgroupVersion::V1 => V1_USER_FIX.into(),
