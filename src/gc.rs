@@ -1,6 +1,7 @@
 //! `fork gc`: reclaims what crashed supervisors left behind. A run directory whose lock
-//! nobody holds belongs to a dead supervisor: its sandbox init (if still alive) is
-//! killed, which ends its whole pid namespace; its cgroups are removed (those its run
+//! nobody holds belongs to a dead supervisor: its sandbox init (if still alive: the process
+//! its recorded pid names has the recorded start time and pid namespace) is killed, which
+//! ends its whole pid namespace; its cgroups are removed (those its run
 //! directory recorded, wherever they are, and any `fork-<id>` beneath our own cgroup);
 //! every mount beneath it is detached and the directory deleted.
 
@@ -37,8 +38,8 @@ impl GcReport {
     }
 }
 
-/// Is `pid` still a sandbox init of ours (and not a recycled pid)?
-fn is_our_init(pid: i32) -> bool {
+/// Whether `pid` runs a sandbox init (any run's: the cmdline says only the role).
+fn runs_init_role(pid: i32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|c| {
             c.split(|b| *b == 0)
@@ -47,15 +48,37 @@ fn is_our_init(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether `pid` exists and is not a zombie.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| {
-            st.rsplit_once(')')
-                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+/// Kills the init a run recorded, if the process its pid names now is that init: same
+/// start time and pid namespace, and a sandbox init. The pid is pinned first (a pidfd),
+/// then checked, then signalled through the pidfd: a pid reused by another process (another
+/// run's init, say) between the check and the kill cannot be hit.
+fn kill_recorded_init(init: crate::rundir::ProcessIdentity, rep: &mut GcReport) {
+    use crate::sandbox::sys::{pidfd_open, pidfd_send_signal};
+    use std::os::fd::AsFd;
+    let Ok(pidfd) = pidfd_open(nix::unistd::Pid::from_raw(init.pid)) else {
+        // No such process: nothing to kill.
+        return;
+    };
+    // The pidfd names whichever process had the pid when it was opened. If the pid names
+    // the recorded init now, that was the init: it started before its record was written,
+    // and a process keeps its pid for its whole life.
+    if !init.is_current() || !runs_init_role(init.pid) {
+        return;
+    }
+    if let Err(e) = pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL) {
+        rep.errors.push(format!("kill {}: {e}", init.pid));
+        return;
+    }
+    rep.processes_killed.push(init.pid);
+    // Wait briefly for the namespace to die so its mounts can go. A dead init that nobody
+    // has reaped yet (the interrupted supervisor is its parent) stays a zombie: its
+    // namespace is gone already.
+    for _ in 0..100 {
+        if !init.is_current() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Reclaims every stale run.
@@ -86,27 +109,14 @@ pub fn collect() -> GcReport {
     rep
 }
 
-/// Kills a run's sandbox init (if it is still one), then unmounts and deletes its directory.
+/// Kills a run's sandbox init (if the process its recorded pid names is still that init),
+/// then removes its cgroups (killing what is left in them), unmounts and deletes its
+/// directory. A record that names the init by its pid alone (an older fork's) kills
+/// nothing by pid: once that init is gone the pid may name another run's init; the run's
+/// recorded cgroups, removed next, hold whatever of it is left.
 fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
-    if let Some(pid) = r.meta.as_ref().and_then(|m| m.init_pid) {
-        if is_our_init(pid) {
-            match nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            ) {
-                Ok(()) => rep.processes_killed.push(pid),
-                Err(e) => rep.errors.push(format!("kill {pid}: {e}")),
-            }
-            // Wait briefly for the namespace to die so its mounts can go. A dead init that
-            // nobody has reaped yet (the interrupted supervisor is its parent) stays a
-            // zombie: its namespace is gone already.
-            for _ in 0..100 {
-                if !alive(pid) {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
+    if let Some(init) = r.meta.as_ref().and_then(|m| m.init()) {
+        kill_recorded_init(init, rep);
     }
     // Its cgroups, where it recorded them (wherever they are: on cgroup v2 beside the dead
     // supervisor's own cgroup, not beneath ours).

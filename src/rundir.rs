@@ -12,7 +12,10 @@
 //! Layout:
 //! ```text
 //! fork-<id>/lock       the supervisor's flock
-//! fork-<id>/meta.json  {run_id, supervisor_pid, init_pid, created}
+//! fork-<id>/meta.json  {run_id, supervisor_pid, init_pid, init_start, init_pidns, created}
+//!                      (an internal record, no schema version: `init_start` and
+//!                      `init_pidns` are absent from the records of older forks, and gc
+//!                      then kills nothing by pid, see [`RunMeta::init`])
 //! fork-<id>/cgroups    the absolute path of each cgroup of the run, one a line, written
 //!                      before they are created (so `fork gc`, from any cgroup, finds them)
 //! fork-<id>/root/      mount point for the sandbox's new root (only used inside its mount ns)
@@ -156,7 +159,79 @@ pub struct RunMeta {
     pub run_id: String,
     pub supervisor_pid: i32,
     pub init_pid: Option<i32>,
+    /// The init's start time, in clock ticks after boot (`/proc/<pid>/stat`'s field 22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_start: Option<u64>,
+    /// The inode of the init's pid namespace (`/proc/<pid>/ns/pid`), when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_pidns: Option<u64>,
     pub created: String,
+}
+
+impl RunMeta {
+    /// The recorded init, when the record identifies it: its pid with its start time (and
+    /// its pid namespace when recorded). A pid alone, as older forks recorded it, does not:
+    /// once that init is gone the pid may name any process, another run's init included.
+    pub fn init(&self) -> Option<ProcessIdentity> {
+        Some(ProcessIdentity {
+            pid: self.init_pid?,
+            start: self.init_start?,
+            pidns: self.init_pidns,
+        })
+    }
+}
+
+/// What identifies a process beyond its pid, which the kernel reuses: its start time and
+/// its pid namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    pub pid: i32,
+    /// Clock ticks after boot (`/proc/<pid>/stat`'s field 22, `starttime`).
+    pub start: u64,
+    /// The inode of `/proc/<pid>/ns/pid`, when it could be read.
+    pub pidns: Option<u64>,
+}
+
+impl ProcessIdentity {
+    /// The identity of the process `pid` names now; `None` when there is none (or it is
+    /// a zombie: it has ended, and nothing is left to signal).
+    pub fn of(pid: i32) -> Option<ProcessIdentity> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (state, start) = parse_stat(&stat)?;
+        if state == 'Z' {
+            return None;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let pidns = std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .map(|m| m.ino());
+        Some(ProcessIdentity { pid, start, pidns })
+    }
+
+    /// Whether the process `self.pid` names now is this one: same start time, and the
+    /// same pid namespace when one was recorded (a recorded one that cannot be read now
+    /// does not match).
+    pub fn is_current(&self) -> bool {
+        ProcessIdentity::of(self.pid).is_some_and(|now| self.matches(&now))
+    }
+
+    /// Whether `now` (read from /proc) is the process `self` recorded.
+    fn matches(&self, now: &ProcessIdentity) -> bool {
+        now.pid == self.pid
+            && now.start == self.start
+            && (self.pidns.is_none() || now.pidns == self.pidns)
+    }
+}
+
+/// A `/proc/<pid>/stat` line's state (field 3) and start time (field 22). The command name
+/// (field 2) may hold blanks and parentheses: the fields are counted after its last `)`.
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4 to 21 lie between the state and the start time.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 /// A live run directory, locked by this process.
@@ -236,7 +311,7 @@ impl RunDir {
             _lock: lock,
         };
         if evaluation {
-            rd.write_meta(None);
+            rd.write_meta(None, None);
         }
         live.insert(rd.id.clone(), rd.path.clone());
         Ok(rd)
@@ -258,14 +333,19 @@ impl RunDir {
         self.path.join("disk")
     }
 
-    /// Records the sandbox init's host pid so that gc can kill it after a crash. Written in
-    /// place, not renamed over: a file torn by a crash is no record (gc then finds the init
-    /// through the run's cgroups, and it dies with its supervisor anyway, PDEATHSIG).
-    pub fn write_meta(&self, init_pid: Option<i32>) {
+    /// Records the sandbox init (its host pid, start time and pid namespace) so that gc
+    /// can kill it after a crash, and only it. `init_pid` alone (its identity could not be
+    /// read) is recorded too, but then gc kills nothing by pid. Written in place, not
+    /// renamed over: a file torn by a crash is no record (gc then finds the init through
+    /// the run's cgroups, and it dies with its supervisor anyway, PDEATHSIG).
+    pub fn write_meta(&self, init_pid: Option<i32>, init: Option<ProcessIdentity>) {
+        let init = init.filter(|i| Some(i.pid) == init_pid);
         let meta = RunMeta {
             run_id: self.id.clone(),
             supervisor_pid: std::process::id() as i32,
             init_pid,
+            init_start: init.map(|i| i.start),
+            init_pidns: init.and_then(|i| i.pidns),
             created: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         };
         let ok = OpenOptions::new()
@@ -422,6 +502,49 @@ fn list_runs_in(base: &Path, out: &mut Vec<FoundRun>) {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_process_is_identified_by_pid_start_time_and_pid_namespace() {
+        use super::{parse_stat, ProcessIdentity, RunMeta};
+        // A command name with blanks and parentheses; start time 4242.
+        let stat = "77 (a) b (c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 4242 1000 10";
+        assert_eq!(parse_stat(stat), Some(('S', 4242)));
+        assert_eq!(parse_stat("77 (x) Z 1"), None);
+        let me = ProcessIdentity::of(std::process::id() as i32).expect("this process");
+        assert!(me.is_current());
+        // Another start time, or another pid namespace, is another process.
+        let other_start = ProcessIdentity {
+            start: me.start + 1,
+            ..me
+        };
+        assert!(!other_start.is_current());
+        if let Some(ns) = me.pidns {
+            let other_ns = ProcessIdentity {
+                pidns: Some(ns + 1),
+                ..me
+            };
+            assert!(!other_ns.is_current());
+        }
+        // No pid namespace recorded: the start time decides.
+        assert!(ProcessIdentity { pidns: None, ..me }.is_current());
+        // Records: an older fork's (the pid alone) identifies nothing.
+        let old: RunMeta =
+            serde_json::from_str(r#"{"run_id":"a","supervisor_pid":1,"init_pid":7,"created":"x"}"#)
+                .unwrap();
+        assert_eq!(old.init(), None);
+        let new: RunMeta = serde_json::from_str(
+            r#"{"run_id":"a","supervisor_pid":1,"init_pid":7,"init_start":9,"init_pidns":5,"created":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            new.init(),
+            Some(ProcessIdentity {
+                pid: 7,
+                start: 9,
+                pidns: Some(5)
+            })
+        );
+    }
+
+    #[test]
     fn run_dir_names() {
         assert!(super::is_run_dir_name("fork-0123456789abcdef"));
         assert!(super::is_run_dir_name("fork-eval-0123456789abcdef"));
@@ -468,7 +591,7 @@ mod tests {
         assert!(!r.stale, "a locked run is live");
         // No init yet, no record of one.
         assert!(r.meta.is_none());
-        rd.write_meta(Some(42));
+        rd.write_meta(Some(42), None);
         let runs = list_runs();
         let meta = runs
             .iter()
@@ -479,6 +602,17 @@ mod tests {
             .unwrap();
         assert_eq!(meta.supervisor_pid, std::process::id() as i32);
         assert_eq!(meta.init_pid, Some(42));
+        // A pid alone does not identify the init.
+        assert_eq!(meta.init(), None);
+        let me = ProcessIdentity::of(std::process::id() as i32).unwrap();
+        rd.write_meta(Some(me.pid), Some(me));
+        let meta = list_runs()
+            .into_iter()
+            .find(|r| r.id == id)
+            .unwrap()
+            .meta
+            .unwrap();
+        assert_eq!(meta.init(), Some(me));
         let cgroups = vec![
             PathBuf::from("/sys/fs/cgroup/a/fork-x"),
             PathBuf::from("/sys/fs/cgroup/memory/fork-x"),

@@ -552,7 +552,9 @@ impl Sandbox {
         // The init holds its copies now: ours go, so the far ends see EOF when it ends.
         drop(io);
         drop((stdin, stdout, pass_fds, mount_fds));
-        self.rundir().write_meta(Some(child.pid));
+        // The init is our child and not yet reaped: its pid names it while it is read.
+        let init = crate::rundir::ProcessIdentity::of(child.pid);
+        self.rundir().write_meta(Some(child.pid), init);
         isolation.userns = true;
         isolation.pidns = true;
         isolation.mountns = true;

@@ -86,6 +86,141 @@ fn supervisor_death_kills_the_tree_and_gc_reclaims() {
     assert_nothing_left(&run_root, &id);
 }
 
+/// Plants `<root>/fork-<id>` as a dead supervisor leaves it: a directory and a lock file of
+/// our own that nobody holds, and `meta` as its meta.json.
+fn plant_stale_run(root: &Path, id: &str, meta: &serde_json::Value) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let d = root.join(format!("fork-{id}"));
+    std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+    std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(d.join("lock"))
+        .unwrap();
+    std::fs::write(d.join("meta.json"), meta.to_string()).unwrap();
+}
+
+#[test]
+fn gc_never_kills_a_live_run_through_a_stale_runs_recorded_pid() {
+    need_default_policy!();
+    use std::os::unix::fs::MetadataExt;
+    // A live run, whose command ends by itself after 4 s.
+    let live_root = scratch("runs");
+    let report = live_root.join("r.json");
+    let sup = fork_cmd(&live_root)
+        .args(["run", "--report", report.to_str().unwrap(), "--"])
+        .args(["sleep", "4"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its init's pid, from its meta.json.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let init_pid = loop {
+        let found = std::fs::read_dir(&live_root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("fork-"))
+            .find_map(|e| {
+                let m = std::fs::read(e.path().join("meta.json")).ok()?;
+                let m: serde_json::Value = serde_json::from_slice(&m).ok()?;
+                m["init_pid"].as_i64()
+            });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the live run never recorded its init"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let pidns = std::fs::metadata(format!("/proc/{init_pid}/ns/pid"))
+        .unwrap()
+        .ino();
+    // Two stale runs in another run root, each recording that pid as its own init's, as
+    // when a dead supervisor's init pid is reused by another run's init: one written by an
+    // older fork (the pid alone), one with the start time of a process that no longer
+    // exists (and the live init's pid namespace).
+    let stale_root = scratch("runs");
+    let meta = |id: &str| {
+        serde_json::json!({
+            "run_id": id, "supervisor_pid": 1, "init_pid": init_pid,
+            "created": "2026-01-01T00:00:00Z",
+        })
+    };
+    let (old, new) = ("00000000000000a1", "00000000000000a2");
+    plant_stale_run(&stale_root, old, &meta(old));
+    let mut m = meta(new);
+    m["init_start"] = serde_json::json!(1);
+    m["init_pidns"] = serde_json::json!(pidns);
+    plant_stale_run(&stale_root, new, &m);
+    let rep = gc_report(fork_cmd(&stale_root));
+    assert!(gc_reclaimed(&rep, old) && gc_reclaimed(&rep, new), "{rep}");
+    assert_eq!(rep["processes_killed"], serde_json::json!([]), "{rep}");
+    // The live run was left alone: it ends as its command does.
+    let out = sup.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["budget_exceeded"], serde_json::Value::Null, "{r}");
+    assert_nothing_left(&live_root, r["run_id"].as_str().unwrap());
+    assert_nothing_left(&stale_root, old);
+    assert_nothing_left(&stale_root, new);
+}
+
+#[test]
+fn gc_kills_the_init_a_stale_run_recorded_and_only_it() {
+    need_default_policy!();
+    use std::os::unix::fs::MetadataExt;
+    // A stand-in for a dead supervisor's init that outlived it: a shell this test starts,
+    // with the init's role among its arguments (as gc requires of what it kills), waiting
+    // on a pipe from this test (it ends by itself when the test does) and starting nothing.
+    let mut init = Command::new("sh")
+        .args(["-c", "read x", "__sandbox-init"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = init.id() as i32;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let start: u64 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pidns = std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .unwrap()
+        .ino();
+    let root = scratch("runs");
+    let meta = |id: &str, start: u64| {
+        serde_json::json!({
+            "run_id": id, "supervisor_pid": 1, "init_pid": pid, "init_start": start,
+            "init_pidns": pidns, "created": "2026-01-01T00:00:00Z",
+        })
+    };
+    // Another start time: another process than the one recorded. Not killed.
+    let other = "00000000000000b1";
+    plant_stale_run(&root, other, &meta(other, start + 1));
+    let rep = gc_report(fork_cmd(&root));
+    assert!(gc_reclaimed(&rep, other), "{rep}");
+    assert_eq!(rep["processes_killed"], serde_json::json!([]), "{rep}");
+    assert!(init.try_wait().unwrap().is_none(), "killed: {rep}");
+    // Its own record: killed.
+    let own = "00000000000000b2";
+    plant_stale_run(&root, own, &meta(own, start));
+    let rep = gc_report(fork_cmd(&root));
+    assert!(gc_reclaimed(&rep, own), "{rep}");
+    assert_eq!(rep["processes_killed"], serde_json::json!([pid]), "{rep}");
+    let status = init.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn sigterm_to_the_supervisor_ends_the_run_cleanly() {
     need_default_policy!();
