@@ -20,8 +20,24 @@ pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64
     out
 }
 
-/// The evidence of one replica's runs: the run that speaks (a blown budget, a failed
-/// start, failing tests, else the first), metric medians and their statistics.
+/// The run that speaks for a replica's runs: the first that blew a budget or could not
+/// start (a REJECT), else the first whose test report was missing or unparsable (so that the
+/// evidence's results and their error come from one run), else the first with failing
+/// tests, else the first that exited non-zero, else the first.
+fn speaking_run(runs: &[RunResult]) -> usize {
+    runs.iter()
+        .position(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
+        .or_else(|| runs.iter().position(|r| r.results_error.is_some()))
+        .or_else(|| {
+            runs.iter()
+                .position(|r| r.tests.as_ref().is_some_and(|t| t.failed() > 0))
+        })
+        .or_else(|| runs.iter().position(|r| r.outcome.exit_code != 0))
+        .unwrap_or(0)
+}
+
+/// The evidence of one replica's runs: the run that speaks ([`speaking_run`]), metric
+/// medians and their statistics.
 pub fn evidence_for(
     t: &TaskPlan,
     runs: &[RunResult],
@@ -30,15 +46,7 @@ pub fn evidence_for(
     rules: &crate::verdict::decide::DecisionRules,
     seed: u64,
 ) -> (Evidence, usize) {
-    let chosen = runs
-        .iter()
-        .position(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
-        .or_else(|| {
-            runs.iter()
-                .position(|r| r.tests.as_ref().is_some_and(|t| t.failed() > 0))
-        })
-        .or_else(|| runs.iter().position(|r| r.outcome.exit_code != 0))
-        .unwrap_or(0);
+    let chosen = speaking_run(runs);
     let r = &runs[chosen];
     let o = &r.outcome;
     let mut e = Evidence {
@@ -68,7 +76,13 @@ pub fn evidence_for(
         run_error: o.exec_error.clone(),
         provenance: Some(t.provenance()),
         tests: r.tests.clone(),
-        results_error: r.results_error.clone(),
+        // Any run's unusable report counts, as any run's unusable metrics do: a run whose
+        // report is missing is never outvoted by another's passing one. (The speaking run is
+        // that run unless a budget or a failed start speaks, which rejects anyway.)
+        results_error: r
+            .results_error
+            .clone()
+            .or_else(|| runs.iter().find_map(|r| r.results_error.clone())),
         metrics_error: runs.iter().find_map(|r| r.metrics_error.clone()),
         protected_changes: runs
             .iter()
@@ -77,34 +91,221 @@ pub fn evidence_for(
         ..Default::default()
     };
     let patched_samples = samples(runs);
-    if !patched_samples.is_empty() {
-        let med = |m: &std::collections::BTreeMap<String, Vec<f64>>| {
-            m.iter()
-                .filter_map(|(k, v)| crate::verdict::stats::median(v).map(|x| (k.clone(), x)))
-                .collect::<std::collections::BTreeMap<String, f64>>()
-        };
+    let med = |m: &std::collections::BTreeMap<String, Vec<f64>>| {
+        m.iter()
+            .filter_map(|(k, v)| crate::verdict::stats::median(v).map(|x| (k.clone(), x)))
+            .collect::<std::collections::BTreeMap<String, f64>>()
+    };
+    // A declared metrics file always gives the patched side its metrics, none reported
+    // included: a patched side that writes `{}` has reported no metric, which the decision
+    // must see as such (not as a task that declares none).
+    if t.spec.metrics.is_some() {
         e.metrics = Some(med(&patched_samples));
-        if !baseline.is_empty() {
-            e.baseline_metrics = Some(med(baseline_samples));
-        }
-        // Statistics need repeated samples; single runs are judged on the noise band.
-        if !baseline.is_empty() && runs.len() > 1 && baseline.len() > 1 {
-            let cfg = crate::verdict::stats::CompareConfig {
-                method: rules.method,
-                alpha: rules.alpha,
-                noise_band: rules.noise_band,
-                seed: 0x666f_726b ^ seed,
-                ..Default::default()
-            };
-            for (name, ps) in &patched_samples {
-                if let Some(bs) = baseline_samples.get(name) {
-                    e.metric_stats.insert(
-                        name.clone(),
-                        crate::verdict::stats::compare(name, bs, ps, &cfg),
-                    );
-                }
+    }
+    // The baseline's metrics whenever a baseline ran, whatever the patched side reported:
+    // what the baseline reported and the patched side did not is what the decision names
+    // as missing.
+    if !baseline.is_empty() {
+        e.baseline_metrics = Some(med(baseline_samples));
+    }
+    // Statistics need repeated samples; single runs are judged on the noise band.
+    if !baseline.is_empty() && runs.len() > 1 && baseline.len() > 1 {
+        let cfg = crate::verdict::stats::CompareConfig {
+            method: rules.method,
+            alpha: rules.alpha,
+            noise_band: rules.noise_band,
+            seed: 0x666f_726b ^ seed,
+            ..Default::default()
+        };
+        for (name, ps) in &patched_samples {
+            if let Some(bs) = baseline_samples.get(name) {
+                e.metric_stats.insert(
+                    name.clone(),
+                    crate::verdict::stats::compare(name, bs, ps, &cfg),
+                );
             }
         }
     }
     (e, chosen)
+}
+
+/// Runs and a task to read evidence from, for the tests of this module and its callers.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::super::collect::RunResult;
+    use super::super::plan::TaskPlan;
+    use crate::task::results::{TestCase, TestOutcome, TestReport};
+    use std::collections::BTreeMap;
+
+    /// A task of the demo's kind: `extra` adds to `command = ["true"]`.
+    pub fn task(extra: &str) -> TaskPlan {
+        let spec: crate::manifest::TaskSpec =
+            toml::from_str(&format!("command = [\"true\"]\n{extra}")).unwrap();
+        TaskPlan {
+            name: "t".into(),
+            spec,
+            hash: String::new(),
+            budgets: crate::budget::Budgets::default(),
+            sandbox: crate::policy::Policy::builtin().unwrap().sandbox_spec(),
+            forwards: Vec::new(),
+            prefix: String::new(),
+        }
+    }
+
+    /// A run that exited 0 and left nothing.
+    pub fn run() -> RunResult {
+        RunResult {
+            outcome: crate::sandbox::Outcome {
+                exit_code: 0,
+                signal: None,
+                budget_exceeded: None,
+                usage: Default::default(),
+                isolation: Default::default(),
+                interrupted: false,
+                cancelled: false,
+                exec_error: None,
+            },
+            over_evaluation_wall: false,
+            tests: None,
+            results_error: None,
+            metrics: None,
+            metrics_error: None,
+            artifacts: Vec::new(),
+            notes: Vec::new(),
+            protected_changes: Vec::new(),
+        }
+    }
+
+    /// A run that reported `metrics`.
+    pub fn with_metrics(metrics: &[(&str, f64)]) -> RunResult {
+        RunResult {
+            metrics: Some(
+                metrics
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..run()
+        }
+    }
+
+    /// A report with these cases.
+    pub fn report(cases: &[(&str, TestOutcome)]) -> TestReport {
+        TestReport {
+            cases: cases
+                .iter()
+                .map(|(name, outcome)| TestCase {
+                    name: name.to_string(),
+                    classname: None,
+                    outcome: *outcome,
+                    time_s: None,
+                    message: None,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{report, run, task, with_metrics};
+    use super::*;
+    use crate::task::results::TestOutcome;
+    use crate::verdict::decide::{decide, DecisionRules, SelfReported};
+    use crate::verdict::VerdictKind;
+
+    const DEMO: [(&str, f64); 4] = [
+        ("compressed_bytes", 296_000.0),
+        ("p99_ms", 0.61),
+        ("peak_memory_kb", 16_000.0),
+        ("ratio", 0.86),
+    ];
+
+    fn human() -> DecisionRules {
+        DecisionRules {
+            self_reported: SelfReported::Accept,
+            ..DecisionRules::default()
+        }
+    }
+
+    /// The patched side writes `{}` to the declared metrics file: the baseline's metrics are
+    /// still carried, the patched side reported none, and the decision is no approval.
+    #[test]
+    fn the_baselines_metrics_are_carried_when_the_patched_side_reports_none() {
+        let t = task("metrics = \"metrics.json\"\nbaseline = true\nrepeat = 3\n");
+        let patched: Vec<RunResult> = (0..3).map(|_| with_metrics(&[])).collect();
+        let baseline: Vec<RunResult> = (0..3).map(|_| with_metrics(&DEMO)).collect();
+        let rules = human();
+        let (e, _) = evidence_for(&t, &patched, &baseline, &samples(&baseline), &rules, 0);
+        let base = e.baseline_metrics.as_ref().expect("the baseline's metrics");
+        assert_eq!(
+            base.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["compressed_bytes", "p99_ms", "peak_memory_kb", "ratio"]
+        );
+        assert_eq!(
+            e.metrics,
+            Some(Default::default()),
+            "declared, none reported"
+        );
+        let d = decide(&e, &rules);
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{d:?}");
+        assert!(
+            !d.caveats.iter().any(|c| c.contains("declares no")),
+            "{d:?}"
+        );
+        // One patched run of three reported: the others' silence is no metric either, and
+        // the baseline's are compared with what was reported.
+        let mut some = patched;
+        some[1] = with_metrics(&DEMO);
+        let (e, _) = evidence_for(&t, &some, &baseline, &samples(&baseline), &rules, 0);
+        assert_eq!(e.metrics.as_ref().map(|m| m.len()), Some(4));
+        assert_eq!(e.baseline_metrics.as_ref().map(|m| m.len()), Some(4));
+    }
+
+    /// A task that declares no metrics has none in its evidence, and no baseline metrics to
+    /// speak of when the baseline reported none either.
+    #[test]
+    fn undeclared_metrics_stay_absent() {
+        let t = task("baseline = true\n");
+        let (e, _) = evidence_for(&t, &[run()], &[run()], &Default::default(), &human(), 0);
+        assert_eq!(e.metrics, None);
+        let d = decide(&e, &human());
+        assert_eq!(d.verdict, VerdictKind::Approve, "{d:?}");
+        assert!(d
+            .caveats
+            .iter()
+            .any(|c| c.starts_with("Only the exit status")));
+    }
+
+    /// With repeats, a run whose test report was missing or unparsable counts even when
+    /// another run's report failed a test or passed: it speaks for the replica.
+    #[test]
+    fn a_results_error_in_any_run_counts_and_that_run_speaks() {
+        let t = task("results = { format = \"junit\", path = \"tests.xml\" }\nrepeat = 3\n");
+        let passing = || RunResult {
+            tests: Some(report(&[("a", TestOutcome::Passed)])),
+            ..run()
+        };
+        let missing = RunResult {
+            results_error: Some("tests.xml: report `tests.xml` does not exist".into()),
+            ..run()
+        };
+        let failing = RunResult {
+            tests: Some(report(&[("a", TestOutcome::Failed)])),
+            ..run()
+        };
+        let runs = vec![passing(), missing, passing()];
+        let (e, chosen) = evidence_for(&t, &runs, &[], &Default::default(), &human(), 0);
+        assert_eq!(chosen, 1);
+        assert!(e.results_error.is_some(), "{e:?}");
+        assert_eq!(e.tests, None, "the speaking run's own report");
+        let d = decide(&e, &human());
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{d:?}");
+        assert!(d.summary.contains("does not exist"), "{}", d.summary);
+        // Before a failing test: the run whose report is unusable speaks.
+        let mut runs = runs;
+        runs[0] = failing;
+        let (e, chosen) = evidence_for(&t, &runs, &[], &Default::default(), &human(), 0);
+        assert_eq!((chosen, e.results_error.is_some()), (1, true));
+    }
 }

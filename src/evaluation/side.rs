@@ -11,6 +11,7 @@ use crate::fork::workspace::Workspace;
 use crate::sandbox::{Command, Sandbox, WORKSPACE};
 use crate::task::results;
 use crate::verdict::ArtifactType;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 /// `patched`, `patched.r2`, `replica2`, `replica2.r3`, `baseline`, `baseline.r2`.
@@ -224,33 +225,14 @@ fn run_attempt(
 
 /// Folds the attempts of one run (the first, then reruns after failing tests) into one
 /// result: the last attempt's outcome, with every test that failed before but passed in
-/// the end marked flaky (naming the retries it needed); all attempts' artifacts.
+/// the end marked flaky (naming the retries it needed), and every test that failed before
+/// and was not shown to pass in the end (absent from the last report, or skipped there)
+/// still failed, saying so; all attempts' artifacts.
 fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
-    let n = attempts.len();
     let mut artifacts: Vec<(ArtifactType, PathBuf)> = Vec::new();
     for a in &attempts {
         artifacts.extend(a.artifacts.iter().cloned());
     }
-    let earlier_failures: Vec<std::collections::HashSet<String>> = attempts
-        .iter()
-        .map(|a| {
-            a.tests
-                .as_ref()
-                .map(|t| {
-                    t.cases
-                        .iter()
-                        .filter(|c| {
-                            matches!(
-                                c.outcome,
-                                results::TestOutcome::Failed | results::TestOutcome::Error
-                            )
-                        })
-                        .map(|c| c.name.clone())
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
-        .collect();
     // A change to the protected tree in any attempt counts.
     let mut protected: Vec<_> = attempts
         .iter()
@@ -261,26 +243,158 @@ fn merge_attempts(mut attempts: Vec<RunResult>) -> RunResult {
     // Invariant: run_side always makes at least one attempt.
     let mut last = attempts.pop().expect("at least one attempt");
     last.protected_changes = protected;
-    if n > 1 {
-        if let Some(t) = last.tests.as_mut() {
-            for case in t.cases.iter_mut() {
-                if case.outcome != results::TestOutcome::Passed {
-                    continue;
+    if let Some(t) = last.tests.as_mut() {
+        carry_failures(t, &attempts);
+    }
+    last.artifacts = artifacts;
+    last
+}
+
+/// Folds the failures of the `earlier` attempts into the last attempt's report `last`.
+/// A rerun is run by the code under test, which may leave a failing test out of its
+/// report (or skip it) as easily as pass it: only a pass clears an earlier failure (as
+/// flaky); a failure the last report leaves out is carried forward as it last failed, and
+/// one it skips is a failure again, each with a message saying why.
+fn carry_failures(last: &mut results::TestReport, earlier: &[RunResult]) {
+    if earlier.is_empty() {
+        return;
+    }
+    let n = earlier.len() + 1;
+    let rerun = n - 1;
+    let failing = |c: &&results::TestCase| {
+        matches!(
+            c.outcome,
+            results::TestOutcome::Failed | results::TestOutcome::Error
+        )
+    };
+    // Each earlier failure by name, in the order first seen: how many attempts it failed
+    // in, and its latest failing case. (Indexed: the reports are the successor's, as long
+    // as their size bound lets them be.)
+    let mut failures: Vec<(usize, results::TestCase)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for t in earlier.iter().filter_map(|a| a.tests.as_ref()) {
+        let mut seen: HashSet<&str> = HashSet::new();
+        for c in t.cases.iter().filter(failing) {
+            let first_here = seen.insert(c.name.as_str());
+            match index.get(&c.name) {
+                Some(&i) => {
+                    failures[i].0 += usize::from(first_here);
+                    failures[i].1 = c.clone();
                 }
-                let failed_in: usize = earlier_failures[..n - 1]
-                    .iter()
-                    .filter(|s| s.contains(&case.name))
-                    .count();
-                if failed_in > 0 {
-                    case.outcome = results::TestOutcome::Flaky;
-                    case.message = Some(format!(
-                        "failed in {failed_in} of {n} runs, passed on retry {}",
-                        n - 1
-                    ));
+                None => {
+                    index.insert(c.name.clone(), failures.len());
+                    failures.push((1, c.clone()));
                 }
             }
         }
     }
-    last.artifacts = artifacts;
-    last
+    for case in last.cases.iter_mut() {
+        let Some((failed_in, before)) = index.get(&case.name).map(|&i| &failures[i]) else {
+            continue;
+        };
+        match case.outcome {
+            results::TestOutcome::Passed => {
+                case.outcome = results::TestOutcome::Flaky;
+                case.message = Some(format!(
+                    "failed in {failed_in} of {n} runs, passed on retry {rerun}"
+                ));
+            }
+            results::TestOutcome::Skipped => {
+                case.outcome = before.outcome;
+                case.message = Some(format!(
+                    "failed in {failed_in} of {n} runs and was skipped in rerun {rerun}"
+                ));
+            }
+            _ => {}
+        }
+    }
+    let reported: HashSet<String> = last.cases.iter().map(|c| c.name.clone()).collect();
+    for (failed_in, before) in failures {
+        if reported.contains(&before.name) {
+            continue;
+        }
+        last.cases.push(results::TestCase {
+            message: Some(format!(
+                "failed in {failed_in} of {n} runs and was missing from the report of rerun {rerun}{}",
+                before
+                    .message
+                    .as_deref()
+                    .map(|m| format!("; it failed with: {m}"))
+                    .unwrap_or_default()
+            )),
+            ..before
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::evidence::testing::{report, run};
+    use super::*;
+    use results::TestOutcome::{Error, Failed, Passed, Skipped};
+
+    fn attempt(cases: &[(&str, results::TestOutcome)]) -> RunResult {
+        RunResult {
+            tests: Some(report(cases)),
+            ..run()
+        }
+    }
+
+    fn outcome_of(r: &RunResult, name: &str) -> Option<results::TestOutcome> {
+        r.tests
+            .as_ref()
+            .and_then(|t| t.cases.iter().find(|c| c.name == name))
+            .map(|c| c.outcome)
+    }
+
+    /// A test that failed and then passed on a rerun is flaky; one that failed and is
+    /// absent from the last rerun's report still failed (the rerun may simply have left it
+    /// out), and says so.
+    #[test]
+    fn a_failure_absent_from_the_rerun_still_failed() {
+        let merged = merge_attempts(vec![
+            attempt(&[("a", Passed), ("b", Failed), ("c", Failed)]),
+            attempt(&[("a", Passed), ("b", Passed)]),
+        ]);
+        assert_eq!(outcome_of(&merged, "a"), Some(Passed));
+        assert_eq!(outcome_of(&merged, "b"), Some(results::TestOutcome::Flaky));
+        assert_eq!(outcome_of(&merged, "c"), Some(Failed), "{:?}", merged.tests);
+        let t = merged.tests.as_ref().unwrap();
+        assert_eq!(t.failed(), 1);
+        let c = t.cases.iter().find(|c| c.name == "c").unwrap();
+        assert!(
+            c.message
+                .as_deref()
+                .is_some_and(|m| m.contains("missing from the report of rerun 1")),
+            "{c:?}"
+        );
+        // An error in the second of three attempts, absent from the third, counts once.
+        let merged = merge_attempts(vec![
+            attempt(&[("a", Failed), ("b", Passed)]),
+            attempt(&[("a", Failed), ("b", Error)]),
+            attempt(&[("a", Passed)]),
+        ]);
+        assert_eq!(outcome_of(&merged, "a"), Some(results::TestOutcome::Flaky));
+        assert_eq!(outcome_of(&merged, "b"), Some(Error), "{:?}", merged.tests);
+        assert_eq!(merged.tests.as_ref().unwrap().cases.len(), 2);
+    }
+
+    /// A test that failed and is skipped in the last rerun was not shown to pass: it
+    /// still failed.
+    #[test]
+    fn a_failure_skipped_in_the_rerun_still_failed() {
+        let merged = merge_attempts(vec![
+            attempt(&[("a", Failed), ("s", Skipped)]),
+            attempt(&[("a", Skipped), ("s", Skipped)]),
+        ]);
+        assert_eq!(outcome_of(&merged, "a"), Some(Failed), "{:?}", merged.tests);
+        assert_eq!(outcome_of(&merged, "s"), Some(Skipped));
+    }
+
+    /// A single attempt is kept as it is.
+    #[test]
+    fn one_attempt_is_kept_as_is() {
+        let merged = merge_attempts(vec![attempt(&[("a", Failed), ("b", Passed)])]);
+        assert_eq!(merged.tests, Some(report(&[("a", Failed), ("b", Passed)])));
+    }
 }

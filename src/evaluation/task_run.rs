@@ -188,6 +188,7 @@ pub fn run_task(
                 let ctx = Look {
                     index: look,
                     order_seed,
+                    metrics_declared: t.spec.metrics.is_some(),
                 };
                 let all = (0..replicas)
                     .map(|r| {
@@ -351,12 +352,16 @@ fn run_baseline(
 struct Look {
     index: usize,
     order_seed: u64,
+    /// The task declares a metrics file: a look at patched runs that reported no metric
+    /// is never settled (there is nothing it decided).
+    metrics_declared: bool,
 }
 
 /// What a look found for one replica, least settled first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Settled {
-    /// A metric is still inconclusive.
+    /// A metric is still inconclusive, or one the baseline reported is missing from the
+    /// patched runs (or they reported none of a declared metrics file).
     Open,
     /// A deciding metric regressed: the verdict cannot become APPROVE.
     Regressed,
@@ -503,9 +508,17 @@ fn look_at(
                 _ => false,
             }
     });
-    let open = assessed
-        .iter()
-        .any(|(name, x)| deciding(name) && x.outcome == Outcome::Inconclusive);
+    // A metric the baseline reported and the patched runs did not (so far) is not decided,
+    // informational or not: the decision names it as missing if it stays so, and stopping
+    // here would claim every metric decided. Nor is a declared metrics file in which the
+    // patched runs reported nothing at all.
+    let missing = bs.keys().any(|k| !ps.contains_key(k));
+    let reported_none = look.metrics_declared && ps.is_empty();
+    let open = missing
+        || reported_none
+        || assessed
+            .iter()
+            .any(|(name, x)| deciding(name) && x.outcome == Outcome::Inconclusive);
     if !open {
         Settled::Decided
     } else if regressed {
@@ -548,5 +561,74 @@ fn agreement(
             "All {replicas} independent replicas agree ({}).",
             decision.verdict
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::evidence::testing::with_metrics;
+    use super::*;
+
+    fn look_declared(
+        rules: &DecisionRules,
+        patched: &[RunResult],
+        baseline: &[RunResult],
+        metrics_declared: bool,
+    ) -> Settled {
+        let schedule = sequential::looks(3, 20);
+        let mut spending = sequential::Spending::new(rules.alpha, &schedule);
+        let look = Look {
+            index: 0,
+            order_seed: 1,
+            metrics_declared,
+        };
+        let mut assessed = BTreeMap::new();
+        look_at(
+            rules,
+            patched,
+            baseline,
+            &look,
+            &mut spending,
+            &mut assessed,
+        )
+    }
+
+    fn looked(rules: &DecisionRules, patched: &[RunResult], baseline: &[RunResult]) -> Settled {
+        look_declared(rules, patched, baseline, true)
+    }
+
+    /// A metric the baseline reported and the patched runs did not is not decided: the
+    /// pairs go on (to the cap, where the decision names it as missing), whether the
+    /// patched side reported no metric at all or only some.
+    #[test]
+    fn a_metric_missing_from_the_patched_side_keeps_the_look_open() {
+        let rules = DecisionRules::default();
+        let demo = [("compressed_bytes", 296_000.0), ("ratio", 0.86)];
+        let baseline: Vec<RunResult> = (0..3).map(|_| with_metrics(&demo)).collect();
+        let nothing: Vec<RunResult> = (0..3).map(|_| with_metrics(&[])).collect();
+        assert_eq!(looked(&rules, &nothing, &baseline), Settled::Open);
+        let some: Vec<RunResult> = (0..3)
+            .map(|_| with_metrics(&[("compressed_bytes", 296_000.0)]))
+            .collect();
+        assert_eq!(looked(&rules, &some, &baseline), Settled::Open);
+        // Both reported, both constant and equal: decided (exactly, band 0 for bytes; the
+        // ratio by constant_changes = "exact").
+        let exact = DecisionRules {
+            constant_changes: crate::verdict::decide::ConstantChanges::Exact,
+            ..DecisionRules::default()
+        };
+        assert_eq!(looked(&exact, &baseline, &baseline), Settled::Decided);
+        assert_eq!(looked(&exact, &some, &baseline), Settled::Open);
+        // An informational metric missing holds the pairs too: the decision names it.
+        let info = DecisionRules {
+            informational: vec!["ratio".into()],
+            ..exact
+        };
+        assert_eq!(looked(&info, &some, &baseline), Settled::Open);
+        // A declared metrics file that neither side filled holds the pairs; a task that
+        // declares none (tests only) is settled by its first look, as before.
+        let bare: Vec<RunResult> = (0..3).map(|_| super::evidence::testing::run()).collect();
+        assert_eq!(looked(&info, &nothing, &nothing), Settled::Open);
+        assert_eq!(look_declared(&info, &bare, &bare, false), Settled::Decided);
     }
 }

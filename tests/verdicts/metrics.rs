@@ -204,3 +204,59 @@ fn slow_compressor_is_a_significant_p99_regression() {
     assert!(!s.contains("compressed_bytes"), "{s}");
     assert_eq!(e.metric("compressed_bytes")["class"], "equivalent");
 }
+
+/// A patch whose exit hook empties its own metrics file (`{}`, after the benchmark wrote
+/// it: fixtures/patches/hacks/empty-metrics.diff) is never approved (before: APPROVE 0.63,
+/// `metrics: []`, stopped after 3 pairs as if every metric were decided, with a caveat
+/// that the task declares no metrics). The baseline's metrics are named as missing from
+/// the patched side, the pairs run to the cap, and no caveat says the task declares none.
+#[test]
+fn a_patch_that_empties_its_metrics_is_never_approved() {
+    need_root!();
+    let env = Env::new("vd-empty-metrics");
+    // 5 sessions and at most 5 pairs keep the runs short; the first look is still at 3.
+    let rt = env.runtime("hermes-demo", "");
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let short = toml
+        .replace(r#""--sessions", "100""#, r#""--sessions", "5""#)
+        .replace(
+            "repeat = 20                      # at most 20 pairs",
+            "repeat = 5 #",
+        );
+    assert_eq!(
+        short.matches("repeat = 5 #").count(),
+        1,
+        "the compress task's repeat"
+    );
+    std::fs::write(rt.join("fork.toml"), short).unwrap();
+    let hack = repo().join("fixtures/patches/hacks/empty-metrics.diff");
+    let e = evaluate(&env, &hack, &rt, "empty", &["--task", "compress"]);
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert_eq!(e.verdict["verdict"], "NEEDS_REVISION", "{}", e.ctx());
+    let s = e.summary();
+    assert!(
+        s.starts_with("The patched run reported no metrics, although the task declares them"),
+        "{}",
+        e.ctx()
+    );
+    for name in ["compressed_bytes", "p99_ms", "peak_memory_kb", "ratio"] {
+        assert!(s.contains(name), "{name} not named: {}", e.ctx());
+    }
+    assert!(
+        !e.caveats().iter().any(|c| c.contains("declares no")),
+        "a false caveat: {}",
+        e.ctx()
+    );
+    // The patched side really wrote `{}`; the baseline's files hold the metrics.
+    assert_eq!(read_metrics(&e.artifact("metrics.json")).len(), 0);
+    assert_eq!(read_metrics(&e.artifact("baseline-metrics.json")).len(), 4);
+    // Nothing was decided, so nothing stopped the pairs before the cap.
+    let staged = |suffix: &str| {
+        std::fs::read_dir(e.out.join("artifacts"))
+            .unwrap()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().ends_with(suffix))
+            .count()
+    };
+    assert_eq!(staged("metrics.json"), 10, "5 pairs: {}", e.ctx());
+}

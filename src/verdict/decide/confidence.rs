@@ -17,7 +17,8 @@
 //! * `f` failing tests: `f / (f + 0.5)` (1 → 0.67, 3 → 0.86, 10 → 0.95);
 //! * death by signal: `0.7`; unexplained non-zero exit: `0.6`; exit status not recorded: `0.3`;
 //! * results or metrics file missing/unparsable: `0.4`; no test ran: `0.4`;
-//!   a metric missing from the patched run: `0.4`;
+//!   a metric missing from the patched run, or no metric at all in a declared metrics
+//!   file: `0.4`;
 //! * a regression by `x` noise bands beyond the band, `x = (|change| − band) / band`:
 //!   `0.3 + 0.5 · x / (x + 1)` (just beyond the band → 0.3, far beyond → 0.8; the same 0.8
 //!   when the change is unbounded or the band is 0), combined over metrics like the others.

@@ -25,9 +25,12 @@ pub struct Evidence {
     pub tests: Option<TestReport>,
     /// The declared results file was missing or unparsable.
     pub results_error: Option<String>,
-    /// Metrics of the patched run.
+    /// Metrics of the patched run (medians over its runs): `None` when the task declares no
+    /// metrics file; `Some` when it does, empty when the patched side reported no metric
+    /// (or none usable: then `metrics_error` says why).
     pub metrics: Option<BTreeMap<String, f64>>,
-    /// Metrics of the baseline (unpatched) run, when the task asks for one.
+    /// Metrics of the baseline (unpatched) runs, whenever a baseline ran (whatever the
+    /// patched side reported): what it reported and the patched side did not is missing.
     pub baseline_metrics: Option<BTreeMap<String, f64>>,
     /// The declared metrics file was missing or unparsable.
     pub metrics_error: Option<String>,
@@ -135,6 +138,74 @@ mod tests {
             "tests/test_b.py removed",
         ] {
             assert!(d.summary.contains(want), "{want}: {}", d.summary);
+        }
+    }
+
+    /// A task that declares a metrics file whose patched side reported none (it wrote `{}`)
+    /// is never approved, whatever the policy does with regressions, and with a baseline
+    /// it is at least as strict as a metric missing from the patched side; no caveat says
+    /// the task declares no metrics.
+    #[test]
+    fn a_declared_metrics_file_with_no_metric_is_never_approved() {
+        use crate::verdict::decide::tests::m;
+        let human = DecisionRules {
+            self_reported: crate::verdict::decide::SelfReported::Accept,
+            ..DecisionRules::default()
+        };
+        let lenient = DecisionRules {
+            regression_is: VerdictKind::Approve,
+            ..human.clone()
+        };
+        let strict = DecisionRules {
+            regression_is: VerdictKind::Reject,
+            ..human.clone()
+        };
+        let none = Evidence {
+            exit_code: Some(0),
+            provenance: Some(crate::verdict::Provenance::SelfReported),
+            metrics: Some(BTreeMap::new()),
+            ..Default::default()
+        };
+        let with_baseline = Evidence {
+            baseline_metrics: m(&[
+                ("compressed_bytes", 296_000.0),
+                ("p99_ms", 0.61),
+                ("peak_memory_kb", 16_000.0),
+                ("ratio", 0.86),
+            ]),
+            ..none.clone()
+        };
+        for (e, rules, want) in [
+            (&none, &human, VerdictKind::NeedsRevision),
+            (&none, &lenient, VerdictKind::NeedsRevision),
+            (&none, &strict, VerdictKind::NeedsRevision),
+            (&with_baseline, &human, VerdictKind::NeedsRevision),
+            (&with_baseline, &lenient, VerdictKind::NeedsRevision),
+            (&with_baseline, &strict, VerdictKind::Reject),
+        ] {
+            let d = decide(e, rules);
+            let ctx = format!(
+                "{:?} / {:?}: {d:?}",
+                e.baseline_metrics, rules.regression_is
+            );
+            assert_eq!(d.verdict, want, "{ctx}");
+            assert!(
+                d.summary.starts_with(
+                    "The patched run reported no metrics, although the task declares them"
+                ),
+                "{ctx}"
+            );
+            assert!(
+                !d.caveats.iter().any(|c| c.contains("declares no")),
+                "a false caveat: {ctx}"
+            );
+            if e.baseline_metrics.is_some() {
+                assert!(
+                    d.summary
+                        .contains("compressed_bytes, p99_ms, peak_memory_kb and ratio"),
+                    "{ctx}"
+                );
+            }
         }
     }
 }

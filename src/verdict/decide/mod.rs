@@ -22,6 +22,10 @@
 //!    * failing tests (`Failed` or `Error` cases), or a report in which no test ran;
 //!    * a death by signal, or a non-zero exit status that no failing test explains, or an
 //!      exit status that was not recorded;
+//!    * a declared metrics file in which the patched runs reported no metric at all (they
+//!      wrote `{}`): never an approval, whatever `regression_is` says, and REJECT when the
+//!      baseline reported metrics and `regression_is` is REJECT (at least as strict as the
+//!      missing metrics it stands for);
 //!    * a metric that regressed beyond the noise band, or one the baseline reported and the
 //!      patched run did not. These take the verdict [`DecisionRules::regression_is`]
 //!      (NEEDS_REVISION by default; APPROVE there turns them into caveats).
@@ -47,7 +51,7 @@ mod rules;
 pub(in crate::verdict) mod wording;
 
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::verdict::kind::VerdictKind;
 
@@ -154,6 +158,34 @@ fn compare_metrics(e: &Evidence, rules: &DecisionRules) -> Vec<MetricChange> {
             m
         })
         .collect()
+}
+
+/// What the patched side left out of its declared metrics.
+enum Absent {
+    /// It reported no metric at all; the names the baseline reported (maybe none).
+    All(Vec<String>),
+    /// It reported some, but not these, which the baseline reported.
+    Some(Vec<String>),
+}
+
+/// What the patched side left out of its declared metrics, when its metrics file was
+/// usable (an unusable one is a problem of its own).
+fn absent_metrics(e: &Evidence) -> Option<Absent> {
+    let patched = e.metrics.as_ref().filter(|_| e.metrics_error.is_none())?;
+    let base: Vec<String> = e
+        .baseline_metrics
+        .iter()
+        .flat_map(|b| b.keys())
+        .cloned()
+        .collect();
+    if patched.is_empty() {
+        return Some(Absent::All(base));
+    }
+    let missing: Vec<String> = base
+        .into_iter()
+        .filter(|k| !patched.contains_key(k))
+        .collect();
+    (!missing.is_empty()).then_some(Absent::Some(missing))
 }
 
 /// The deterministic rejections, in order: gate, patch application, protected tree, run,
@@ -300,23 +332,34 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     let improved = of_class(MetricClass::Improved);
     let noise = of_class(MetricClass::Noise);
     let no_baseline = of_class(MetricClass::NoBaseline);
-    // Metrics the baseline reported but the patched run did not.
-    if let Some(base) = &e.baseline_metrics {
-        if e.metrics_error.is_none() {
-            let have: BTreeSet<&String> = metrics.iter().map(|m| &m.name).collect();
-            let missing: Vec<String> = base.keys().filter(|k| !have.contains(k)).cloned().collect();
-            if !missing.is_empty() {
-                let sentence = wording::missing_from_patched(&missing);
-                if rules.regression_is == VerdictKind::Approve {
-                    caveats.push(sentence);
-                    approve_penalties.push(P_ACCEPTED_REGRESSION);
-                } else {
-                    problems.push(Problem {
-                        sentence,
-                        strength: S_METRIC_MISSING,
-                        verdict: rules.regression_is,
-                    });
-                }
+    // Metrics the baseline reported but the patched run did not, or none at all.
+    match absent_metrics(e) {
+        None => {}
+        Some(Absent::All(base)) => {
+            // Never weaker than the missing metrics it stands for (REJECT when they are),
+            // never an approval: writing `{}` is no better than writing no file.
+            let verdict = if !base.is_empty() && severity(rules.regression_is) > severity(needs) {
+                rules.regression_is
+            } else {
+                needs
+            };
+            problems.push(Problem {
+                sentence: wording::no_metric_reported(&base),
+                strength: S_METRIC_MISSING,
+                verdict,
+            });
+        }
+        Some(Absent::Some(missing)) => {
+            let sentence = wording::missing_from_patched(&missing);
+            if rules.regression_is == VerdictKind::Approve {
+                caveats.push(sentence);
+                approve_penalties.push(P_ACCEPTED_REGRESSION);
+            } else {
+                problems.push(Problem {
+                    sentence,
+                    strength: S_METRIC_MISSING,
+                    verdict: rules.regression_is,
+                });
             }
         }
     }
@@ -402,9 +445,11 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
             notes.push(wording::reported_without_baseline(no_baseline.len()));
         }
     }
+    // Said only of a task that declares neither (`metrics` is `Some`, maybe empty, when
+    // it declares a metrics file).
     if e.tests.is_none()
         && e.results_error.is_none()
-        && metrics.is_empty()
+        && e.metrics.is_none()
         && e.metrics_error.is_none()
     {
         caveats.push(wording::EXIT_STATUS_ONLY.into());

@@ -423,6 +423,21 @@ pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
     }
 }
 
+/// A declared metrics file in which the patched side reported no metric, naming what the
+/// baseline reported (the first five).
+pub(super) fn no_metric_reported(baseline: &[String]) -> String {
+    const NONE: &str = "The patched run reported no metrics, although the task declares them";
+    if baseline.is_empty() {
+        format!("{NONE}.")
+    } else {
+        format!(
+            "{NONE} and the baseline reported {}: {}.",
+            baseline.len(),
+            list(baseline, 5)
+        )
+    }
+}
+
 pub(super) fn missing_from_patched(missing: &[String]) -> String {
     format!(
         "The patched run did not report {} that the baseline reported: {}.",
