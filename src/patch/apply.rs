@@ -1,10 +1,12 @@
 //! Exact patch application (lifecycle step 3).
 //!
-//! - Context and removed lines must match byte for byte, including the final newline.
-//!   A hunk may be found at an offset from where its header says (as `git apply`
-//!   does), never with fuzz. As in `git apply`, a hunk that starts at line 1 (or 0)
-//!   must match at the start of the file, and a hunk without trailing context must
-//!   match at its end.
+//! - Context and removed lines must match byte for byte, including the final newline,
+//!   never with fuzz. A hunk is placed exactly where `git apply` (default options) places
+//!   it, so that the tree fork evaluates is the tree a deployer's `git apply` writes: see
+//!   [`locate`]. In short: the search starts at the hunk's *new* start line, takes the
+//!   nearest match (forward first on a tie), never reuses a line an earlier hunk wrote,
+//!   and anchors a hunk whose old start is 0 or 1 at the top of the file and a hunk
+//!   without trailing context at its end.
 //! - A hunk whose result is already in the file while its preimage is not is refused
 //!   as "already applied": the patch is never silently reverse-applied (SWE-bench #228).
 //! - Atomic: every file's new content is computed in memory first; the tree is written
@@ -14,6 +16,9 @@
 //!   to be in the one spelling `git apply` also resolves it to (no `//`, `.`, `..` or `.git`
 //!   component; a leading `./` is dropped): the plan is keyed by that spelling, so two
 //!   entries naming one file apply in turn, as with `git apply`, never side by side.
+//! - Modes as `git apply` sets them: a `new mode`/`new file mode` line decides the
+//!   executable bit (the owner's, `mode & 0100`), with or without an `old mode` line;
+//!   without one the file keeps its mode.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -415,25 +420,29 @@ fn write_file(full: &Path, state: &FileState) -> io::Result<()> {
     Ok(())
 }
 
+/// git writes a file executable exactly when its mode has the owner's execute bit
+/// (`mode & 0100`): `new file mode 100010` is not executable, `100700` is.
+fn is_exec_mode(mode: u32) -> bool {
+    mode & 0o100 != 0
+}
+
 fn perm_for_mode(mode: u32) -> u32 {
-    if mode & 0o111 != 0 {
+    if is_exec_mode(mode) {
         0o755
     } else {
         0o644
     }
 }
 
-/// The permission bits after a modification: unchanged unless the patch changes the mode.
+/// The permission bits after a modification. `git apply` writes the file with the patch's
+/// new mode whenever the patch gives one (`new mode`, with or without `old mode`, even
+/// equal to it); only without one does the file keep its mode. (The parser takes the
+/// new mode from those lines only: the index line's mode is an old mode.)
 fn new_perm(f: &FilePatch, current: u32) -> u32 {
-    match (f.old_mode, f.new_mode) {
-        (Some(a), Some(b)) if a != b => {
-            if b & 0o111 != 0 {
-                current | ((current & 0o444) >> 2)
-            } else {
-                current & !0o111
-            }
-        }
-        _ => current,
+    match f.new_mode {
+        Some(m) if is_exec_mode(m) => current | 0o100 | ((current & 0o044) >> 2),
+        Some(_) => current & !0o111,
+        None => current,
     }
 }
 
@@ -480,46 +489,53 @@ fn side(h: &Hunk, skip: LineKind) -> Vec<Line> {
         .collect()
 }
 
-fn matches_at(image: &[Line], pos: usize, want: &[Line]) -> bool {
-    pos + want.len() <= image.len() && image[pos..pos + want.len()] == *want
-}
-
-/// Where `want` matches in `image`: at `expected` or the nearest offset from it, not
-/// before `min`; only at the start or end when the hunk demands it.
-fn find(
+/// Where `git apply` puts a hunk whose preimage is `want`: the line of `image` it
+/// replaces, or `None` when git would find no place for it.
+///
+/// This is git's own search (apply.c: `apply_one_fragment`, `find_pos`, `match_fragment`)
+/// for the default options (no `--unidiff-zero`, `-C`, `--allow-overlap`, whitespace
+/// fixing or ignoring), reimplemented rule by rule, because any other choice of position
+/// makes fork evaluate one tree while `git apply` deploys another:
+/// - A position matches when the `want.len()` lines there equal `want` byte for byte and
+///   none of them was written by an earlier hunk of this file (`patched`): git marks every
+///   line of a hunk's result and never matches a later hunk over it. Earlier hunks do not
+///   otherwise limit the search: a later hunk may land before an earlier one.
+/// - `at_start` (old start 0 or 1): only position 0 matches. `at_end` (no trailing
+///   context): only the position that ends at the last line matches. Both: only a
+///   preimage that is the whole file.
+/// - Otherwise the search starts at `start` (the hunk's new start line minus one, clamped
+///   to the file; never its old start, nor an offset an earlier hunk was found at) and
+///   tries `start`, `start + 1`, `start - 1`, `start + 2`, `start - 2`, …: the nearest
+///   match wins, the later one on a tie.
+fn locate(
     image: &[Line],
+    patched: &[bool],
     want: &[Line],
-    expected: usize,
-    min: usize,
+    start: usize,
     at_start: bool,
     at_end: bool,
 ) -> Option<usize> {
-    if want.len() > image.len() {
-        return None;
+    let fits = |pos: usize| {
+        pos + want.len() <= image.len()
+            && !patched[pos..pos + want.len()].contains(&true)
+            && image[pos..pos + want.len()] == *want
+    };
+    if at_start || at_end {
+        let pos = if at_start {
+            0
+        } else {
+            image.len().checked_sub(want.len())?
+        };
+        let ends = pos + want.len() == image.len();
+        return ((!at_end || ends) && fits(pos)).then_some(pos);
     }
-    let max = image.len() - want.len();
-    if at_end {
-        let pos = max;
-        return (pos >= min && (!at_start || pos == 0) && matches_at(image, pos, want))
-            .then_some(pos);
-    }
-    if at_start {
-        return (min == 0 && matches_at(image, 0, want)).then_some(0);
-    }
-    if min > max {
-        return None;
-    }
-    let expected = expected.clamp(min, max);
-    for d in 0..=(max - min) {
-        let fwd = expected + d;
-        if fwd <= max && matches_at(image, fwd, want) {
-            return Some(fwd);
+    let start = start.min(image.len());
+    for d in 0..=image.len() {
+        if start + d <= image.len() && fits(start + d) {
+            return Some(start + d);
         }
-        if d > 0 && expected >= min + d && matches_at(image, expected - d, want) {
-            return Some(expected - d);
-        }
-        if fwd > max && expected < min + d {
-            break;
+        if d > 0 && d <= start && fits(start - d) {
+            return Some(start - d);
         }
     }
     None
@@ -569,12 +585,12 @@ fn first_mismatch(image: &[Line], want: &[Line], pos: usize, shift: isize) -> St
     )
 }
 
-/// Applies one file's hunks to `content`.
+/// Applies one file's hunks to `content`, each where `git apply` applies it ([`locate`]).
 fn apply_hunks(label: &str, content: &[u8], hunks: &[Hunk]) -> Result<Vec<u8>, ApplyError> {
     let mut image = split_lines(content);
-    let mut min = 0usize; // hunks apply in order and never overlap
-    let mut drift: isize = 0; // how far the previous hunk was from where it said
-    let mut shift: isize = 0; // lines added minus removed by the hunks applied so far
+    // Lines written by the hunks applied so far: git never matches a later hunk over them.
+    let mut patched = vec![false; image.len()];
+    let mut shift: isize = 0; // lines added minus removed so far (for messages only)
     for (k, h) in hunks.iter().enumerate() {
         let pre = side(h, LineKind::Add);
         let post = side(h, LineKind::Remove);
@@ -589,28 +605,26 @@ fn apply_hunks(label: &str, content: &[u8], hunks: &[Hunk]) -> Result<Vec<u8>, A
             .rev()
             .take_while(|l| l.kind == LineKind::Context)
             .count();
-        let at_start = h.old_start == 0 || (h.old_start == 1 && h.old_count > 0);
+        // git's anchors: old start 0 or 1 (with or without old lines) pins the hunk to the
+        // top, no trailing context pins it to the end.
+        let at_start = h.old_start <= 1;
         let at_end = trailing == 0;
-        let base = if h.old_count == 0 {
-            h.old_start
-        } else {
-            h.old_start - 1
-        } as isize;
-        let expected = (base + shift + drift).max(0) as usize;
-        match find(&image, &pre, expected, min, at_start, at_end) {
+        // git starts searching at the new start, which already counts what earlier hunks
+        // added and removed; a header whose new start disagrees with its old start is
+        // placed by the new one, as git places it.
+        let start = (h.new_start as usize).saturating_sub(1);
+        match locate(&image, &patched, &pre, start, at_start, at_end) {
             Some(pos) => {
-                drift = pos as isize - (base + shift);
                 let n = post.len();
                 image.splice(pos..pos + pre.len(), post);
-                min = pos + n;
+                patched.splice(pos..pos + pre.len(), std::iter::repeat_n(true, n));
                 shift += n as isize - pre.len() as isize;
             }
             None => {
                 // Is the hunk's result already there? Then refuse, never reverse.
-                let post_start = h.new_start == 0 || (h.new_start == 1 && h.new_count > 0);
                 if !post.is_empty()
                     && post != pre
-                    && find(&image, &post, expected, min, post_start, at_end).is_some()
+                    && locate(&image, &patched, &post, start, at_start, at_end).is_some()
                 {
                     return Err(ApplyError::AlreadyApplied {
                         file: label.to_string(),
@@ -618,16 +632,23 @@ fn apply_hunks(label: &str, content: &[u8], hunks: &[Hunk]) -> Result<Vec<u8>, A
                     });
                 }
                 let at = if at_end {
-                    image.len().saturating_sub(pre.len()).max(min)
+                    image.len().saturating_sub(pre.len())
                 } else if at_start {
                     0
                 } else {
-                    expected.clamp(min, image.len())
+                    start.min(image.len())
                 };
                 let mut detail = first_mismatch(&image, &pre, at, shift);
                 if leading == 0 && trailing == 0 && !pre.is_empty() {
                     detail.push_str(
                         "; the hunk has no context lines: regenerate the diff with context (git diff -U3)",
+                    );
+                }
+                if leading + trailing == 0 && pre.is_empty() && !image.is_empty() {
+                    detail.push_str(
+                        "; a hunk without context or removed lines applies only to an empty \
+                         file (git apply anchors it at both ends): regenerate the diff with \
+                         context (git diff -U3)",
                     );
                 }
                 return Err(ApplyError::HunkMismatch {

@@ -442,3 +442,234 @@ fn start_and_end_anchors_and_ambiguous_context() {
         "k\nv\nk\nv\nk\nV\nk\nv\n"
     );
 }
+
+/// A file of a test tree: path, content, and whether it is executable.
+type TestFile<'a> = (&'a str, &'a str, bool);
+/// A tree after a patch: each file's content and executable bit, or why it was refused.
+type Outcome = Result<BTreeMap<String, (String, bool)>, String>;
+
+fn plant(dir: &Path, files: &[TestFile]) {
+    for (path, content, exec) in files {
+        let full = dir.join(path);
+        fs::create_dir_all(full.parent().unwrap()).unwrap();
+        fs::write(&full, content).unwrap();
+        let perm = if *exec { 0o755 } else { 0o644 };
+        fs::set_permissions(&full, fs::Permissions::from_mode(perm)).unwrap();
+    }
+}
+
+fn outcome_of(dir: &Path) -> BTreeMap<String, (String, bool)> {
+    snapshot(dir)
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(".git"))
+        .map(|(p, (bytes, mode))| {
+            let text = String::from_utf8(bytes).unwrap();
+            (p.to_string_lossy().into_owned(), (text, mode & 0o100 != 0))
+        })
+        .collect()
+}
+
+/// What fork's parser and applier make of `patch` on a tree holding `files`.
+fn fork_outcome(files: &[TestFile], patch: &str) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    plant(dir.path(), files);
+    let parsed = parse(patch.as_bytes()).map_err(|e| e.to_string())?;
+    apply(dir.path(), &parsed).map_err(|e| e.to_string())?;
+    Ok(outcome_of(dir.path()))
+}
+
+/// What real `git apply` (no options, no user or system configuration) makes of `patch`
+/// in a repository holding `files`; `None` when git cannot be run here.
+fn git_outcome(files: &[TestFile], patch: &str) -> Option<Outcome> {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    fs::create_dir(&repo).unwrap();
+    let patch_file = dir.path().join("change.diff");
+    fs::write(&patch_file, patch).unwrap();
+    let git = |args: &[&std::ffi::OsStr]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(&repo)
+            .env("HOME", dir.path())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+    };
+    let init = git(&["init".as_ref(), "-q".as_ref()]).ok()?;
+    if !init.status.success() {
+        return None;
+    }
+    plant(&repo, files);
+    let out = git(&["apply".as_ref(), patch_file.as_os_str()]).ok()?;
+    Some(if out.status.success() {
+        Ok(outcome_of(&repo))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
+/// One differential case: the tree before, the patch, and the tree `git apply` leaves
+/// (checked against real `git apply` when git is installed), or `None` when git refuses.
+struct GitCase<'a> {
+    name: &'a str,
+    files: &'a [TestFile<'a>],
+    patch: &'a str,
+    git: Option<&'a [TestFile<'a>]>,
+}
+
+/// Runs every case and reports all that disagree, so one run shows each broken rule.
+fn check_against_git(cases: &[GitCase]) {
+    let mut wrong = Vec::new();
+    for c in cases {
+        let expected: Option<BTreeMap<String, (String, bool)>> = c.git.map(|files| {
+            files
+                .iter()
+                .map(|(p, t, x)| (p.to_string(), (t.to_string(), *x)))
+                .collect()
+        });
+        if let Some(real) = git_outcome(c.files, c.patch) {
+            assert_eq!(
+                real.as_ref().ok(),
+                expected.as_ref(),
+                "{}: the test's expectation is not what real `git apply` does: {real:?}",
+                c.name
+            );
+        }
+        let fork = fork_outcome(c.files, c.patch);
+        if fork.as_ref().ok() != expected.as_ref() {
+            wrong.push(format!(
+                "{}:\n  git apply: {expected:?}\n  fork:      {fork:?}",
+                c.name
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "fork's tree differs from git apply's:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn hunks_land_where_git_apply_puts_them() {
+    check_against_git(&[
+        GitCase {
+            // The reviewer's case: the context is in the file twice; git searches from
+            // the hunk's new start (line 7), not its old start (line 2).
+            name: "repeated context, new start names the second copy",
+            files: &[("f", "a\nctx A\nctx B\nb\nc\nd\nctx A\nctx B\ne\n", false)],
+            patch: "--- a/f\n+++ b/f\n@@ -2,2 +7,3 @@\n ctx A\n+NEW\n ctx B\n",
+            git: Some(&[(
+                "f",
+                "a\nctx A\nctx B\nb\nc\nd\nctx A\nNEW\nctx B\ne\n",
+                false,
+            )]),
+        },
+        GitCase {
+            // An earlier hunk found 5 lines off does not move where git looks for the next.
+            name: "no drift from an earlier hunk's offset",
+            files: &[(
+                "f",
+                "p1\np2\np3\np4\np5\nh0\nh1\nh2\nh3\nK\nL\nm\nm\nm\nK\nL\nz\n",
+                false,
+            )],
+            patch: "--- a/f\n+++ b/f\n@@ -2,2 +2,3 @@\n h1\n+NEW1\n h2\n\
+                    @@ -10,2 +11,3 @@\n K\n+NEW2\n L\n",
+            git: Some(&[(
+                "f",
+                "p1\np2\np3\np4\np5\nh0\nh1\nNEW1\nh2\nh3\nK\nNEW2\nL\nm\nm\nm\nK\nL\nz\n",
+                false,
+            )]),
+        },
+        GitCase {
+            // git only forbids reusing lines an earlier hunk wrote; a later hunk may land
+            // before an earlier one.
+            name: "a later hunk may land before an earlier one",
+            files: &[("f", "A\nB\nx1\nx2\nx3\nx4\nC\nD\nE\n", false)],
+            patch: "--- a/f\n+++ b/f\n@@ -7,2 +7,3 @@\n C\n+NEW1\n D\n\
+                    @@ -20,2 +21,3 @@\n A\n+NEW2\n B\n",
+            git: Some(&[("f", "A\nNEW2\nB\nx1\nx2\nx3\nx4\nC\nNEW1\nD\nE\n", false)]),
+        },
+        GitCase {
+            // Old start 1 anchors at the top even without old lines; no trailing context
+            // anchors at the end: only an empty file satisfies both.
+            name: "a context-less insertion at old line 1",
+            files: &[("f", "a\nb\nc\n", false)],
+            patch: "--- a/f\n+++ b/f\n@@ -1,0 +2 @@\n+NEW\n",
+            git: None,
+        },
+        GitCase {
+            name: "repeated blocks, the nearest to the new start wins (ties go forward)",
+            files: &[("g", "k\nv\nk\nv\nk\nv\nk\nv\nk\n", false)],
+            patch: "--- a/g\n+++ b/g\n@@ -3,3 +4,3 @@\n k\n-v\n+V\n k\n",
+            git: Some(&[("g", "k\nv\nk\nv\nk\nV\nk\nv\nk\n", false)]),
+        },
+    ]);
+}
+
+/// A `run.sh` entry with the header lines `$hdr` and one hunk (`echo hi` -> `echo hello`).
+macro_rules! run_sh {
+    ($hdr:literal) => {
+        concat!(
+            "diff --git a/run.sh b/run.sh\n",
+            $hdr,
+            "--- a/run.sh\n+++ b/run.sh\n@@ -1 +1 @@\n-echo hi\n+echo hello\n"
+        )
+    };
+}
+
+#[test]
+fn modes_change_as_git_apply_changes_them() {
+    let plain: &[TestFile] = &[("run.sh", "echo hi\n", false)];
+    let exec: &[TestFile] = &[("run.sh", "echo hi\n", true)];
+    check_against_git(&[
+        GitCase {
+            // The reviewer's case: git applies the new mode; fork used to ignore it.
+            name: "`new mode 100755` without `old mode`",
+            files: plain,
+            patch: run_sh!("new mode 100755\n"),
+            git: Some(&[("run.sh", "echo hello\n", true)]),
+        },
+        GitCase {
+            name: "`new mode 100644` without `old mode`",
+            files: exec,
+            patch: run_sh!("new mode 100644\n"),
+            git: Some(&[("run.sh", "echo hello\n", false)]),
+        },
+        GitCase {
+            // git writes the new mode whatever the old one says.
+            name: "`old mode` equal to `new mode`: the new mode still applies",
+            files: plain,
+            patch: run_sh!("old mode 100755\nnew mode 100755\n"),
+            git: Some(&[("run.sh", "echo hello\n", true)]),
+        },
+        GitCase {
+            name: "the index line's mode is the old mode only",
+            files: exec,
+            patch: run_sh!("index 1111111..2222222 100644\n"),
+            git: Some(&[("run.sh", "echo hello\n", true)]),
+        },
+        GitCase {
+            // Without hunks, git changes a mode only when it knows both modes and they
+            // differ (else "patch with only garbage").
+            name: "index mode and `new mode`, no hunks",
+            files: plain,
+            patch: "diff --git a/run.sh b/run.sh\nindex 1111111..1111111 100644\nnew mode 100755\n",
+            git: Some(&[("run.sh", "echo hi\n", true)]),
+        },
+        GitCase {
+            name: "`old mode` equal to `new mode`, no hunks",
+            files: plain,
+            patch: "diff --git a/run.sh b/run.sh\nold mode 100755\nnew mode 100755\n",
+            git: None,
+        },
+        GitCase {
+            // git tests the owner's execute bit (mode & 0100), nothing else.
+            name: "new file mode 100010 is not executable",
+            files: &[("keep.txt", "a\n", false)],
+            patch: "diff --git a/n.sh b/n.sh\nnew file mode 100010\n--- /dev/null\n+++ b/n.sh\n\
+                    @@ -0,0 +1 @@\n+x\n",
+            git: Some(&[("keep.txt", "a\n", false), ("n.sh", "x\n", false)]),
+        },
+    ]);
+}

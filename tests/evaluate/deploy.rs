@@ -78,6 +78,25 @@ fn git(dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("spawn git")
 }
 
+/// A real git checkout of the demo's source in `env` (what fork.toml's exclude leaves out
+/// is not committed: the state database, caches).
+fn git_checkout(env: &Env) -> PathBuf {
+    let co = env.dir.join("checkout");
+    copy_dir(&demo(), &co);
+    for gone in ["state", "__pycache__"] {
+        let _ = std::fs::remove_dir_all(co.join(gone));
+    }
+    for args in [
+        &["init", "-q", "."][..],
+        &["add", "-A"],
+        &["commit", "-q", "-m", "base"],
+    ] {
+        let o = git(&co, args);
+        assert!(o.status.success(), "git {args:?}: {o:?}");
+    }
+    co
+}
+
 fn verify(env: &Env, bundle: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> (i32, String) {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
     super::verify_with(env, bundle, &args)
@@ -126,21 +145,7 @@ fn verify_ties_the_verdict_to_a_git_checkout_patched_by_git_apply() {
         .unwrap_or_else(|| panic!("no patched_tree_hash: {}", e.ctx()))
         .to_string();
 
-    // A real git checkout of the demo's source (what fork.toml's exclude leaves out is not
-    // committed: the state database, caches).
-    let co = env.dir.join("checkout");
-    copy_dir(&demo(), &co);
-    for gone in ["state", "__pycache__"] {
-        let _ = std::fs::remove_dir_all(co.join(gone));
-    }
-    for args in [
-        &["init", "-q", "."][..],
-        &["add", "-A"],
-        &["commit", "-q", "-m", "base"],
-    ] {
-        let o = git(&co, args);
-        assert!(o.status.success(), "git {args:?}: {o:?}");
-    }
+    let co = git_checkout(&env);
 
     // Before deploying: fork's applier on a scratch copy of the checkout gives the tree
     // the successor ran.
@@ -195,4 +200,67 @@ fn verify_ties_the_verdict_to_a_git_checkout_patched_by_git_apply() {
         c.contains("return older + recent") && c.contains("# appended to a cut message"),
         "git applies both entries of dup-path.diff"
     );
+}
+
+/// A patch that `git apply` places by its new start and whose lone `new mode` it applies:
+/// the repeated context of hermes/state.py (lines 131-132 recur at 142-143) with a header
+/// that names the second copy, and `new mode 100755` without `old mode`.
+const GIT_PLACED: &str = r#"diff --git a/hermes/state.py b/hermes/state.py
+--- a/hermes/state.py
++++ b/hermes/state.py
+@@ -131,2 +142,3 @@
+         created_at = int(time.time()) if created_at is None else int(created_at)
++        # the message's time: the caller's, else now
+         with self._conn:
+diff --git a/hermes/__main__.py b/hermes/__main__.py
+new mode 100755
+--- a/hermes/__main__.py
++++ b/hermes/__main__.py
+@@ -1,3 +1,4 @@
++#!/usr/bin/env python3
+ """hermes in production mode: `python3 -m hermes serve`.
+ 
+ One JSON object per line on stdin, one answer per line on stdout, nothing else on stdout
+"#;
+
+#[test]
+fn the_evaluated_tree_is_where_git_apply_puts_hunks_and_modes() {
+    need_root!();
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("git is not installed: this test checks fork against real `git apply`");
+        return;
+    }
+    let env = Env::new("ev-gitplace");
+    let rt = env.runtime("rt", "");
+    let p = env.dir.join("git-placed.diff");
+    std::fs::write(&p, GIT_PLACED).unwrap();
+    let e = evaluate(&env, &p, &rt, "placed", &["--task", "tests"]);
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    let signed = e.verdict["patched_tree_hash"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no patched_tree_hash: {}", e.ctx()))
+        .to_string();
+
+    let co = git_checkout(&env);
+    let (code, out) = verify(&env, &e.out, &[&"--patch", &p, &"--tree", &co]);
+    assert_eq!(code, 0, "{out}");
+    let o = git(&co, &["apply", p.to_str().unwrap()]);
+    assert!(o.status.success(), "git apply: {o:?}");
+    // What git deployed: the comment after line 142 (the second copy), an executable
+    // __main__.py.
+    let state = std::fs::read_to_string(co.join("hermes/state.py")).unwrap();
+    let at = state.lines().position(|l| l.contains("the message's time"));
+    assert_eq!(at, Some(142), "git apply inserts after line 142");
+    let mode = std::fs::metadata(co.join("hermes/__main__.py"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_ne!(mode & 0o100, 0, "git apply makes __main__.py executable");
+    assert_eq!(
+        deploy_hash(&co, &[".git"]),
+        signed,
+        "the git-deployed tree is not the tree fork evaluated"
+    );
+    let (code, out) = verify(&env, &e.out, &[&"--tree", &co]);
+    assert_eq!(code, 0, "{out}");
 }

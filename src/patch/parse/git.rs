@@ -23,6 +23,49 @@ struct GitHeader {
     binary: bool,
     minus: Option<Option<String>>,
     plus: Option<Option<String>>,
+    /// The old and new mode so far, with the header line that gave each: see `note_mode`.
+    old_seen: Option<(u32, &'static str)>,
+    new_seen: Option<(u32, &'static str)>,
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Old,
+    New,
+}
+
+impl GitHeader {
+    /// `git apply` keeps one old mode (from `old mode`, `deleted file mode` or the index
+    /// line's mode) and one new mode (from `new mode` or `new file mode`), each overwritten
+    /// by every later line that gives it. Rather than copy that "last line wins", fork
+    /// refuses an entry whose lines give one of them two different values: the mode it
+    /// applies and the mode the gates check are then the only one the entry names.
+    fn note_mode(
+        &mut self,
+        side: Side,
+        what: &'static str,
+        mode: Option<u32>,
+        line: usize,
+    ) -> Result<(), PatchError> {
+        let Some(mode) = mode else { return Ok(()) };
+        let (seen, which) = match side {
+            Side::Old => (&mut self.old_seen, "old"),
+            Side::New => (&mut self.new_seen, "new"),
+        };
+        match *seen {
+            Some((m, by)) if m != mode => err(
+                line,
+                format!(
+                    "`{what}` gives the {which} mode {mode:o} but `{by}` gave {m:o}: give each \
+                     mode once"
+                ),
+            ),
+            _ => {
+                *seen = Some((mode, what));
+                Ok(())
+            }
+        }
+    }
 }
 
 impl Parser<'_> {
@@ -39,12 +82,16 @@ impl Parser<'_> {
             let n = self.lineno();
             if let Some(rest) = l.strip_prefix(b"old mode ") {
                 h.old_mode = Some(mode(rest, n)?);
+                h.note_mode(Side::Old, "old mode", h.old_mode, n)?;
             } else if let Some(rest) = l.strip_prefix(b"new mode ") {
                 h.new_mode = Some(mode(rest, n)?);
+                h.note_mode(Side::New, "new mode", h.new_mode, n)?;
             } else if let Some(rest) = l.strip_prefix(b"deleted file mode ") {
                 h.deleted_mode = Some(mode(rest, n)?);
+                h.note_mode(Side::Old, "deleted file mode", h.deleted_mode, n)?;
             } else if let Some(rest) = l.strip_prefix(b"new file mode ") {
                 h.created_mode = Some(mode(rest, n)?);
+                h.note_mode(Side::New, "new file mode", h.created_mode, n)?;
             } else if let Some(rest) = l.strip_prefix(b"rename from ") {
                 h.rename_from = Some(path_text(rest, n)?);
             } else if let Some(rest) = l.strip_prefix(b"rename to ") {
@@ -59,6 +106,7 @@ impl Parser<'_> {
                 percent(rest, n)?;
             } else if let Some(rest) = l.strip_prefix(b"index ") {
                 h.index_mode = index_line(rest, n)?;
+                h.note_mode(Side::Old, "index", h.index_mode, n)?;
             } else if l.starts_with(b"Binary files ") && l.ends_with(b" differ") {
                 h.binary = true;
                 self.i += 1;
@@ -285,24 +333,27 @@ fn build_git_file(h: GitHeader, hunks: Vec<Hunk>, start: usize) -> Result<FilePa
     if kind == ChangeKind::Delete && old_path.is_none() {
         return err(start, "deleted file without a name");
     }
+    // `note_mode` made every line that gives a mode agree, so these are git's modes.
     let old_mode = h.old_mode.or(h.deleted_mode).or(match kind {
         ChangeKind::Create => None,
         _ => h.index_mode,
     });
-    let new_mode = h.new_mode.or(h.created_mode).or(match kind {
-        ChangeKind::Delete => None,
-        _ => h.index_mode,
-    });
+    // Only `new mode`/`new file mode` give the new mode: git reads the index line's mode
+    // as the old mode, and a file whose entry gives no new mode keeps its mode.
+    let new_mode = h.new_mode.or(h.created_mode);
+    // As git: an entry without hunks changes a mode only when it gives both modes (the
+    // index line's counts as the old one) and they differ; git refuses anything else as
+    // "patch with only garbage".
     let changes_something = !hunks.is_empty()
         || h.binary
         || kind != ChangeKind::Modify
-        || (h.old_mode.is_some() && h.new_mode.is_some());
+        || matches!((old_mode, new_mode), (Some(a), Some(b)) if a != b);
     if !changes_something {
         return err(
             start,
             format!(
-                "the entry for {} changes nothing: expected hunks, a mode change, a rename, \
-                 or a new/deleted file",
+                "the entry for {} changes nothing: expected hunks, a mode change (`old mode` \
+                 and `new mode` lines with different modes), a rename, or a new/deleted file",
                 new_path.as_deref().unwrap_or_default()
             ),
         );
@@ -391,5 +442,48 @@ copy to copy.txt
         assert_eq!(p.files[3].new_path.as_deref(), Some("empty"));
         assert_eq!(p.files[4].paths(), vec!["a.txt", "copy.txt"]);
         assert_eq!(p.files[4].line, 27);
+    }
+
+    #[test]
+    fn modes_are_read_as_git_apply_reads_them() {
+        use super::super::tests::parse_err;
+        // The index line's mode is the old mode only: the file keeps whatever mode it has.
+        let p = parse_ok(b"diff --git a/x b/x\nindex 1111111..2222222 100644\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n");
+        assert_eq!(
+            (p.files[0].old_mode, p.files[0].new_mode),
+            (Some(0o100644), None)
+        );
+        // A lone `new mode` with hunks is the new mode.
+        let p = parse_ok(
+            b"diff --git a/x b/x\nnew mode 100755\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n",
+        );
+        assert_eq!(
+            (p.files[0].old_mode, p.files[0].new_mode),
+            (None, Some(0o100755))
+        );
+        // Header only: a mode change needs both modes (the index line gives the old one)
+        // and they must differ, as `git apply` requires ("patch with only garbage").
+        let p = parse_ok(b"diff --git a/x b/x\nindex 1111111..1111111 100644\nnew mode 100755\n");
+        assert_eq!(
+            (p.files[0].old_mode, p.files[0].new_mode),
+            (Some(0o100644), Some(0o100755))
+        );
+        for lone in [
+            "diff --git a/x b/x\nnew mode 100755\n",
+            "diff --git a/x b/x\nold mode 100755\nnew mode 100755\n",
+        ] {
+            let e = parse_err(lone);
+            assert!(e.message.contains("changes nothing"), "{lone}: {e}");
+        }
+        // Two lines giving one mode differently: git takes the last, fork refuses.
+        for (twice, line) in [
+            ("diff --git a/x b/x\nnew file mode 100644\nnew mode 100755\n--- /dev/null\n+++ b/x\n@@ -0,0 +1 @@\n+a\n", 3),
+            ("diff --git a/x b/x\nold mode 100644\nnew mode 100755\nindex 1111111..2222222 100755\n", 4),
+            ("diff --git a/x b/x\nnew mode 100755\nnew mode 100644\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n", 3),
+        ] {
+            let e = parse_err(twice);
+            assert_eq!(e.line, line, "{twice}: {e}");
+            assert!(e.message.contains("gives the"), "{twice}: {e}");
+        }
     }
 }

@@ -67,7 +67,7 @@ pub struct FilePatch {
     pub kind: ChangeKind,
     /// The file's mode before the change (from `old mode`, `deleted file mode` or `index`).
     pub old_mode: Option<u32>,
-    /// The file's mode after the change (from `new mode`, `new file mode` or `index`).
+    /// The file's mode after the change (from `new mode` or `new file mode`; `None`: the file keeps its mode).
     pub new_mode: Option<u32>,
     /// A `Binary files … differ` or `GIT binary patch` entry: there are no text hunks.
     pub binary: bool,
