@@ -482,25 +482,128 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Walks the tree beneath the directory `root` (itself never followed if it is a link),
-/// depth first, holding one directory descriptor at a time: every path is resolved relative
-/// to its own directory, so no depth of nesting makes a path too long, and nesting cannot
-/// exhaust descriptors. `visit(dir, name, stat)` sees every entry (not `root` itself; `stat`
-/// without following links) and says whether to descend into it (only directories are
-/// descended into); `leave(parent, name)` runs once a directory's entries are all visited.
-/// A directory is re-entered through `..` and checked to be the one that was left, so a
-/// rename during the walk is an error, never a walk elsewhere. Meant for trees whose writer
-/// is dead (a successor's workspace after its run).
+#[cfg(test)]
+thread_local! {
+    /// Runs in [`walk_tree`] between the look at an entry (`fstatat`) and what is done
+    /// with it, given the entry's name: a test swaps the entry there, as a live writer of
+    /// the tree could.
+    pub(crate) static AFTER_LOOK: std::cell::RefCell<Option<LookHook>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// What [`AFTER_LOOK`] holds.
+#[cfg(test)]
+pub(crate) type LookHook = Box<dyn FnMut(&OsStr)>;
+
+/// The error for an entry that is no longer the one looked at (`component`).
+fn replaced(component: &str) -> FsxError {
+    FsxError::Io {
+        op: "walk",
+        component: component.to_string(),
+        source: std::io::Error::other(
+            "the entry was replaced since it was looked at (the tree is being changed)",
+        ),
+    }
+}
+
+/// Opens the directory `name` beneath `dir` to walk it: never through a symbolic link
+/// (`O_NOFOLLOW | O_DIRECTORY`), and checked on the descriptor to be the directory `seen`
+/// (its `fstatat`) describes, by device and inode, so an entry swapped since it was
+/// looked at is refused, never walked. With `open_up`, a directory whose owner lacks any
+/// of read, write and search (a successor's 0000 directory, which could not be emptied) is
+/// given mode 0700 through that descriptor (`fchmod`), never by name: a writer of the tree
+/// who swaps the entry for a link (to `/usr/bin/sudo`, say) between the look and the
+/// change gets a refusal, not the link's target's mode changed by root. `shown` names the
+/// entry in errors.
+///
+/// Where the caller may not open the directory to read it (not root, a directory without
+/// read permission), it is opened as a path only (`O_PATH`, the same flags and check),
+/// its mode changed through `/proc/self/fd/N`, a link the kernel resolves to the opened
+/// directory itself rather than to any name, and it is reopened through the same (and
+/// checked again).
+pub fn open_dir_checked(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    seen: &FileStat,
+    open_up: bool,
+    shown: &str,
+) -> Result<OwnedFd, FsxError> {
+    use nix::sys::stat::{fchmod, fchmodat, fstat, FchmodatFlags};
+    use std::os::fd::AsRawFd;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let same = |fd: &OwnedFd| -> Result<FileStat, FsxError> {
+        let st = fstat(fd).map_err(|e| errno_error("fstat", shown, e))?;
+        if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err(replaced(shown));
+        }
+        Ok(st)
+    };
+    let closed = |st: &FileStat| open_up && st.st_mode & 0o700 != 0o700;
+    let opened_up = Mode::from_bits_truncate(0o700);
+    match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => {
+            if closed(&same(&fd)?) {
+                fchmod(&fd, opened_up).map_err(|e| errno_error("chmod", shown, e))?;
+            }
+            Ok(fd)
+        }
+        Err(Errno::EACCES) if open_up => {
+            let path_only =
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let held = nix::fcntl::openat(dir, name, path_only, Mode::empty())
+                .map_err(|e| errno_error("open directory", shown, e))?;
+            same(&held)?;
+            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+            let through_proc = |op: &'static str, e: Errno| FsxError::Io {
+                op,
+                component: shown.to_string(),
+                source: std::io::Error::other(format!(
+                    "{e}, through {} (is /proc mounted?)",
+                    by_fd.display()
+                )),
+            };
+            // Following this one link is the point: it is the descriptor's own directory.
+            fchmodat(
+                nix::fcntl::AT_FDCWD,
+                &by_fd,
+                opened_up,
+                FchmodatFlags::FollowSymlink,
+            )
+            .map_err(|e| through_proc("chmod", e))?;
+            let fd = nix::fcntl::open(&by_fd, flags & !OFlag::O_NOFOLLOW, Mode::empty())
+                .map_err(|e| through_proc("open directory", e))?;
+            same(&fd)?;
+            Ok(fd)
+        }
+        Err(e) => Err(errno_error("open directory", shown, e)),
+    }
+}
+
+/// Walks the tree beneath the directory open at `root` (named `root_shown` in messages),
+/// depth first, holding one directory descriptor at a time: every path is resolved
+/// relative to its own directory, so no depth of nesting makes a path too long, and
+/// nesting cannot exhaust descriptors. `visit(dir, name, stat)` sees every entry (not
+/// `root` itself; `stat` without following links) and says whether to descend into it
+/// (only directories are descended into); `leave(parent, name)` runs once a directory's
+/// entries are all visited. Each directory is entered as [`open_dir_checked`] opens it
+/// (with `open_up` as given): never through a link, and only if it is still the directory
+/// `visit` was shown. A directory is re-entered through `..` and checked to be the one that
+/// was left, so a rename during the walk is an error, never a walk elsewhere. A writer of
+/// the tree can make the walk fail, but not make it act beyond the directories it reached
+/// (which, for a live writer, may include ones it moved in).
 pub fn walk_tree(
-    root: &Path,
+    root: BorrowedFd<'_>,
+    root_shown: &Path,
+    open_up: bool,
     mut visit: impl FnMut(BorrowedFd<'_>, &OsStr, &FileStat) -> std::io::Result<bool>,
     mut leave: impl FnMut(BorrowedFd<'_>, &OsStr) -> std::io::Result<()>,
 ) -> Result<(), FsxError> {
     struct Level {
         name: OsString,
-        pending: Vec<OsString>,
+        /// Subdirectories still to walk, with what `fstatat` saw of each.
+        pending: Vec<(OsString, FileStat)>,
     }
-    let root_shown = root.display().to_string();
+    let root_shown = root_shown.display().to_string();
     // Messages name the root, the depth and the entry (a deep path would be megabytes).
     let shown = |depth: usize, name: &OsStr| {
         format!(
@@ -521,7 +624,7 @@ pub fn walk_tree(
         &OsStr,
         &FileStat,
     ) -> std::io::Result<bool>|
-     -> Result<Vec<OsString>, FsxError> {
+     -> Result<Vec<(OsString, FileStat)>, FsxError> {
         let names: Vec<OsString> = {
             let mut d = nix::dir::Dir::openat(dir, ".", dir_flags, Mode::empty())
                 .map_err(|e| errno_error("read directory", &shown(depth, OsStr::new(".")), e))?;
@@ -543,18 +646,28 @@ pub fn walk_tree(
                 Err(Errno::ENOENT) => continue,
                 Err(e) => return Err(errno_error("stat", &shown(depth, &n), e)),
             };
+            #[cfg(test)]
+            AFTER_LOOK.with(|h| {
+                if let Some(f) = h.borrow_mut().as_mut() {
+                    f(&n)
+                }
+            });
             let descend = visit(dir.as_fd(), &n, &st).map_err(|source| FsxError::Io {
                 op: "visit",
                 component: shown(depth, &n),
                 source,
             })?;
             if descend && file_kind(&st) == "directory" {
-                dirs.push(n);
+                dirs.push((n, st));
             }
         }
         Ok(dirs)
     };
-    let mut cur = open_dir(root, false)?;
+    let mut cur = root.try_clone_to_owned().map_err(|source| FsxError::Io {
+        op: "dup",
+        component: root_shown.clone(),
+        source,
+    })?;
     let pending = entries(&cur, 0, &mut visit)?;
     let mut stack = vec![Level {
         name: OsString::new(),
@@ -563,9 +676,8 @@ pub fn walk_tree(
     loop {
         let depth = stack.len() - 1;
         let top = stack.last_mut().expect("the root level is popped last");
-        if let Some(child) = top.pending.pop() {
-            let fd = nix::fcntl::openat(&cur, child.as_os_str(), dir_flags, Mode::empty())
-                .map_err(|e| errno_error("open directory", &shown(depth, &child), e))?;
+        if let Some((child, seen)) = top.pending.pop() {
+            let fd = open_dir_checked(cur.as_fd(), &child, &seen, open_up, &shown(depth, &child))?;
             let pending = entries(&fd, depth + 1, &mut visit)?;
             cur = fd;
             stack.push(Level {

@@ -17,7 +17,13 @@
 //!   by `renameat` relative to directory descriptors opened without following links. A
 //!   failure while writing (say ENOSPC) removes the staging directory: DIR is as it was.
 //!   A conflict (a directory on the host where the workspace has a file, or the other
-//!   way round) is found before anything is moved.
+//!   way round) is found before anything is moved;
+//! * DIR's owner can rename the staging directory and put one of its own under its name at
+//!   any moment, so fork goes through the descriptor it opened the staging directory by,
+//!   never its name: that directory is used only if no one else can write into it
+//!   ([`open_staging`]), and it is emptied through descriptors and removed only while its
+//!   name still holds it ([`super::workspace::remove_dir_at`]); a directory put in its
+//!   place is never written into, emptied, removed or changed in mode.
 //!
 //! DIR's existing entries that the workspace no longer holds are kept (the copy merges),
 //! and DIR's existing directories keep their owner and mode.
@@ -31,7 +37,7 @@ use nix::unistd::{fchown, Gid, Uid};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -125,6 +131,8 @@ pub enum CopyBackError {
         host: &'static str,
         ws: &'static str,
     },
+    #[error("{path}: the staging directory fork had just made there was replaced before fork opened it (by the directory's owner?): nothing was copied back, and what is there now was left alone")]
+    StagingReplaced { path: PathBuf },
     #[error("{0}: nothing was copied back")]
     Io(IoError),
 }
@@ -347,6 +355,43 @@ fn merge(staged: &OwnedFd, dest: &OwnedFd, rel: &Path, apply: bool) -> Result<()
     Ok(())
 }
 
+/// Opens the staging directory fork has just made as `name` in DIR (`dest`). DIR's owner
+/// may have replaced it between the `mkdirat` and this open (renamed it away and put a
+/// directory of its own there): what is opened is used only if no one but fork may write
+/// into it, that is, it belongs to fork's effective uid, is closed to group and others and
+/// is empty (fork's own, or a directory as harmless to fill and remove). Otherwise nothing
+/// is copied back and nothing is done to what is there
+/// ([`CopyBackError::StagingReplaced`]).
+fn open_staging(dest: &OwnedFd, name: &str, shown: &Path) -> Result<OwnedFd, CopyBackError> {
+    let fd = match openat(dest, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e @ (Errno::ELOOP | Errno::ENOTDIR | Errno::ENOENT)) => {
+            tracing::debug!("opening {}: {e}", shown.display());
+            return Err(CopyBackError::StagingReplaced {
+                path: shown.to_path_buf(),
+            });
+        }
+        Err(e) => {
+            // Presumably still fork's own, empty directory: an rmdir removes nothing else.
+            if let Err(r) = nix::unistd::unlinkat(dest, name, nix::unistd::UnlinkatFlags::RemoveDir)
+            {
+                tracing::error!("removing the staging directory {}: {r}", shown.display());
+            }
+            return Err(io_err("open", shown)(e));
+        }
+    };
+    let st = fstat(&fd).map_err(io_err("stat", shown))?;
+    let ours = st.st_uid == nix::unistd::geteuid().as_raw() && st.st_mode & 0o077 == 0;
+    if !ours || !names(&fd, shown)?.is_empty() {
+        return Err(CopyBackError::StagingReplaced {
+            path: shown.to_path_buf(),
+        });
+    }
+    // Owner bits as made, whatever the umask took away.
+    fchmod(&fd, Mode::from_bits_truncate(0o700)).map_err(io_err("chmod", shown))?;
+    Ok(fd)
+}
+
 /// Copies the workspace `from` (whose writer is dead) back into the host directory `to`
 /// under the rules of the module docs.
 pub fn copy_back(
@@ -381,9 +426,10 @@ pub fn copy_back(
         Mode::from_bits_truncate(0o700),
     )
     .map_err(io_err("create", &staging_path))?;
+    #[cfg(test)]
+    hook("made");
+    let staged = open_staging(&dest, &staging_name, &staging_path)?;
     let result = (|| {
-        let staged = openat(&dest, staging_name.as_str(), DIR_FLAGS, Mode::empty())
-            .map_err(io_err("open", &staging_path))?;
         let mut left = opts.max_bytes;
         let mut ignored = CopyBackStats::default();
         let root = Path::new("");
@@ -401,12 +447,147 @@ pub fn copy_back(
         stats.dirs = ignored.dirs;
         stats.bytes = ignored.bytes;
         stats.stripped = ignored.stripped;
+        #[cfg(test)]
+        hook("staged");
         merge(&staged, &dest, root, false)?;
         merge(&staged, &dest, root, true)
     })();
-    // What was not moved (everything, after a failure) goes with the staging directory.
-    if let Err(e) = super::workspace::remove_tree(&staging_path) {
-        tracing::error!("removing {}: {e}", staging_path.display());
+    // What was not moved (everything, after a failure) goes with the staging directory,
+    // through the descriptor it was staged through: DIR's owner may have renamed it and put
+    // another directory under its name, which is never emptied or removed (by root).
+    if let Err(e) = super::workspace::remove_dir_at(
+        dest.as_fd(),
+        OsStr::new(&staging_name),
+        staged.as_fd(),
+        &staging_path,
+    ) {
+        tracing::error!("removing the staging directory: {e}");
     }
     result.map(|()| stats)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Runs in [`copy_back`] at the named point (`made`: the staging directory was just
+    /// made; `staged`: the workspace was just written into it): a test replaces the staging
+    /// directory there, as DIR's owner could.
+    static AT: std::cell::RefCell<Option<PointHook>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What [`AT`] holds.
+#[cfg(test)]
+type PointHook = Box<dyn FnMut(&'static str)>;
+
+#[cfg(test)]
+fn hook(point: &'static str) {
+    AT.with(|h| {
+        if let Some(f) = h.borrow_mut().as_mut() {
+            f(point)
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+
+    fn mode(p: &Path) -> u32 {
+        fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// DIR's owner renames fork's staging directory away and puts a directory of its own in
+    /// its place (a 0000 subdirectory holding a file, a link to a file outside), once just
+    /// after fork made it and once after fork wrote the workspace into it. Fork never writes
+    /// into that directory, empties it, removes it or changes a mode in it or through its
+    /// link: replaced before fork opened it, nothing is copied back; replaced after, the copy
+    /// comes back from fork's own directory (held open), which is emptied and left where it
+    /// was moved to. Every file is the test's own, in its temp dir.
+    #[test]
+    fn a_staging_directory_replaced_by_another_is_never_written_emptied_or_removed() {
+        for point in ["made", "staged"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let (from, to) = (tmp.path().join("ws"), tmp.path().join("dir"));
+            fs::create_dir_all(from.join("d")).unwrap();
+            fs::write(from.join("a.txt"), "new").unwrap();
+            fs::write(from.join("d/f"), "f").unwrap();
+            fs::create_dir(&to).unwrap();
+            fs::write(to.join("keep.txt"), "kept").unwrap();
+            let outside = tmp.path().join("outside.txt");
+            fs::write(&outside, "outside").unwrap();
+            fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+            let staging = to.join(".fork-copyback-T");
+            let moved = to.join(".moved-away");
+            let replacement = {
+                let (staging, moved, outside) = (staging.clone(), moved.clone(), outside.clone());
+                move || {
+                    fs::rename(&staging, &moved).unwrap();
+                    fs::create_dir_all(staging.join("locked")).unwrap();
+                    fs::write(staging.join("locked/mine.txt"), "mine").unwrap();
+                    symlink(&outside, staging.join("link")).unwrap();
+                    fs::set_permissions(staging.join("locked"), fs::Permissions::from_mode(0o000))
+                        .unwrap();
+                    if nix::unistd::geteuid().is_root() {
+                        // The owner's own, as it would be.
+                        std::os::unix::fs::lchown(&staging, Some(65534), Some(65534)).unwrap();
+                    }
+                }
+            };
+            let mut replace = Some(replacement);
+            AT.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move |at| {
+                    if at == point {
+                        if let Some(r) = replace.take() {
+                            r()
+                        }
+                    }
+                }))
+            });
+            let opts = CopyBackOptions {
+                max_bytes: 1 << 20,
+                allow_git_internals: false,
+                skip_top: vec![],
+                tag: "T".into(),
+            };
+            let r = copy_back(&from, &to, &opts);
+            AT.with(|h| h.borrow_mut().take());
+            // The replacement is as its owner left it.
+            assert!(
+                fs::symlink_metadata(staging.join("locked")).is_ok(),
+                "{point}: the replacement was emptied or removed: {r:?}"
+            );
+            assert_eq!(mode(&staging.join("locked")), 0, "{point}: {r:?}");
+            fs::set_permissions(staging.join("locked"), fs::Permissions::from_mode(0o700)).unwrap();
+            assert_eq!(
+                fs::read_to_string(staging.join("locked/mine.txt")).unwrap(),
+                "mine",
+                "{point}"
+            );
+            assert_eq!(fs::read_link(staging.join("link")).unwrap(), outside);
+            assert_eq!(mode(&outside), 0o644, "{point}");
+            assert_eq!(fs::read_to_string(&outside).unwrap(), "outside");
+            let names = |d: &Path| -> Vec<String> {
+                let mut v: Vec<String> = fs::read_dir(d)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                v
+            };
+            assert_eq!(names(&staging), ["link", "locked"], "{point}: written into");
+            assert_eq!(fs::read_to_string(to.join("keep.txt")).unwrap(), "kept");
+            if point == "made" {
+                let e = r.unwrap_err();
+                assert!(e.to_string().contains("nothing was copied back"), "{e}");
+                assert!(!to.join("a.txt").exists(), "{point}");
+            } else {
+                r.unwrap();
+                assert_eq!(fs::read_to_string(to.join("a.txt")).unwrap(), "new");
+                assert_eq!(fs::read_to_string(to.join("d/f")).unwrap(), "f");
+                // Fork's own staging directory, emptied, is left where it was moved to.
+                assert!(names(&moved).is_empty(), "{:?}", names(&moved));
+            }
+        }
+    }
 }

@@ -29,6 +29,8 @@ pub enum WorkspaceError {
     WouldReplaceDirectory { path: PathBuf },
     #[error("refusing to delete across the mount point {path}: unmount it first (`fork gc` does)")]
     MountPoint { path: PathBuf },
+    #[error("{path} no longer names the directory fork was removing (it was moved or replaced meanwhile): that directory was emptied and left where it went, and what is now at {path} was left alone")]
+    Moved { path: PathBuf },
     #[error(transparent)]
     Io(#[from] IoError),
 }

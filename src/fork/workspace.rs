@@ -411,45 +411,80 @@ fn clear_dest(dst: &Path, want_dir: bool) -> Result<bool, WorkspaceError> {
 /// Deletes `path` and everything under it. Idempotent (a missing path is fine). Never
 /// follows symlinks and never crosses into another filesystem: a mount point left inside
 /// (say by a crashed sandbox) is an error, so a bind mount of host files is never emptied.
-/// Directories the successor made unreadable or unwritable are opened up (chmod 0700)
-/// before being emptied.
+/// Directories the successor made unreadable or unwritable are opened up (mode 0700)
+/// before being emptied, through a descriptor of the directory itself, never by name
+/// ([`crate::fsx::open_dir_checked`]); see [`remove_dir_at`]. The directories above
+/// `path` are the caller's.
 pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
-    use nix::sys::stat::{fchmodat, FchmodatFlags, Mode};
+    use nix::errno::Errno;
+    use nix::fcntl::AtFlags;
     use nix::unistd::{unlinkat, UnlinkatFlags};
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(IoError::new("stat", path, e).into()),
+    use std::os::fd::AsFd;
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(p), Some(n)) if p.as_os_str().is_empty() => (Path::new("."), n),
+        (Some(p), Some(n)) => (p, n),
+        _ => {
+            return Err(IoError::new(
+                "remove",
+                path,
+                io::Error::other("not a path to remove: it names no entry of a directory"),
+            )
+            .into())
+        }
     };
-    if !meta.is_dir() {
-        return Ok(fs::remove_file(path).ctx("remove", path)?);
+    let parent_fd = match crate::fsx::open_dir(parent, true) {
+        Ok(fd) => fd,
+        Err(crate::fsx::FsxError::Missing { .. }) => return Ok(()),
+        Err(e) => return Err(IoError::new("open", parent, io::Error::other(e)).into()),
+    };
+    let st = match nix::sys::stat::fstatat(&parent_fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(e) => return Err(IoError::new("stat", path, e.into()).into()),
+    };
+    if !crate::fsx::is_directory(&st) {
+        return unlinkat(&parent_fd, name, UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| IoError::new("remove", path, e.into()).into());
     }
-    let dev = meta.dev();
-    if meta.mode() & 0o700 != 0o700 {
-        fs::set_permissions(path, fs::Permissions::from_mode(0o700)).ctx("open up", path)?;
-    }
+    let shown = path.display().to_string();
+    let dir = crate::fsx::open_dir_checked(parent_fd.as_fd(), name, &st, true, &shown)
+        .map_err(|e| IoError::new("open", path, io::Error::other(e)))?;
+    remove_dir_at(parent_fd.as_fd(), name, dir.as_fd(), path)
+}
+
+/// Empties the directory open at `dir` (named `shown` in messages) and then removes it
+/// from `parent`, where it is the entry `name`, only if `name` still names it (device and
+/// inode): a directory moved away meanwhile is left where it went, emptied, and what now
+/// stands at `name` is left alone ([`WorkspaceError::Moved`]). The emptying goes through
+/// descriptors only ([`crate::fsx::walk_tree`]): each directory entered beneath its parent
+/// without following a link and checked to be the one looked at, opened up (mode 0700)
+/// through its own descriptor when its owner lacks read, write or search, each entry
+/// removed by `unlinkat` relative to its directory. It never crosses into another
+/// filesystem ([`WorkspaceError::MountPoint`]).
+pub fn remove_dir_at(
+    parent: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    dir: std::os::fd::BorrowedFd<'_>,
+    shown: &Path,
+) -> Result<(), WorkspaceError> {
+    use nix::fcntl::AtFlags;
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let here = nix::sys::stat::fstat(dir).map_err(|e| IoError::new("stat", shown, e.into()))?;
     // Depth first, relative to each directory's own descriptor (fsx::walk_tree): a tree
     // nested deeper than PATH_MAX is removed like any other.
     let mut mount = None;
     crate::fsx::walk_tree(
-        path,
+        dir,
+        shown,
+        true,
         |dir, name, st| {
             if !crate::fsx::is_directory(st) {
                 unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
                 return Ok(false);
             }
-            if st.st_dev != dev {
-                mount = Some(path.join(name));
+            if st.st_dev != here.st_dev {
+                mount = Some(shown.join(name));
                 return Err(io::Error::other("a mount point"));
-            }
-            if st.st_mode & 0o700 != 0o700 {
-                // The entry is a directory (stat did not follow links), and its writer is dead.
-                fchmodat(
-                    dir,
-                    name,
-                    Mode::from_bits_truncate(0o700),
-                    FchmodatFlags::FollowSymlink,
-                )?;
             }
             Ok(true)
         },
@@ -457,9 +492,20 @@ pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
     )
     .map_err(|e| match mount.take() {
         Some(path) => WorkspaceError::MountPoint { path },
-        None => IoError::new("remove", path, io::Error::other(e.to_string())).into(),
+        None => IoError::new("remove", shown, io::Error::other(e.to_string())).into(),
     })?;
-    Ok(fs::remove_dir(path).ctx("remove directory", path)?)
+    // Only an empty directory goes by rmdir, so between this check and the removal nothing
+    // but an empty directory swapped in could be removed instead.
+    match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) if (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino) => {
+            unlinkat(parent, name, UnlinkatFlags::RemoveDir)
+                .map_err(|e| IoError::new("remove directory", shown, e.into()).into())
+        }
+        Ok(_) | Err(nix::errno::Errno::ENOENT) => Err(WorkspaceError::Moved {
+            path: shown.to_path_buf(),
+        }),
+        Err(e) => Err(IoError::new("stat", shown, e.into()).into()),
+    }
 }
 
 #[cfg(test)]

@@ -613,6 +613,137 @@ fn remove_tree_does_not_follow_symlinks() {
     remove_tree(&ws).unwrap();
 }
 
+/// The removal opens up (0700) a directory it cannot enter or empty (0000 here), and never
+/// changes a mode through a link: such a directory swapped for a link to a file outside
+/// between the look at it and the change of its mode, as a live writer of the tree could
+/// (the walk's test hook does it at that point), leaves that file's mode as it was, and
+/// the removal fails closed. A link to a file outside that was there all along is removed,
+/// its file unchanged. Every file is the test's own, in its temp dir.
+#[test]
+fn remove_tree_opens_up_directories_but_never_changes_a_mode_through_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = dir.path().join("outside.txt");
+    fs::write(&outside, "outside").unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    let t = dir.path().join("t");
+    let locked_tree = || {
+        fs::create_dir_all(t.join("locked/inner")).unwrap();
+        fs::write(t.join("locked/inner/f"), "f").unwrap();
+        symlink(&outside, t.join("link")).unwrap();
+        fs::set_permissions(t.join("locked/inner"), fs::Permissions::from_mode(0o000)).unwrap();
+        fs::set_permissions(t.join("locked"), fs::Permissions::from_mode(0o000)).unwrap();
+    };
+    locked_tree();
+    remove_tree(&t).unwrap();
+    assert!(!t.exists());
+    assert_eq!(mode(&outside), 0o644);
+    // The same tree, `locked` swapped for a link to `outside` once the walk has looked at it.
+    locked_tree();
+    let moved = dir.path().join("moved");
+    let (t2, moved2, outside2) = (t.clone(), moved.clone(), outside.clone());
+    let mut swap = Some(move || {
+        fs::rename(t2.join("locked"), &moved2).unwrap();
+        symlink(&outside2, t2.join("locked")).unwrap();
+    });
+    crate::fsx::AFTER_LOOK.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move |name: &std::ffi::OsStr| {
+            if name == "locked" {
+                if let Some(s) = swap.take() {
+                    s()
+                }
+            }
+        }))
+    });
+    let r = remove_tree(&t);
+    crate::fsx::AFTER_LOOK.with(|h| h.borrow_mut().take());
+    assert_eq!(
+        mode(&outside),
+        0o644,
+        "the removal changed the mode of a file outside through a link ({r:?})"
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "outside");
+    assert_eq!(mode(&moved), 0, "the directory moved away was changed");
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains("locked"), "{e}");
+    fs::set_permissions(&moved, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(moved.join("inner"), fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// Not as root (root's filesystem identity given up here, on a thread of its own, for
+/// uid 65534's tree): a 0000 directory cannot be opened to read, so it is opened as a path
+/// only and opened up through `/proc/self/fd`, and removed; swapped for a link once looked
+/// at, it is refused and the link's target keeps its mode. Root only (setfsuid(2)).
+#[test]
+fn remove_tree_opens_up_a_closed_directory_without_root_and_without_following_a_link() {
+    use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
+    use std::os::unix::fs::lchown;
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let nobody = 65534;
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // The user's own directory, holding the tree (removed from it) and the file outside.
+    let dir = tmp.path().join("home");
+    fs::create_dir(&dir).unwrap();
+    lchown(&dir, Some(nobody), Some(nobody)).unwrap();
+    let outside = dir.join("outside.txt");
+    fs::write(&outside, "outside").unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+    lchown(&outside, Some(nobody), Some(nobody)).unwrap();
+    let t = dir.join("t");
+    let make = || {
+        fs::create_dir_all(t.join("locked")).unwrap();
+        fs::write(t.join("locked/f"), "f").unwrap();
+        for p in [t.clone(), t.join("locked"), t.join("locked/f")] {
+            lchown(&p, Some(nobody), Some(nobody)).unwrap();
+        }
+        fs::set_permissions(t.join("locked"), fs::Permissions::from_mode(0o000)).unwrap();
+    };
+    // As uid 65534 on this thread only (the fs identity is per thread).
+    let as_nobody = |t: PathBuf, swap: Option<(PathBuf, PathBuf)>| {
+        std::thread::spawn(move || {
+            if let Some((moved, outside)) = swap {
+                let t2 = t.clone();
+                let mut s = Some(move || {
+                    fs::rename(t2.join("locked"), &moved).unwrap();
+                    symlink(&outside, t2.join("locked")).unwrap();
+                });
+                crate::fsx::AFTER_LOOK.with(|h| {
+                    *h.borrow_mut() = Some(Box::new(move |name: &std::ffi::OsStr| {
+                        if name == "locked" {
+                            if let Some(s) = s.take() {
+                                s()
+                            }
+                        }
+                    }))
+                });
+            }
+            setfsgid(Gid::from_raw(nobody));
+            setfsuid(Uid::from_raw(nobody));
+            let r = remove_tree(&t).map_err(|e| e.to_string());
+            setfsuid(Uid::from_raw(0));
+            setfsgid(Gid::from_raw(0));
+            r
+        })
+        .join()
+        .unwrap()
+    };
+    make();
+    as_nobody(t.clone(), None).unwrap();
+    assert!(!t.exists());
+    make();
+    // Renamed within its directory: the user may not move its 0000 directory elsewhere.
+    let moved = t.join("moved");
+    let e = as_nobody(t.clone(), Some((moved.clone(), outside.clone()))).unwrap_err();
+    assert!(e.contains("locked"), "{e}");
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&outside), 0o644, "changed through the link: {e}");
+    assert_eq!(mode(&moved), 0);
+    fs::set_permissions(&moved, fs::Permissions::from_mode(0o700)).unwrap();
+}
+
 /// As root, a tree another user owns is read only as far as that user could read it: a
 /// root-only file in it (a hard link to one, where `fs.protected_hardlinks` is 0, looks
 /// the same) is refused by the copy and the hash, naming it; what the owner may read is
