@@ -2,9 +2,10 @@
 //! the host, the parent or the bundle with more than it should, one subject per file:
 //! `copy_back` (`fork run --workspace`), `wal_parent` (the parent's side files), `links`
 //! (links planted in the tools, the source and fork's own rerun directories), `bundles`
-//! (private, secrets scrubbed) and `foreign_state` (another user's stores read as that
-//! user). Every case only writes files the test made, in its own scratch directories (and
-//! one small tmpfs it mounts and unmounts).
+//! (private, secrets scrubbed), `foreign_state` (another user's stores read as that
+//! user) and `foreign_tree` (another user's trees entered only as that user could). Every
+//! case only writes files the test made, in its own scratch directories (and one small
+//! tmpfs it mounts and unmounts).
 
 mod common;
 use common::lifecycle::need_root;
@@ -77,6 +78,8 @@ mod bundles;
 mod copy_back;
 #[path = "host_safety/foreign_state.rs"]
 mod foreign_state;
+#[path = "host_safety/foreign_tree.rs"]
+mod foreign_tree;
 #[path = "host_safety/links.rs"]
 mod links;
 #[path = "host_safety/wal_parent.rs"]

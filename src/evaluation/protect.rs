@@ -21,6 +21,7 @@
 
 use super::{internal, EvaluateError};
 use crate::fork::owner::Owner;
+use crate::fork::WorkspaceError;
 use crate::patch::gates::protected_globs;
 use crate::sandbox::spec::RoBind;
 use crate::verdict::decide::{ChangeKind, ProtectedChange};
@@ -227,6 +228,13 @@ impl Scan<'_> {
     ) -> Result<(), (String, String)> {
         let fail = |r: &str, e: &dyn std::fmt::Display| (r.to_string(), e.to_string());
         let shown = if rel.is_empty() { "." } else { rel };
+        // Another user's directory is listed only if that user could list and search it.
+        crate::fork::tree::check_listable(self.owner.as_ref(), dir, Path::new(shown)).map_err(
+            |e| match e {
+                WorkspaceError::Unreadable { reason, .. } => fail(rel, &reason),
+                e => fail(rel, &e),
+            },
+        )?;
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mut names = Vec::new();
         {
@@ -562,8 +570,15 @@ pub fn snapshot(
         .map_err(|e| refused(runtime.display().to_string(), &e))?;
     let owner =
         Owner::of_dir(&runtime_fd).map_err(|e| refused(runtime.display().to_string(), &e))?;
-    let root = crate::fork::tree::open_dir_beneath(&runtime_fd, source)
-        .map_err(|e| refused(shown.display().to_string(), &e))?;
+    // Held to the runtime's owner, each directory on the way must be one it could search,
+    // and each directory the scan lists one it could list and search (`Scan::dir`).
+    let root = crate::fork::tree::open_dir_beneath_as(owner.as_ref(), &runtime_fd, runtime, source)
+        .map_err(|e| match e {
+            WorkspaceError::Unreadable { path, reason } => {
+                refused(path.display().to_string(), &reason)
+            }
+            e => refused(shown.display().to_string(), &e),
+        })?;
     let copy = copy_root(staging);
     std::fs::create_dir(&copy).map_err(|e| err("creating the copy", &e))?;
     if nix::unistd::geteuid().is_root() {

@@ -391,4 +391,36 @@ fn a_protected_file_its_owner_cannot_read_is_refused() {
     }
     let m = refused("stage2");
     assert!(m.contains("closed.py") && m.contains("access ACL"), "{m}");
+    std::fs::remove_file(&closed).unwrap();
+    // A root-only directory (0700) holding a world-readable file, and one the owner may
+    // search but not list (0711): refused, naming the directory; with the owner given
+    // read and search (0755), copied.
+    let dir = rt.join("src/tests/private");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("key.py"), "root only").unwrap();
+    std::fs::set_permissions(dir.join("key.py"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    for (mode, stage) in [(0o700, "stage3"), (0o711, "stage4")] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let m = refused(stage);
+        assert!(
+            m.contains("tests/private") && m.contains("directory") && m.contains("uid 65534"),
+            "{m}"
+        );
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copied = |name: &str| {
+        let stage = tmp.path().join(name);
+        std::fs::create_dir_all(&stage).unwrap();
+        let _unmount = Unmount(stage.join(COPY_DIR));
+        snapshot(&stage, &rt, Path::new("src"), &pats(&["tests/**"]), &[]).unwrap();
+        std::fs::read(stage.join(COPY_DIR).join("tests/private/key.py")).unwrap()
+    };
+    assert_eq!(copied("stage5"), b"root only");
+    // The source directory itself, on the way from the runtime, closed to the owner.
+    std::fs::set_permissions(rt.join("src"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let m = refused("stage6");
+    assert!(
+        m.contains("cannot search") && m.contains("uid 65534"),
+        "{m}"
+    );
 }

@@ -18,7 +18,12 @@ const GROUP_OBJ: u16 = 0x04;
 const GROUP: u16 = 0x08;
 const MASK: u16 = 0x10;
 const OTHER: u16 = 0x20;
+/// Read and search (execute) permission, in an entry's bits (tests; the callers of
+/// [`allows`] say what they want in a mode's bits, which an entry's share).
+#[cfg(test)]
 const READ: u16 = 0x04;
+#[cfg(test)]
+const SEARCH: u16 = 0x01;
 
 /// One entry: its tag, its permission bits (read 4, write 2, execute 1) and its
 /// qualifier (a uid for `USER`, a gid for `GROUP`; unused by the others).
@@ -89,22 +94,32 @@ pub fn encode(entries: &[Entry]) -> Vec<u8> {
     out
 }
 
-/// Whether a user (`uid`, its groups `gids`) may read a file owned by `file_uid` and
-/// `file_gid` whose access ACL is `acl`: acl(5)'s access check algorithm, as the kernel
-/// runs it. The owner gets the owner's entry; a named user its entry under the mask; a
-/// member of the file's group or of a named group is granted when one of those entries
-/// grants under the mask, and denied otherwise (the others' entry is not consulted);
-/// anyone else gets the others' entry. An entry that should be there and is not denies.
-/// (The kernel consults the ACL only for someone other than the file's owner, and only
-/// while the group bits, the mask, are not all clear: [`super::owner::Owner::check_read`].)
-pub fn allows_read(acl: &[Entry], uid: u32, gids: &[u32], file_uid: u32, file_gid: u32) -> bool {
+/// Whether a user (`uid`, its groups `gids`) may access a file owned by `file_uid` and
+/// `file_gid` whose access ACL is `acl`, for every permission bit of `want` (read 4,
+/// write 2, execute or search 1): acl(5)'s access check algorithm, as the kernel runs it
+/// (`posix_acl_permission`). The owner gets the owner's entry; a named user its entry
+/// under the mask; a member of the file's group or of a named group is granted when one
+/// of those entries grants all of `want` under the mask, and denied otherwise (the others'
+/// entry is not consulted); anyone else gets the others' entry. An entry that should be
+/// there and is not denies. (The kernel consults the ACL only for someone other than the
+/// file's owner, and only while the group bits, the mask, are not all clear:
+/// [`super::owner::Owner::check_read`].)
+pub fn allows(
+    acl: &[Entry],
+    want: u16,
+    uid: u32,
+    gids: &[u32],
+    file_uid: u32,
+    file_gid: u32,
+) -> bool {
     let find = |tag: u16| acl.iter().find(|e| e.tag == tag);
     let mask = find(MASK).map_or(u16::MAX, |e| e.perm);
+    let grants = |perm: u16| perm & want == want;
     if uid == file_uid {
-        return find(USER_OBJ).is_some_and(|e| e.perm & READ != 0);
+        return find(USER_OBJ).is_some_and(|e| grants(e.perm));
     }
     if let Some(e) = acl.iter().find(|e| e.tag == USER && e.id == uid) {
-        return e.perm & mask & READ != 0;
+        return grants(e.perm & mask);
     }
     let groups: Vec<&Entry> = acl
         .iter()
@@ -114,9 +129,9 @@ pub fn allows_read(acl: &[Entry], uid: u32, gids: &[u32], file_uid: u32, file_gi
         })
         .collect();
     if !groups.is_empty() {
-        return groups.iter().any(|e| e.perm & mask & READ != 0);
+        return groups.iter().any(|e| grants(e.perm & mask));
     }
-    find(OTHER).is_some_and(|e| e.perm & READ != 0)
+    find(OTHER).is_some_and(|e| grants(e.perm))
 }
 
 /// Builders of entries, for tests.
@@ -193,7 +208,7 @@ mod tests {
     #[test]
     fn read_access_follows_the_acl_check_algorithm() {
         let me = |acl: &[Entry], file_uid, file_gid| {
-            allows_read(acl, 1000, &[1000, 27], file_uid, file_gid)
+            allows(acl, READ, 1000, &[1000, 27], file_uid, file_gid)
         };
         // The owner: its own entry, whatever the others say.
         assert!(me(&[user_obj(4), group_obj(0), other(0)], 1000, 0));
@@ -238,6 +253,49 @@ mod tests {
         // An entry that should be there and is not: denied.
         assert!(!me(&[group_obj(4)], 1000, 0));
         assert!(!me(&[user_obj(4)], 0, 0));
+    }
+
+    /// A directory listed wants read and search (r-x): every bit, under the mask, from
+    /// the one entry the algorithm picks.
+    #[test]
+    fn several_bits_are_all_wanted() {
+        let rx = READ | SEARCH;
+        let me = |acl: &[Entry], file_uid, file_gid| {
+            allows(acl, rx, 1000, &[1000, 27], file_uid, file_gid)
+        };
+        assert!(me(
+            &[user_obj(7), user(1000, 5), group_obj(0), mask(5), other(0)],
+            0,
+            0
+        ));
+        assert!(!me(
+            &[user_obj(7), user(1000, 1), group_obj(0), mask(5), other(5)],
+            0,
+            0
+        ));
+        assert!(!me(
+            &[user_obj(7), user(1000, 5), group_obj(0), mask(4), other(5)],
+            0,
+            0
+        ));
+        assert!(!me(
+            &[user_obj(7), user(1000, 4), group_obj(0), mask(5), other(5)],
+            0,
+            0
+        ));
+        // Groups: one entry granting both (not one each).
+        assert!(me(
+            &[user_obj(7), group_obj(5), group(27, 0), mask(5), other(0)],
+            0,
+            1000
+        ));
+        assert!(!me(
+            &[user_obj(7), group_obj(4), group(27, 1), mask(7), other(5)],
+            0,
+            1000
+        ));
+        assert!(me(&[user_obj(7), group_obj(0), mask(0), other(5)], 0, 0));
+        assert!(!me(&[user_obj(1), user(1000, 7), other(7)], 1000, 0));
     }
 
     #[test]

@@ -15,9 +15,10 @@
 //!   copy of the source tree and tool registry, and cleanup; `hashes.rs` the tree hashes
 //!   (the source hash and listing every copy is checked by, the deployment hash a verdict
 //!   signs), re-exported there.
-//! * [`owner`]: what a root-run fork reads of a tree another user owns (only what that user
-//!   could read: `acl.rs` holds a file's POSIX access ACL and the kernel's read check), and
-//!   how it opens such a runtime's state stores as that user.
+//! * [`owner`]: what a root-run fork reads of a tree another user owns (only the files that
+//!   user could read, in directories it could list and search: `acl.rs` holds a file's
+//!   POSIX access ACL and the kernel's access check), and how it opens such a runtime's
+//!   state stores as that user.
 
 pub(crate) mod acl;
 pub mod copyback;

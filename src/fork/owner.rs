@@ -3,9 +3,13 @@
 //! its tree; it can only be there by root's doing, or linked in from elsewhere (a hard link
 //! to a root-only file, where `fs.protected_hardlinks` is 0; or the stale inode a link keeps
 //! after the original was replaced), and fork would otherwise copy it into a sandbox that
-//! runs the owner's code. Decided as the kernel checks a read: by the file's POSIX access
-//! ACL when it has one (`acl.rs`: a named user's or group's entry, the mask), else by its
-//! mode bits (owner, then group, then others).
+//! runs the owner's code. The same holds for directories: fork lists, looks into and opens
+//! what is in a directory only if its owner could list and search it (read and search
+//! permission, `r-x`), and passes through a directory on the way to a tree only if the
+//! owner could search it: a root-only directory in the tree would otherwise hand the
+//! sandbox whatever it holds, however readable its files. Decided as the kernel checks an
+//! access: by the file's POSIX access ACL when it has one (`acl.rs`: a named user's or
+//! group's entry, the mask), else by its mode bits (owner, then group, then others).
 
 use nix::sys::stat::FileStat;
 use nix::unistd::{Gid, Uid};
@@ -68,18 +72,32 @@ impl Owner {
 
     /// Whether the owner may read a file of this `fstat`.
     pub fn may_read(&self, st: &FileStat) -> bool {
-        self.may_read_file(st.st_uid, st.st_gid, st.st_mode)
+        self.may(st, READ)
+    }
+
+    /// Whether the owner may access a file of this `fstat` for `want` (read 4, write 2,
+    /// execute or search 1, all of them), by its mode bits.
+    pub fn may(&self, st: &FileStat, want: u32) -> bool {
+        self.may_access_file(st.st_uid, st.st_gid, st.st_mode, want)
     }
 
     /// Whether the owner may read a file of this owner, group and mode.
     pub fn may_read_file(&self, uid: u32, gid: u32, mode: u32) -> bool {
-        if uid == self.uid {
-            mode & 0o400 != 0
+        self.may_access_file(uid, gid, mode, READ)
+    }
+
+    /// Whether the owner may access a file of this owner, group and mode for every bit of
+    /// `want`, as the kernel decides by mode bits: the owner's bits for its owner, the
+    /// group's for a member of its group, the others' for anyone else.
+    pub fn may_access_file(&self, uid: u32, gid: u32, mode: u32, want: u32) -> bool {
+        let bits = if uid == self.uid {
+            mode >> 6
         } else if self.gids.contains(&gid) {
-            mode & 0o040 != 0
+            mode >> 3
         } else {
-            mode & 0o004 != 0
-        }
+            mode
+        };
+        bits & want & 0o7 == want & 0o7
     }
 
     /// Whether the owner may read the file open at `file` (its `fstat`: `st`), as the
@@ -89,35 +107,87 @@ impl Owner {
     /// refusal. An ACL that cannot be read or is not in the kernel's layout refuses the
     /// file.
     pub fn check_read(&self, file: &std::fs::File, st: &FileStat) -> Result<(), String> {
+        self.check(st, What::File, || super::acl::of(file))
+    }
+
+    /// Whether the owner may enter the directory open at `dir` (its `fstat`: `st`) as
+    /// `access` says, decided as [`Owner::check_read`] decides a read: a root fork lists,
+    /// stats and opens what is in another user's directory only where that user could
+    /// have (a root-only directory in the tree hides whatever it holds, however readable
+    /// its files). Err says why not, naming the fix.
+    pub fn check_dir(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        st: &FileStat,
+        access: DirAccess,
+    ) -> Result<(), String> {
+        self.check(st, What::Dir(access), || {
+            // The ACL is read through a descriptor of its own (xattr reads a `File`).
+            match dir.try_clone_to_owned() {
+                Ok(fd) => super::acl::of(&std::fs::File::from(fd)),
+                Err(e) => {
+                    super::acl::Acl::Unreadable(format!("its access ACL could not be read: {e}"))
+                }
+            }
+        })
+    }
+
+    /// The kernel's check of `what`'s access for the owner (see [`Owner::check_read`]).
+    fn check(
+        &self,
+        st: &FileStat,
+        what: What,
+        acl: impl FnOnce() -> super::acl::Acl,
+    ) -> Result<(), String> {
+        let want = what.bits();
+        // The kernel consults the ACL only for someone other than the file's owner, and
+        // only while the group bits (the mask) are not all clear.
         let acl = if st.st_uid == self.uid || st.st_mode & 0o070 == 0 {
             super::acl::Acl::None
         } else {
-            super::acl::of(file)
+            acl()
         };
         match acl {
-            super::acl::Acl::None if self.may_read(st) => Ok(()),
-            super::acl::Acl::None => Err(self.refusal(st)),
+            super::acl::Acl::None if self.may(st, want) => Ok(()),
+            super::acl::Acl::None => Err(self.refusal_for(st, what)),
             super::acl::Acl::Entries(acl) => {
-                if super::acl::allows_read(&acl, self.uid, &self.gids, st.st_uid, st.st_gid) {
+                // `want` is at most 0o7: the cast keeps it.
+                let want = want as u16;
+                if super::acl::allows(&acl, want, self.uid, &self.gids, st.st_uid, st.st_gid) {
                     Ok(())
                 } else {
                     Err(format!(
                         "{} (by its access ACL, `getfacl` shows it)",
-                        self.refusal(st)
+                        self.refusal_for(st, what)
                     ))
                 }
             }
-            super::acl::Acl::Unreadable(why) => Err(format!(
-                "{why}, and fork, running as root, copies only what the tree's owner (uid {}) \
-                 could read itself: remove the ACL (`setfacl -b`) or the file",
-                self.uid
-            )),
+            super::acl::Acl::Unreadable(why) => Err(match what {
+                What::File => format!(
+                    "{why}, and fork, running as root, copies only what the tree's owner \
+                     (uid {}) could read itself: remove the ACL (`setfacl -b`) or the file",
+                    self.uid
+                ),
+                What::Dir(_) => format!(
+                    "{why}, and fork, running as root, enters only the directories the \
+                     tree's owner (uid {}) could enter itself: remove the ACL (`setfacl -b`) \
+                     or the directory",
+                    self.uid
+                ),
+            }),
         }
     }
 
     /// Why a file of this `fstat` is refused.
     pub fn refusal(&self, st: &FileStat) -> String {
         self.refusal_of(st.st_uid, st.st_gid, st.st_mode)
+    }
+
+    fn refusal_for(&self, st: &FileStat, what: What) -> String {
+        match what {
+            What::File => self.refusal(st),
+            What::Dir(access) => self.dir_refusal_of(st.st_uid, st.st_gid, st.st_mode, access),
+        }
     }
 
     fn refusal_of(&self, uid: u32, gid: u32, mode: u32) -> String {
@@ -131,6 +201,53 @@ impl Owner {
             mode & 0o7777,
             self.uid
         )
+    }
+
+    fn dir_refusal_of(&self, uid: u32, gid: u32, mode: u32, access: DirAccess) -> String {
+        let (verb, made, acl) = match access {
+            DirAccess::List => ("list and search", "readable and searchable", "rx"),
+            DirAccess::Search => ("search", "searchable", "x"),
+        };
+        format!(
+            "its owner (uid {owner}) cannot {verb} this directory (uid {uid}, gid {gid}, mode \
+             {mode:04o}), and fork, running as root, enters only the directories the tree's \
+             owner could enter itself: make it {made} by uid {owner} (`chmod`, or `setfacl -m \
+             u:{owner}:{acl}`), or remove it (a runtime's manifest can also `exclude` it)",
+            owner = self.uid,
+            mode = mode & 0o7777,
+        )
+    }
+}
+
+/// Read permission, in a mode's bits (each class) and an ACL entry's.
+const READ: u32 = 0o4;
+
+/// How a directory is entered, and what that takes of its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirAccess {
+    /// Its entries listed, looked at and opened: read and search (`r-x`). Listing takes
+    /// read, and a directory its owner may search but not list (`--x`) is refused: fork
+    /// would list for the owner names the owner could only guess.
+    List,
+    /// Passed through on the way to the tree (a component of a nested path): search (`--x`).
+    Search,
+}
+
+/// What [`Owner::check`] checks.
+#[derive(Debug, Clone, Copy)]
+enum What {
+    File,
+    Dir(DirAccess),
+}
+
+impl What {
+    /// The permission bits it takes (rwx, as in one class of a mode).
+    fn bits(self) -> u32 {
+        match self {
+            What::File => READ,
+            What::Dir(DirAccess::List) => 0o5,
+            What::Dir(DirAccess::Search) => 0o1,
+        }
     }
 }
 
@@ -239,6 +356,45 @@ mod tests {
         assert!(o.may_read_file(0, 0, 0o644));
         assert!(!o.may_read_file(0, 0, 0o600), "a root-only file");
         assert!(o.refusal_of(0, 0, 0o600).contains("uid 1000"));
+    }
+
+    /// A directory is listed with read and search (r-x) and passed through with search:
+    /// each bit counts, by the same class the kernel picks.
+    #[test]
+    fn a_directory_takes_every_bit_wanted_of_one_class() {
+        let o = Owner {
+            uid: 1000,
+            gid: 1000,
+            gids: vec![1000, 27],
+        };
+        assert!(o.may_access_file(1000, 1000, 0o700, 0o5));
+        assert!(!o.may_access_file(1000, 1000, 0o300, 0o5), "owner: no read");
+        assert!(
+            !o.may_access_file(1000, 1000, 0o600, 0o5),
+            "owner: no search"
+        );
+        assert!(o.may_access_file(0, 27, 0o750, 0o5));
+        assert!(
+            !o.may_access_file(0, 27, 0o715, 0o5),
+            "the group's bits, not the others'"
+        );
+        assert!(
+            o.may_access_file(0, 0, 0o711, 0o1),
+            "search only: passed through"
+        );
+        assert!(
+            !o.may_access_file(0, 0, 0o711, 0o5),
+            "search only: not listed"
+        );
+        assert!(
+            !o.may_access_file(0, 0, 0o744, 0o5),
+            "list only: not entered"
+        );
+        let why = o.dir_refusal_of(0, 0, 0o711, DirAccess::List);
+        assert!(
+            why.contains("list and search") && why.contains("u:1000:rx"),
+            "{why}"
+        );
     }
 
     #[test]

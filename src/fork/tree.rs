@@ -6,9 +6,13 @@
 //! opened `O_NOFOLLOW | O_NONBLOCK` relative to it and checked on the opened descriptor
 //! (`fstat`): an entry swapped for a link, a FIFO or a device between the look and the open
 //! is never followed, never blocks, and is never read. [`super::workspace`]'s copies and
-//! hashes read their source through here.
+//! hashes read their source through here. For a root fork on another user's tree, each
+//! file is read and each directory entered only as that user could ([`super::owner`]):
+//! directories are then reopened one component at a time and checked on the way
+//! ([`Tree::dir`]).
 
 use super::error::WorkspaceError;
+use super::owner::{DirAccess, Owner};
 use crate::fsx::FsxError;
 use crate::ioerr::IoError;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
@@ -19,7 +23,7 @@ use sha2::{Digest, Sha256};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -68,7 +72,7 @@ pub struct Tree {
     shown: PathBuf,
     /// Whose reading a root-run fork holds to: the owner of the tree's root (`open`) or of
     /// the trusted directory above it (`beneath`), when that is another user.
-    owner: Option<super::owner::Owner>,
+    owner: Option<Owner>,
 }
 
 fn io(action: &'static str, path: &Path, e: impl Into<std::io::Error>) -> WorkspaceError {
@@ -113,7 +117,8 @@ impl Tree {
     }
 
     /// The directory `rel` beneath the trusted directory `root`, no component of `rel` a
-    /// link (the parent's source or tools beneath its runtime directory).
+    /// link (the parent's source or tools beneath its runtime directory). Held to an
+    /// owner, `root` and every directory of `rel` on the way must be searchable by it.
     pub fn beneath(root: &Path, rel: &Path) -> Result<Tree, WorkspaceError> {
         // No link in any component: the runtime's path is canonical, so a link there was
         // swapped in since (its owner's doing), and would hand another tree, or another
@@ -121,7 +126,8 @@ impl Tree {
         let r = open_dir_no_links(root).map_err(|e| fsx_err(root, e))?;
         let owner = super::owner::Owner::of_dir(&r).map_err(|e| io("stat", root, e))?;
         let shown = root.join(rel);
-        let fd = open_dir_beneath(&r, rel).map_err(|e| fsx_err(&shown, e))?;
+        // The tree's own root is checked for listing when it is read ([`Tree::dir`]).
+        let fd = open_dir_beneath_as(owner.as_ref(), &r, root, rel)?;
         Ok(Tree {
             root: fd,
             shown,
@@ -138,10 +144,18 @@ impl Tree {
         fstat(&self.root).map_err(|e| io("stat", &self.shown, e))
     }
 
-    /// The directory `rel` of the tree, reopened beneath the root.
+    /// The directory `rel` of the tree, reopened beneath the root, to be listed. Held to
+    /// an owner, it is reopened one component at a time and refused
+    /// ([`WorkspaceError::Unreadable`], naming it) unless the owner may list and search it
+    /// and search every directory on the way: checked again on each reopening, so a
+    /// directory the owner renames into the way meanwhile (one it could not enter) is
+    /// refused as well.
     pub fn dir(&self, rel: &Path) -> Result<OwnedFd, WorkspaceError> {
-        open_dir_beneath(&self.root, rel)
-            .map_err(|e| io("open", &self.shown.join(rel), std::io::Error::other(e)))
+        let opened = |shown: &Path, e: FsxError| io("open", shown, std::io::Error::other(e));
+        match &self.owner {
+            None => open_dir_beneath(&self.root, rel).map_err(|e| opened(&self.shown.join(rel), e)),
+            Some(o) => open_as(o, &self.root, &self.shown, rel, DirAccess::List, &opened),
+        }
     }
 
     /// The entries of the directory `dir` (= `rel`), not following links, minus what
@@ -264,6 +278,88 @@ impl Tree {
         out.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
         Ok(out)
     }
+}
+
+/// [`open_dir_beneath`] of `rel` beneath `dir` (named `dir_shown`), for a reading held to
+/// `owner` when it is `Some` (a root fork on another user's tree): `dir` and every
+/// directory of `rel`, the last one included, must then be searchable by the owner
+/// ([`WorkspaceError::Unreadable`] names the one that is not); whoever lists the last one
+/// checks that too. A link in `rel` is [`WorkspaceError::Link`].
+pub fn open_dir_beneath_as(
+    owner: Option<&Owner>,
+    dir: &OwnedFd,
+    dir_shown: &Path,
+    rel: &Path,
+) -> Result<OwnedFd, WorkspaceError> {
+    match owner {
+        None => open_dir_beneath(dir, rel).map_err(|e| fsx_err(&dir_shown.join(rel), e)),
+        Some(o) => open_as(o, dir, dir_shown, rel, DirAccess::Search, &fsx_err),
+    }
+}
+
+/// Refuses the directory open at `dir` (named `shown`) unless `owner` (when `Some`) may
+/// list and search it ([`Owner::check_dir`]): what a reading that lists a directory of
+/// another user's tree checks first.
+pub fn check_listable(
+    owner: Option<&Owner>,
+    dir: BorrowedFd<'_>,
+    shown: &Path,
+) -> Result<(), WorkspaceError> {
+    let Some(o) = owner else {
+        return Ok(());
+    };
+    let st = fstat(dir).map_err(|e| io("stat", shown, e))?;
+    o.check_dir(dir, &st, DirAccess::List)
+        .map_err(|reason| WorkspaceError::Unreadable {
+            path: shown.to_path_buf(),
+            reason,
+        })
+}
+
+/// Opens the directory `rel` beneath `start` (named `start_shown`) as `owner` would reach
+/// it, one component at a time, none of them a link ([`open_dir_beneath`] each): `start`
+/// and every directory on the way must be searchable by the owner and the last one
+/// allowed `last` ([`Owner::check_dir`]: mode bits and ACL, as the kernel decides), else
+/// [`WorkspaceError::Unreadable`] names the directory. `on_err` tells an open that failed.
+fn open_as(
+    owner: &Owner,
+    start: &OwnedFd,
+    start_shown: &Path,
+    rel: &Path,
+    last: DirAccess,
+    on_err: &dyn Fn(&Path, FsxError) -> WorkspaceError,
+) -> Result<OwnedFd, WorkspaceError> {
+    let check = |fd: &OwnedFd, shown: &Path, access: DirAccess| {
+        let st = fstat(fd).map_err(|e| io("stat", shown, e))?;
+        owner
+            .check_dir(fd.as_fd(), &st, access)
+            .map_err(|reason| WorkspaceError::Unreadable {
+                path: shown.to_path_buf(),
+                reason,
+            })
+    };
+    let parts: Vec<&OsStr> = rel
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::CurDir))
+        .map(|c| c.as_os_str())
+        .collect();
+    let access = |i: usize| {
+        if i == parts.len() {
+            last
+        } else {
+            DirAccess::Search
+        }
+    };
+    check(start, start_shown, access(0))?;
+    let mut cur = start.try_clone().map_err(|e| io("open", start_shown, e))?;
+    let mut shown = start_shown.to_path_buf();
+    for (i, part) in parts.iter().enumerate() {
+        shown.push(part);
+        // One component: `..`, an absolute path and a link are refused there.
+        cur = open_dir_beneath(&cur, Path::new(part)).map_err(|e| on_err(&shown, e))?;
+        check(&cur, &shown, access(i + 1))?;
+    }
+    Ok(cur)
 }
 
 /// The sha256 of what `f` holds.

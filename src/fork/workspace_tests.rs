@@ -800,6 +800,131 @@ fn a_root_fork_copies_only_what_the_trees_owner_could_read() {
     assert_eq!(fs::read(to3.join("linked")).unwrap(), b"root only");
 }
 
+/// As root, a tree another user owns is entered only as far as that user could: every
+/// directory read (listed and searched) must be one the owner may list (r) and search (x),
+/// the tree's root and the directories on the way to it beneath the runtime included. A
+/// root-only directory (0700) holding a world-readable file, one the owner may search but
+/// not list (0711: fork would list it for the owner), one it may list but not search
+/// (0744), and the owner's own directory closed to itself (0000) are refused by every
+/// reading (the copies, the hash, the listing, `--workspace`'s copy), naming the directory
+/// and the fix. An excluded directory is never entered, so never refused; the same tree as
+/// root's own is read as before.
+#[test]
+fn a_root_fork_enters_only_directories_the_trees_owner_could_list_and_search() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let nobody = 65534;
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tmp.path().join("rt");
+    let src = rt.join("src");
+    fs::create_dir_all(src.join("mine")).unwrap();
+    for p in [&rt, &src, &src.join("mine")] {
+        chown(p, Some(nobody), Some(nobody)).unwrap();
+    }
+    fs::set_permissions(src.join("mine"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(src.join("mine/own.txt"), "own").unwrap();
+    chown(src.join("mine/own.txt"), Some(nobody), Some(nobody)).unwrap();
+    // The owner's own directory, open to itself only: read.
+    copy_tree_beneath(&rt, Path::new("src"), &tmp.path().join("ok"), &[]).unwrap();
+    let n = std::cell::Cell::new(0);
+    let to = || {
+        n.set(n.get() + 1);
+        tmp.path().join(format!("to{}", n.get()))
+    };
+    // Every reading of the tree refuses `name`, naming it, the owner and the fix.
+    let refused_everywhere = |name: &str| {
+        let check = |e: WorkspaceError, how: &str| {
+            assert!(
+                matches!(&e, WorkspaceError::Unreadable { path, reason }
+                    if path.ends_with(name) && reason.contains("uid 65534")
+                        && reason.contains("directory")),
+                "{name}, {how}: {e}"
+            );
+        };
+        let src_rel = Path::new("src");
+        check(
+            copy_tree_beneath(&rt, src_rel, &to(), &[]).unwrap_err(),
+            "copy",
+        );
+        check(
+            copy_tree_beneath_listed(&rt, src_rel, &to(), &[]).unwrap_err(),
+            "listed copy",
+        );
+        check(tree_hash_beneath(&rt, src_rel, &[]).unwrap_err(), "hash");
+        check(
+            TreeListing::beneath(&rt, src_rel, &[]).unwrap_err(),
+            "listing",
+        );
+        check(
+            copy_users_tree(&src, &to(), &[]).unwrap_err(),
+            "--workspace",
+        );
+    };
+    // (name, owner, mode): each holds a world-readable file.
+    for (name, uid, mode) in [
+        ("secret", 0, 0o700),
+        ("search-only", 0, 0o711),
+        ("list-only", 0, 0o744),
+        ("own-closed", nobody, 0o000),
+    ] {
+        let d = src.join(name);
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("key.txt"), "root only").unwrap();
+        fs::set_permissions(d.join("key.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+        chown(&d, Some(uid), Some(uid)).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(mode)).unwrap();
+        refused_everywhere(name);
+        // Excluded, it is never entered.
+        copy_tree_beneath(&rt, Path::new("src"), &to(), &[name.to_string()]).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::remove_dir_all(&d).unwrap();
+    }
+    // A directory on the way to the tree, beneath the runtime (a nested source or tools
+    // path): the owner must be able to search it.
+    let outer = rt.join("outer");
+    fs::create_dir_all(outer.join("inner")).unwrap();
+    fs::write(outer.join("inner/key.txt"), "root only").unwrap();
+    fs::set_permissions(&outer, fs::Permissions::from_mode(0o700)).unwrap();
+    let e = copy_tree_beneath(&rt, Path::new("outer/inner"), &to(), &[]).unwrap_err();
+    assert!(
+        matches!(&e, WorkspaceError::Unreadable { path, reason }
+            if path.ends_with("outer") && reason.contains("uid 65534")),
+        "{e}"
+    );
+    fs::set_permissions(&outer, fs::Permissions::from_mode(0o711)).unwrap();
+    copy_tree_beneath(&rt, Path::new("outer/inner"), &to(), &[]).unwrap();
+    // A directory the owner renames into the way after its parent was listed (a root-only
+    // one it cannot enter, put where its own was): the reopening checks the way again.
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    chown(src.join("a"), Some(nobody), Some(nobody)).unwrap();
+    fs::create_dir_all(src.join("secret/b")).unwrap();
+    fs::write(src.join("secret/b/key.txt"), "root only").unwrap();
+    fs::set_permissions(src.join("secret"), fs::Permissions::from_mode(0o700)).unwrap();
+    let tree = Tree::beneath(&rt, Path::new("src")).unwrap();
+    tree.dir(Path::new("a")).unwrap();
+    fs::rename(src.join("a"), src.join("a-was")).unwrap();
+    fs::rename(src.join("secret"), src.join("a")).unwrap();
+    let e = tree.dir(Path::new("a/b")).unwrap_err();
+    assert!(
+        matches!(&e, WorkspaceError::Unreadable { path, .. } if path.ends_with("src/a")),
+        "{e}"
+    );
+    for d in ["a", "a-was"] {
+        fs::remove_dir_all(src.join(d)).unwrap();
+    }
+    // The same tree as root's own: read as before.
+    let d = src.join("secret");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("key.txt"), "root only").unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
+    chown(&rt, Some(0), Some(0)).unwrap();
+    let last = to();
+    copy_tree_beneath(&rt, Path::new("src"), &last, &[]).unwrap();
+    assert_eq!(fs::read(last.join("secret/key.txt")).unwrap(), b"root only");
+}
+
 /// As root, another user's tree is held to each file's access ACL where it has one, as the
 /// kernel would hold that user: a root-only file (mode 0600) that an ACL entry opens to
 /// the owner is copied, a world-readable one (0644) that an entry closes to the owner is
@@ -877,6 +1002,61 @@ fn a_root_fork_holds_another_users_tree_to_its_acls() {
     refused_by_acl("closed.txt", "to3");
     let e = tree_hash_beneath(&rt, Path::new("src"), &[]).unwrap_err();
     assert!(matches!(e, WorkspaceError::Unreadable { .. }), "{e}");
+    // Directories are held to their ACLs the same way, for listing and searching (r-x): a
+    // root-only directory (0750, root's group) that an entry opens to the owner is read; a
+    // world-readable one (0755) that an entry closes, or opens for searching only, is
+    // refused, naming it and the ACL. Its file is world-readable: only the directory
+    // stands between the owner and it.
+    fs::remove_file(src.join("closed.txt")).unwrap();
+    let dir_with_acl = |name: &str, mode: u32, acl: &[acl::Entry]| {
+        let path = src.join(name);
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("inside.txt"), name).unwrap();
+        fs::set_permissions(path.join("inside.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        assert!(acl::set_or_skip(&path, acl));
+    };
+    dir_with_acl(
+        "dir-opened",
+        0o750,
+        &[
+            user_obj(7),
+            user(nobody, 5),
+            group_obj(5),
+            mask(5),
+            other(0),
+        ],
+    );
+    let to5 = tmp.path().join("to5");
+    copy_tree_beneath(&rt, Path::new("src"), &to5, &[]).unwrap();
+    assert_eq!(
+        fs::read(to5.join("dir-opened/inside.txt")).unwrap(),
+        b"dir-opened"
+    );
+    for (name, named) in [
+        ("dir-closed", 0),
+        ("dir-search-only", 1),
+        ("dir-list-only", 4),
+    ] {
+        dir_with_acl(
+            name,
+            0o755,
+            &[
+                user_obj(7),
+                user(nobody, named),
+                group_obj(5),
+                mask(5),
+                other(5),
+            ],
+        );
+        refused_by_acl(name, &format!("to-{name}"));
+        let e = tree_hash_beneath(&rt, Path::new("src"), &[]).unwrap_err();
+        assert!(
+            matches!(&e, WorkspaceError::Unreadable { path, .. } if path.ends_with(name)),
+            "{e}"
+        );
+        fs::remove_dir_all(src.join(name)).unwrap();
+    }
     // A root-owned tree is read as before, ACLs or not.
     chown(&rt, Some(0), Some(0)).unwrap();
     copy_tree_beneath(&rt, Path::new("src"), &tmp.path().join("to4"), &[]).unwrap();
