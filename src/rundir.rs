@@ -209,8 +209,10 @@ impl ProcessIdentity {
     }
 
     /// Whether the process `self.pid` names now is this one: same start time, and the
-    /// same pid namespace when one was recorded (a recorded one that cannot be read now
-    /// does not match).
+    /// same pid namespace when one was recorded and can be read now. (A rootless `fork gc`
+    /// runs in a user namespace of its own, a sibling of the supervisor's, and may not
+    /// read the init's namespace links: the pid with its start time, in clock ticks since
+    /// boot, still names one process, since a pid is reused only after its process ended.)
     pub fn is_current(&self) -> bool {
         ProcessIdentity::of(self.pid).is_some_and(|now| self.matches(&now))
     }
@@ -219,7 +221,7 @@ impl ProcessIdentity {
     fn matches(&self, now: &ProcessIdentity) -> bool {
         now.pid == self.pid
             && now.start == self.start
-            && (self.pidns.is_none() || now.pidns == self.pidns)
+            && (self.pidns.is_none() || now.pidns.is_none() || now.pidns == self.pidns)
     }
 }
 
@@ -525,6 +527,12 @@ mod tests {
         }
         // No pid namespace recorded: the start time decides.
         assert!(ProcessIdentity { pidns: None, ..me }.is_current());
+        // One recorded that cannot be read now (a rootless gc): the start time decides.
+        let recorded = ProcessIdentity {
+            pidns: Some(7),
+            ..me
+        };
+        assert!(recorded.matches(&ProcessIdentity { pidns: None, ..me }));
         // Records: an older fork's (the pid alone) identifies nothing.
         let old: RunMeta =
             serde_json::from_str(r#"{"run_id":"a","supervisor_pid":1,"init_pid":7,"created":"x"}"#)

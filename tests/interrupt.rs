@@ -115,23 +115,27 @@ fn sigterm_during_a_long_parse_ends_evaluate_within_a_second() {
 #[test]
 fn sigterm_during_the_gates_ends_evaluate_with_no_verdict() {
     need_root!();
-    // A large patch (the policy lets 64 MiB through the size gate) that the protected-path
-    // gate will stop: its parse holds the supervisor in the gates, before any run is made
-    // (so the interrupt watcher, which tears down runs, has none to end), and the REJECT
-    // that follows would be signed and recorded unless the evaluation looks at the flag.
+    // A large patch (under the policy's 64 MiB size gate, so that it is parsed) that the
+    // protected-path gate will stop: its parse holds the supervisor in the gates, before
+    // any run is made (so the interrupt watcher, which tears down runs, has none to end),
+    // and the REJECT that follows would be signed and recorded unless the evaluation looks
+    // at the flag. The signal is sent once the gates' progress line is out.
     let env = Env::new("int-gates");
     let rt = env.runtime("rt", "");
     let policy = env.dir.join("big.toml");
     std::fs::write(&policy, "[gates]\nmax_patch_bytes = \"64MiB\"\n").unwrap();
-    let lines = 1_500_000;
+    let lines = 1_000_000;
     let mut diff = format!(
         "diff --git a/tests/big.txt b/tests/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/tests/big.txt\n@@ -0,0 +1,{lines} @@\n"
     );
     for i in 0..lines {
-        diff.push_str(&format!(
-            "+line {i} of a patch long enough to parse a while\n"
-        ));
+        diff.push_str(&format!("+line {i} of a patch long enough to parse\n"));
     }
+    assert!(
+        diff.len() < 64 << 20,
+        "{} bytes: over the size gate",
+        diff.len()
+    );
     let big = env.dir.join("big.diff");
     std::fs::write(&big, diff).unwrap();
     let out = env.out("gates");
@@ -155,17 +159,36 @@ fn sigterm_during_the_gates_ends_evaluate_with_no_verdict() {
         .arg("--out")
         .arg(&out)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(150));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("checking the patch") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the gates' progress line");
     assert!(
         child.try_wait().unwrap().is_none(),
         "the evaluation ended before it could be interrupted in the gates"
     );
     let (code, _) = signal_and_time(&mut child, Signal::SIGTERM);
     let ids = w.finish();
-    assert_eq!(code, Some(130));
+    let stderr = reader.join().unwrap();
+    assert_eq!(code, Some(130), "{stderr}");
     // Ended where the gates did: not even the evaluation's staging was made (the interrupt
     // watcher would tear it down, but only if it looked, every 20 ms, before this thread
     // had signed and recorded the REJECT).

@@ -434,7 +434,14 @@ pub fn remove_tree(path: &Path) -> Result<(), WorkspaceError> {
     };
     let parent_fd = match crate::fsx::open_dir(parent, true) {
         Ok(fd) => fd,
+        // A missing parent is a missing path: removing it is done (`open_dir` says ENOENT
+        // as an I/O error).
         Err(crate::fsx::FsxError::Missing { .. }) => return Ok(()),
+        Err(crate::fsx::FsxError::Io { source, .. })
+            if source.kind() == io::ErrorKind::NotFound =>
+        {
+            return Ok(())
+        }
         Err(e) => return Err(IoError::new("open", parent, io::Error::other(e)).into()),
     };
     let st = match nix::sys::stat::fstatat(&parent_fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {

@@ -611,6 +611,8 @@ fn remove_tree_does_not_follow_symlinks() {
     assert!(!ws.exists());
     assert_eq!(fs::read(keep.join("precious")).unwrap(), b"p");
     remove_tree(&ws).unwrap();
+    // Idempotent with its parent gone too.
+    remove_tree(&dir.path().join("gone/ws")).unwrap();
 }
 
 /// The removal opens up (0700) a directory it cannot enter or empty (0000 here), and never

@@ -6,10 +6,11 @@
 //! before the consumer existed or during a reconnect is missed). Each message's header is
 //! checked; a message seen before (same message id) is refused; every other one is written
 //! into a scratch directory and checked as `fork verify` checks it against the trusted
-//! keys. A bundle that verifies is kept as `OUT/<proposal_id>/<endorsing key id>-<n>/`
-//! (named after the key that really endorsed it, at most [`ANSWERS_PER_NODE`] per key, a
-//! copy of one already kept refused); one that does not is kept under the key id its
-//! message claims, for the report, up to [`REFUSED_KEPT`] of them, and removed past that.
+//! keys. A bundle that verifies and whose signed verdict answers this proposal is kept as
+//! `OUT/<proposal_id>/<endorsing key id>-<nn>/` (named after the key that really endorsed
+//! it, at most [`ANSWERS_PER_NODE`] per key, a copy of one already kept refused); any other
+//! is kept as `x-<the key id its message claims>-<nn>/`, for the report, up to
+//! [`REFUSED_KEPT`] of them, and removed past that.
 //! The votes are then counted again, with the proposal's id, patch hash and task hash, so
 //! that a verdict for another proposal or patch (a replay) never counts. So whatever
 //! anyone publishes on the subject, the proposer keeps and re-checks a bounded number of
@@ -412,7 +413,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
                 continue;
             }
         };
-        let dir = match keep(&out_dir, &m.files, &claimed, &cfg.trusted, &mut intake) {
+        let dir = match keep(&out_dir, &m.files, &claimed, &cfg, &mut intake) {
             Ok(dir) => dir,
             Err(reason) => {
                 refuse(Some(m.node_key.clone()), reason);
@@ -467,50 +468,68 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
 /// What the proposer has kept of the answers so far.
 #[derive(Default)]
 struct Intake {
-    /// Directories made per key id (the endorsing key's, or the claimed one's for a bundle
-    /// that does not verify): names `<key id>-<n>` are never reused.
-    named: BTreeMap<String, usize>,
-    /// Bundles kept per endorsing node key.
+    /// Bundles kept per endorsing node key (those that answer this proposal).
     per_node: BTreeMap<String, usize>,
     /// The sha256 of each kept verified bundle's verdict.json.
     verdicts: HashSet<String>,
-    /// Bundles kept that do not verify.
+    /// Bundles kept that do not count: they do not verify, or they answer another
+    /// proposal, patch or task.
     refused: usize,
 }
 
 /// Writes an answer's `files` into a scratch directory under `out_dir`, checks it against
-/// `trusted`, and keeps it (see the module docs): the directory it now has, or why it
-/// was not kept.
+/// the trusted keys and this proposal (`cfg`), and keeps it (see the module docs): the
+/// directory it now has, or why it was not kept.
+///
+/// A bundle that verifies and answers this proposal (its signed `proposal_id`, patch and
+/// task are this proposal's) is kept as `<endorsing key id>-<nn>`, at most
+/// [`ANSWERS_PER_NODE`] per key: a genuine verdict of an earlier proposal, re-sent by
+/// anyone under this proposal's id, must not take one of its node's places. Any other
+/// bundle is kept as `x-<claimed key id>-<nn>` (sorted after every counted one, numbered
+/// apart from them), at most [`REFUSED_KEPT`] in all, for the report.
 fn keep(
     out_dir: &Path,
     files: &BTreeMap<String, String>,
     claimed: &str,
-    trusted: &[PublicKey],
+    cfg: &ConsensusConfig,
     intake: &mut Intake,
 ) -> Result<PathBuf, String> {
     let scratch = out_dir.join(".incoming");
     let _ = std::fs::remove_dir_all(&scratch);
-    crate::mesh::messages::write_bundle_files(&scratch, files).map_err(|e| e.to_string())?;
-    let mut name = |key_id: &str| {
-        let n = intake.named.entry(key_id.to_string()).or_insert(0);
-        *n += 1;
-        out_dir.join(format!("{key_id}-{n}"))
+    let written = crate::mesh::messages::write_bundle_files(&scratch, files);
+    let verified = written.map_err(|e| e.to_string()).and_then(|()| {
+        crate::verdict::verify_bundle(&scratch, &cfg.trusted).map_err(|e| e.to_string())
+    });
+    let counted = match verified {
+        Ok(v) => {
+            let verdict = &v.verdict;
+            let answers = verdict.proposal_id.is_some() && verdict.proposal_id == cfg.proposal_id;
+            let ours = |want: &Option<String>, got: &str| want.as_deref().is_none_or(|w| w == got);
+            if answers
+                && ours(&cfg.patch_hash, &verdict.patch_hash)
+                && ours(&cfg.task_hash, &verdict.task_hash)
+            {
+                Ok(v)
+            } else {
+                Err("it does not answer this proposal".to_string())
+            }
+        }
+        Err(e) => Err(e),
     };
-    let dir = match crate::verdict::verify_bundle(&scratch, trusted) {
+    let dir = match counted {
         Ok(v) => {
             let key_id = v.node_key.key_id();
             let doc = std::fs::read(scratch.join(crate::verdict::bundle::VERDICT_FILE));
             let doc = doc.map(|d| crate::verdict::sha256_digest(&d));
+            let kept = intake.per_node.get(&key_id).copied().unwrap_or(0);
             let refusal = match &doc {
                 Err(e) => Some(format!("reading its verdict.json: {e}")),
                 Ok(d) if intake.verdicts.contains(d) => {
                     Some(format!("a copy of a verdict of {key_id} already received"))
                 }
-                Ok(_) if intake.per_node.get(&key_id).copied().unwrap_or(0) >= ANSWERS_PER_NODE => {
-                    Some(format!(
-                        "{key_id} already has {ANSWERS_PER_NODE} answers kept for this proposal"
-                    ))
-                }
+                Ok(_) if kept >= ANSWERS_PER_NODE => Some(format!(
+                    "{key_id} already has {ANSWERS_PER_NODE} answers kept for this proposal"
+                )),
                 Ok(_) => None,
             };
             if let Some(why) = refusal {
@@ -520,21 +539,24 @@ fn keep(
             if let Ok(d) = doc {
                 intake.verdicts.insert(d);
             }
-            *intake.per_node.entry(key_id.clone()).or_insert(0) += 1;
-            name(&key_id)
+            intake.per_node.insert(key_id.clone(), kept + 1);
+            out_dir.join(format!("{key_id}-{:02}", kept + 1))
         }
-        Err(e) if intake.refused >= REFUSED_KEPT => {
+        Err(e) if intake.refused >= REFUSED_KEPT || !scratch.is_dir() => {
             let _ = std::fs::remove_dir_all(&scratch);
             return Err(format!(
-                "{e} (not kept: {REFUSED_KEPT} bundles that do not verify are kept already)"
+                "{e} (not kept: {REFUSED_KEPT} bundles that do not count are kept already, or it could not be written)"
             ));
         }
         Err(_) => {
             intake.refused += 1;
-            name(claimed)
+            out_dir.join(format!("x-{claimed}-{:02}", intake.refused))
         }
     };
-    std::fs::rename(&scratch, &dir).map_err(|e| format!("keeping it as {}: {e}", dir.display()))?;
+    std::fs::rename(&scratch, &dir).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&scratch);
+        format!("keeping it as {}: {e}", dir.display())
+    })?;
     Ok(dir)
 }
 

@@ -3,7 +3,7 @@
 //! path-escaping bundle and replayed verdicts are refused.
 
 use super::*;
-use fork::mesh::propose::REFUSED_KEPT;
+use fork::mesh::propose::{ANSWERS_PER_NODE, REFUSED_KEPT};
 
 /// The proposals' plan (the one task they name), each task with its hash, as `fork
 /// evaluate` computes them.
@@ -300,7 +300,7 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
 
     // Replays: the second proposal's only answers from the liar are its old bundle and an
     // honest node's old bundle; neither counts.
-    *honest1_bundle.lock().unwrap() = Some(out.join(&id1).join(format!("{}-1", h1.key_id())));
+    *honest1_bundle.lock().unwrap() = Some(out.join(&id1).join(format!("{}-01", h1.key_id())));
     h1.stop();
     h2.stop();
     let child = propose_in_background(
@@ -332,8 +332,11 @@ fn a_dishonest_node_is_outvoted_and_forgeries_are_refused() {
 }
 
 /// The proposer counts votes on the plan its own runtime gives the proposal's task: a
-/// trusted node's vote on another task (here the only vote) is refused as `foreign_task`,
-/// never taken as the task the others must match (as the first vote read once was).
+/// trusted node's vote on another task is refused as `foreign_task`, never taken as the
+/// task the others must match (as the first vote read once was). And what it keeps is
+/// bounded, whoever sends: a trusted node's genuine verdicts of earlier proposals, re-sent
+/// under this proposal's id before its real answer, do not take its places; a copy of a
+/// kept verdict is refused; past a bound, bundles that do not count are not kept.
 #[test]
 fn the_proposer_pins_the_task_its_runtime_defines() {
     need_root_and_nats!();
@@ -341,17 +344,16 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
     let nats = Nats::start(&dir.0);
     let proposer = Node::new(&dir.0, "proposer");
     let liar = Node::new(&dir.0, "liar");
+    let steady = Node::new(&dir.0, "steady");
     let out = dir.0.join("out");
     let forged = dir.0.join("forged");
     std::fs::create_dir_all(&forged).unwrap();
-    let liar_key = liar.key_file();
+    let (liar_key, steady_key) = (liar.key_file(), steady.key_file());
     let weak = vec![(
         "weak".to_string(),
         fork::verdict::sha256_digest(b"a task that checks nothing"),
     )];
-    // Untrusted senders, each with a bundle of its own; the first also re-sends the liar's
-    // bundle as its own answer (a copy, claimed under its key id).
-    let strangers: Vec<PathBuf> = (0..REFUSED_KEPT + 4)
+    let strangers: Vec<PathBuf> = (0..REFUSED_KEPT)
         .map(|i| {
             let k = dir.0.join(format!("stranger{i}.key"));
             fork::identity::generate_node_key(&k, false).unwrap();
@@ -359,10 +361,25 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
         })
         .collect();
     let fake = FakeNode::start(&nats.url(), move |p| {
+        let mut out = Vec::new();
+        // The liar: a vote on another task.
         let lie = forged.join("weak");
         forge_bundle_of(&lie, &liar_key, p, weak.clone());
-        let mut out = vec![(message_for(&p.proposal_id, &liar_key, &lie), None)];
-        out.push((message_for(&p.proposal_id, &strangers[0], &lie), None));
+        out.push((message_for(&p.proposal_id, &liar_key, &lie), None));
+        // The steady node's genuine verdicts of four earlier proposals, re-sent as answers
+        // to this one (by anyone: they are on the stream), then its real answer.
+        for i in 0..ANSWERS_PER_NODE {
+            let mut old = p.clone();
+            old.proposal_id = format!("earlier-{i}");
+            let b = forged.join(format!("steady-old{i}"));
+            forge_bundle(&b, &steady_key, &old);
+            out.push((message_for(&p.proposal_id, &steady_key, &b), None));
+        }
+        let real = forged.join("steady");
+        forge_bundle(&real, &steady_key, p);
+        out.push((message_for(&p.proposal_id, &steady_key, &real), None));
+        // A stranger re-sends that real answer as its own; then each sends one of its own.
+        out.push((message_for(&p.proposal_id, &strangers[0], &real), None));
         for (i, k) in strangers.iter().enumerate() {
             let b = forged.join(format!("stranger{i}"));
             forge_bundle(&b, k, p);
@@ -370,7 +387,7 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
         }
         out
     });
-    let trust = [liar.key.as_str()];
+    let trust = [liar.key.as_str(), steady.key.as_str()];
     let child = propose_in_background(
         &proposer,
         &nats.url(),
@@ -381,23 +398,25 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
     );
     fake.wait_answered();
     let p = wait_proposed(child, Duration::from_secs(40));
-    assert_eq!(p.code, 1, "{}", p.ctx());
     let c = p.consensus();
-    assert_eq!(c["approved"], false, "{}", p.ctx());
-    assert_eq!(c["responders"], 0, "{}", p.ctx());
+    // The steady node's real vote counts (1 approval of 1 responder); the liar's does not.
+    assert_eq!(c["responders"], 1, "{}", p.ctx());
+    assert_eq!(c["approved"], true, "{}", p.ctx());
+    assert_eq!(p.code, 0, "{}", p.ctx());
     assert_eq!(c["task_hash"], task_hash().as_str(), "{}", p.ctx());
-    // What is kept is bounded whoever sends: the liar's one bundle, under the key id that
-    // endorsed it (its copy, claimed by a stranger, refused), and the first REFUSED_KEPT
-    // bundles that do not verify; the rest refused without being kept.
+    // Kept besides it: the liar's bundle, the four re-sent ones and the first strangers',
+    // REFUSED_KEPT in all, each refused by the count; the rest refused without being kept.
     let mut reasons = p.refused_reasons();
     reasons.sort();
-    let mut want = vec!["untrusted"; REFUSED_KEPT];
-    want.insert(0, "foreign_task");
+    let strangers_kept = REFUSED_KEPT - 1 - ANSWERS_PER_NODE;
+    let mut want = vec!["foreign_task"];
+    want.extend(vec!["replayed"; ANSWERS_PER_NODE]);
+    want.extend(vec!["untrusted"; strangers_kept]);
     assert_eq!(reasons, want, "{}", p.ctx());
     let messages = p.refused_messages();
     assert_eq!(
         messages.iter().filter(|m| m.contains("not kept")).count(),
-        4,
+        REFUSED_KEPT - strangers_kept,
         "{}",
         p.ctx()
     );
@@ -410,7 +429,7 @@ fn the_proposer_pins_the_task_its_runtime_defines() {
     assert_eq!(kept, REFUSED_KEPT + 1, "{}", p.ctx());
     assert!(
         out.join(p.id())
-            .join(format!("{}-1", liar.key_id()))
+            .join(format!("{}-01", steady.key_id()))
             .is_dir(),
         "{}",
         p.ctx()

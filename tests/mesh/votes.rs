@@ -42,7 +42,7 @@ fn three_nodes_approve_unanimously_and_staging_is_separate() {
     // "verdict"`) a node publishes its verdict and the artifacts' hashes, never their
     // contents (logs, reports).
     for n in &nodes {
-        let b = out.join(p.id()).join(format!("{}-1", n.key_id()));
+        let b = out.join(p.id()).join(format!("{}-01", n.key_id()));
         assert!(!b.join("artifacts").exists(), "artifacts were published");
         assert!(b.join("artifacts.withheld").is_file());
         let text = n
