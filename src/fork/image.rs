@@ -7,7 +7,7 @@
 use super::precopy::RawSource;
 use super::sqlite::{
     as_reader, check_and_hash, check_beside, check_copy, io_err, open_source, retry_busy,
-    sqlite_err, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
+    sqlite_err, Parent, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
 };
 use std::io;
 use std::path::Path;
@@ -21,37 +21,36 @@ use std::time::{Duration, Instant};
 /// else every page of the database as that transaction sees it read by SQLite
 /// (`sqlite3_serialize`, through the pager: the WAL's frames included) into memory, then
 /// written to `dest` and checked there while another thread hashes it. Returns None
-/// (nothing done) for an empty database or one above the bound. `uri`: the parent is live
-/// and read through it (see `parent.rs`).
+/// (nothing done) for an empty database or one above the bound. `parent`: how SQLite reads
+/// it (see `parent.rs`; on the rollback path, each read under the guard of `header.rs`).
 pub(super) fn copy_image(
     src: &Path,
-    uri: Option<&str>,
+    parent: Parent,
     dest: &Path,
-    wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<Option<SnapshotStats>, SnapshotError> {
     if opts.image_max_bytes == 0 {
         return Ok(None);
     }
-    // Rollback journal: the file opened before SQLite opens it (a file put in its place
-    // afterwards is then seen under the lock as another file), and a large one copied with
-    // no lock held (`precopy.rs`).
-    let raw = if !wal && opts.raw_copy {
-        Some(super::precopy::open_raw(src, opts)?)
-    } else {
-        None
+    let wal = parent.wal();
+    // Rollback journal: the file the guard opened before SQLite opened it (a file put in
+    // its place afterwards is then seen under the lock as another file), and a large one
+    // copied with no lock held (`precopy.rs`).
+    let raw = match parent.guard() {
+        Some(guard) if opts.raw_copy => Some(super::precopy::open_raw(guard, src, opts)?),
+        _ => None,
     };
-    let source = open_source(src, uri, opts, started)?;
-    let mut raw = match raw {
-        Some(RawSource::Large(file)) => Some(RawSource::Precopied(Box::new(
-            super::precopy::precopy(file, &source, src, dest, opts, started)?,
+    let source = open_source(src, parent, opts, started)?;
+    let mut raw = match (raw, parent.guard()) {
+        (Some(RawSource::Large(file)), Some(guard)) => Some(RawSource::Precopied(Box::new(
+            super::precopy::precopy(file, &source, guard, src, dest, opts, started)?,
         ))),
-        other => other,
+        (other, _) => other,
     };
-    // WAL mode, a live parent (`uri`): the files under the read transaction (`walcopy.rs`),
+    // WAL mode, a live parent: the files under the read transaction (`walcopy.rs`),
     // attempt after attempt while the WAL restarts under the copy.
-    let mut file_attempts = if wal && uri.is_some() && opts.wal_file_copy {
+    let mut file_attempts = if matches!(parent, Parent::Live(_)) && opts.wal_file_copy {
         super::walcopy::MAX_ATTEMPTS
     } else {
         0
@@ -63,7 +62,7 @@ pub(super) fn copy_image(
             .map_err(sqlite_err("begin a read transaction on", src))?;
         // The first read takes the read lock; everything below reads one state of the file.
         let (pages, page_size) = as_reader(src, opts, || {
-            retry_busy(src, opts, started, "read", || {
+            retry_busy(src, opts, started, "read", parent.guard(), || {
                 source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
                     r.get::<_, i64>(0)
                 })?;

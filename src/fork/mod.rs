@@ -10,7 +10,10 @@
 //!   copy by SQLite; `pieces.rs`: its BLAKE3 kept piece by piece, so that only what the
 //!   replay rewrote is hashed again), `sqlite.rs` what both copies share (options,
 //!   statistics, errors, opening, checking and hashing), `digest.rs` the digest that names
-//!   a copy (BLAKE3 by default, or SHA-256).
+//!   a copy (BLAKE3 by default, or SHA-256), `parent.rs` how a WAL-mode parent is read
+//!   without creating a file beside it, `header.rs` the journal mode read from the
+//!   parent's header under SQLite's SHARED lock (every read of a rollback-journal parent
+//!   runs under it).
 //! * [`workspace`]: the run's workspace layout (`src/ state/ tools/ reports/ home/`), the
 //!   copy of the source tree and tool registry, and cleanup; `hashes.rs` the tree hashes
 //!   (the source hash and listing every copy is checked by, the deployment hash a verdict
@@ -25,6 +28,7 @@ pub mod copyback;
 pub mod digest;
 pub mod error;
 mod hashes;
+mod header;
 mod image;
 pub mod owner;
 pub mod parent;

@@ -24,7 +24,11 @@
 //!   the first path).
 //!
 //! A rollback-journal source (delete, truncate, persist, memory) is read by a read-only
-//! SQLite connection, which creates no file in these modes.
+//! SQLite connection, which creates no file in these modes; each of its reads runs under
+//! fork's own SHARED lock after the header, read through it, said rollback-journal mode
+//! (`header.rs`: a connection that finds WAL mode creates `-wal` and `-shm`). A WAL-mode
+//! source's header is read again once the lock below is taken: a parent that left WAL mode
+//! after fork looked is read as a rollback-journal one.
 
 use super::owner::{open_as, ReadAs};
 use nix::fcntl::{FcntlArg, OFlag};
@@ -35,8 +39,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// SQLite's lock bytes: PENDING at 1 GiB, then RESERVED, then the 510-byte SHARED range.
-const SHARED_FIRST: i64 = 0x4000_0002;
-const SHARED_SIZE: i64 = 510;
+use super::header::{SHARED_FIRST, SHARED_SIZE};
 
 /// The parent's database opened read-only, never through a link, with SQLite's SHARED lock
 /// held through it (released when dropped).
@@ -202,6 +205,19 @@ impl ParentDb {
             path: path.to_path_buf(),
             read_as,
         })
+    }
+
+    /// Whether the header, read through the locked descriptor, names WAL mode. Leaving WAL
+    /// mode takes SQLite's EXCLUSIVE lock, which the SHARED lock held here keeps off, so
+    /// the answer holds as long as this lock does.
+    pub fn in_wal_mode(&self) -> std::io::Result<bool> {
+        Ok(super::header::mode_of(&self.fd)? == super::header::Mode::Wal)
+    }
+
+    /// Lets go of the SHARED lock and gives back the descriptor it was held through.
+    pub fn release(self) -> std::io::Result<File> {
+        super::header::release_shared(&self.fd)?;
+        Ok(File::from(self.fd))
     }
 
     /// How to read the parent now (see the module docs); `scratch` is a fresh path in

@@ -37,6 +37,7 @@
 //! another writer of fork's private staging (not a proof: a write within the tick of
 //! fork's own last one keeps it).
 
+use super::header::RollbackGuard;
 use super::pieces::Behind;
 use super::raw::{check_locked_file, copy_chunks, end_read, FileTimes, Image, CHUNK};
 use super::sqlite::{
@@ -134,6 +135,7 @@ pub(super) fn stamping(file: &File) -> bool {
 fn quiet_stamps(
     file: &File,
     source: &Connection,
+    guard: &RollbackGuard,
     src: &Path,
     opts: &SnapshotOptions,
     started: Instant,
@@ -146,7 +148,7 @@ fn quiet_stamps(
         .execute_batch("BEGIN DEFERRED")
         .map_err(sqlite_err("begin a read transaction on", src))?;
     let read = as_reader(src, opts, || {
-        retry_busy(src, opts, started, "read", || {
+        retry_busy(src, opts, started, "read", Some(guard), || {
             source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
                 r.get::<_, i64>(0)
             })
@@ -204,11 +206,15 @@ pub(super) enum RawSource {
     Precopied(Box<Precopy>),
 }
 
-/// Before SQLite opens the database: opens the database file `src`, large when it is at
+/// Before SQLite opens the database: the database file the guard opened (another
+/// descriptor of it, closed once the read transaction has ended), large when it is at
 /// least `opts.precopy_min_bytes` and within the image bound.
-pub(super) fn open_raw(src: &Path, opts: &SnapshotOptions) -> Result<RawSource, SnapshotError> {
-    let file = super::owner::open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src))
-        .map_err(io_err("open", src))?;
+pub(super) fn open_raw(
+    guard: &RollbackGuard,
+    src: &Path,
+    opts: &SnapshotOptions,
+) -> Result<RawSource, SnapshotError> {
+    let file = guard.file().try_clone().map_err(io_err("open", src))?;
     let len = file.metadata().map_err(io_err("stat", src))?.len();
     if len < opts.precopy_min_bytes || len > opts.image_max_bytes {
         return Ok(RawSource::Plain(file));
@@ -222,12 +228,13 @@ pub(super) fn open_raw(src: &Path, opts: &SnapshotOptions) -> Result<RawSource, 
 pub(super) fn precopy(
     file: File,
     source: &Connection,
+    guard: &RollbackGuard,
     src: &Path,
     dest: &Path,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<Precopy, SnapshotError> {
-    let quiet = quiet_stamps(&file, source, src, opts, started)?;
+    let quiet = quiet_stamps(&file, source, guard, src, opts, started)?;
     let len = quiet.map_or_else(
         || {
             file.metadata()

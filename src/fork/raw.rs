@@ -216,23 +216,16 @@ pub(super) fn check_locked_file(
     }
     // Bytes 18 and 19 of the header: 1 in rollback-journal mode, 2 in WAL mode. A parent
     // that turned its database to WAL after fork looked (its header, `inspect_source`)
-    // has committed state in its `-wal`, which a copy of the file alone would miss.
+    // has committed state in its `-wal`, which a copy of the file alone would miss. (The
+    // guard of `header.rs` has refused such a parent before SQLite's read already: this
+    // pread of two bytes costs nothing and keeps the copy's own premise checked.)
     let mut version = [0u8; 2];
     file.read_exact_at(&mut version, 18)
         .map_err(io_err("read", src))?;
     if version != [1, 1] {
-        let why = if version == [2, 2] {
-            "the database left rollback-journal mode during the snapshot (header bytes 18-19: 2 2, WAL); snapshot it again".to_string()
-        } else {
-            format!(
-                "the database's header names no journal mode SQLite writes (bytes 18-19: {} {})",
-                version[0], version[1]
-            )
-        };
-        return Err(SnapshotError::Io {
-            action: "copy",
+        return Err(SnapshotError::LeftRollbackMode {
             path: src.to_path_buf(),
-            source: io::Error::other(why),
+            version,
         });
     }
     Ok(())

@@ -53,7 +53,10 @@
 //! place rather than through a read() into SQLite's cache.
 //!
 //! The source is opened read-only, and nothing is ever created or removed next to it, in
-//! any journal mode: a WAL-mode source is read as [`super::parent`] describes. After the copy, `PRAGMA integrity_check` (or
+//! any journal mode: a WAL-mode source is read as [`super::parent`] describes, and every
+//! read of a rollback-journal source runs under fork's own SHARED lock, once the header
+//! read through it still says rollback-journal mode (`header.rs`: SQLite reading a
+//! database that turned to WAL would create its `-wal` and `-shm`). After the copy, `PRAGMA integrity_check` (or
 //! `quick_check`) runs on the copy and must answer `ok`, and the copy's digest is taken
 //! (BLAKE3 by default: `digest.rs`).
 
@@ -65,7 +68,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::sqlite::{as_reader, check_and_hash, open_source, retry_busy, sqlite_err};
+use super::sqlite::{as_reader, check_and_hash, open_source, retry_busy, sqlite_err, Parent};
 pub use super::sqlite::{
     check_copy, IntegrityCheck, SnapshotError, SnapshotMethod, SnapshotOptions, SnapshotStats,
     StateDigest, IMAGE_MAX_BYTES, PRECOPY_MIN_BYTES, SQLITE_MAGIC,
@@ -132,6 +135,14 @@ fn inspect_source(src: &Path, read_as: Option<&ReadAs>) -> Result<bool, Snapshot
     Ok(header[18] == 2 && header[19] == 2)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: run once right after fork has read the source's header (its journal mode),
+    /// before anything else opens or locks it.
+    pub(super) static AFTER_THE_LOOK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Removes the copy and the side files SQLite may have created next to it.
 fn remove_copy(dest: &Path) {
     let name = dest.as_os_str().to_os_string();
@@ -152,6 +163,10 @@ pub fn snapshot(
 ) -> Result<SnapshotStats, SnapshotError> {
     let started = Instant::now();
     let wal = inspect_source(src, opts.read_as.as_ref())?;
+    #[cfg(test)]
+    if let Some(hook) = AFTER_THE_LOOK.with(|h| h.borrow_mut().take()) {
+        hook();
+    }
     // Create the destination exclusively, so that an existing file is never overwritten.
     match fs::OpenOptions::new()
         .write(true)
@@ -172,39 +187,74 @@ pub fn snapshot(
             })
         }
     }
-    let result = if wal {
-        // Nothing may be created next to the parent's database: see `parent`.
-        let scratch = super::parent::side(dest, ".parent");
-        let route =
-            super::parent::ParentDb::lock(src, started + opts.timeout, opts.read_as.clone())
-                .and_then(|db| Ok((db.route(&scratch)?, db)))
-                .map_err(|source| SnapshotError::Io {
-                    action: "read",
-                    path: src.to_path_buf(),
-                    source,
-                });
-        let r = route.and_then(|(route, _locked)| match route {
-            super::parent::Route::Uri(uri) => {
-                copy_check_hash(src, Some(&uri), dest, wal, opts, started)
-            }
-            // fork's own copy of the parent's files, read as fork itself.
-            super::parent::Route::Copied(copy) => {
-                let own = SnapshotOptions {
-                    read_as: None,
-                    ..opts.clone()
-                };
-                copy_check_hash(&copy, None, dest, wal, &own, started)
-            }
-        });
-        super::parent::remove_copy(&scratch);
-        r
-    } else {
-        copy_check_hash(src, None, dest, wal, opts, started)
-    };
+    let result = copy_parent(src, dest, wal, opts, started);
     if result.is_err() {
         remove_copy(dest);
     }
     result
+}
+
+/// The snapshot proper, once `dest` exists: `wal` is what the header said when fork looked.
+fn copy_parent(
+    src: &Path,
+    dest: &Path,
+    wal: bool,
+    opts: &SnapshotOptions,
+    started: Instant,
+) -> Result<SnapshotStats, SnapshotError> {
+    use super::parent::{ParentDb, Route};
+    let read_err = |source| SnapshotError::Io {
+        action: "read",
+        path: src.to_path_buf(),
+        source,
+    };
+    let file = if wal {
+        // Nothing may be created next to the parent's database: see `parent`.
+        let db =
+            ParentDb::lock(src, started + opts.timeout, opts.read_as.clone()).map_err(read_err)?;
+        // Leaving WAL mode takes SQLite's EXCLUSIVE lock, which the lock just taken keeps
+        // off: the header read through it names the mode for the whole snapshot. A parent
+        // that left WAL mode after fork looked is read as the rollback-journal database it
+        // now is: the WAL route holds this lock through the copy, its check and its hash,
+        // which in rollback-journal mode would keep every commit waiting.
+        if db.in_wal_mode().map_err(read_err)? {
+            let scratch = super::parent::side(dest, ".parent");
+            let r = db
+                .route(&scratch)
+                .map_err(read_err)
+                .and_then(|route| match route {
+                    Route::Uri(uri) => {
+                        copy_check_hash(src, Parent::Live(&uri), dest, opts, started)
+                    }
+                    // fork's own copy of the parent's files, read as fork itself.
+                    Route::Copied(copy) => {
+                        let own = SnapshotOptions {
+                            read_as: None,
+                            ..opts.clone()
+                        };
+                        copy_check_hash(&copy, Parent::Copy, dest, &own, started)
+                    }
+                });
+            // The lock is held until SQLite's reads of the parent are done.
+            drop(db);
+            super::parent::remove_copy(&scratch);
+            return r;
+        }
+        db.release().map_err(read_err)?
+    } else {
+        open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src)).map_err(|source| {
+            SnapshotError::Io {
+                action: "open",
+                path: src.to_path_buf(),
+                source,
+            }
+        })?
+    };
+    // Rollback-journal mode: every read SQLite makes of the parent runs under the guard,
+    // which refuses a database that left the mode (`header.rs`). Its descriptor stays open
+    // until SQLite's connection is closed (closing it would drop SQLite's locks).
+    let guard = super::header::RollbackGuard::new(file, src);
+    copy_check_hash(src, Parent::Rollback(&guard), dest, opts, started)
 }
 
 struct CopyOutcome {
@@ -217,16 +267,16 @@ struct CopyOutcome {
 
 fn copy_check_hash(
     src: &Path,
-    uri: Option<&str>,
+    parent: Parent,
     dest: &Path,
-    wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<SnapshotStats, SnapshotError> {
-    if let Some(stats) = super::image::copy_image(src, uri, dest, wal, opts, started)? {
+    if let Some(stats) = super::image::copy_image(src, parent, dest, opts, started)? {
         return Ok(stats);
     }
-    let copy = copy_pages(src, uri, dest, wal, opts, started)?;
+    let wal = parent.wal();
+    let copy = copy_pages(src, parent, dest, opts, started)?;
     let copy_elapsed = started.elapsed();
 
     // The check and the hash both only read the copy: run them side by side.
@@ -262,13 +312,13 @@ fn copy_check_hash(
 
 fn copy_pages(
     src: &Path,
-    uri: Option<&str>,
+    parent: Parent,
     dest: &Path,
-    wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<CopyOutcome, SnapshotError> {
-    let source = open_source(src, uri, opts, started)?;
+    let wal = parent.wal();
+    let source = open_source(src, parent, opts, started)?;
     if wal {
         // One read transaction for the whole copy: a fixed snapshot, writers unblocked.
         source
@@ -278,7 +328,7 @@ fn copy_pages(
     // Starts that read transaction (WAL); in any mode, fails early and clearly on a file
     // SQLite cannot read.
     as_reader(src, opts, || {
-        retry_busy(src, opts, started, "read", || {
+        retry_busy(src, opts, started, "read", parent.guard(), || {
             source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
                 r.get::<_, i64>(0)
             })
@@ -320,11 +370,18 @@ fn copy_pages(
                 });
             }
             let t = Instant::now();
-            // In rollback mode each step is a read transaction of its own.
+            // In rollback mode each step is a read transaction of its own, run under the
+            // guard; a step its lock is refused for waits as a busy step does.
             let r = as_reader(src, opts, || {
-                backup
-                    .step(step_pages)
-                    .map_err(sqlite_err("copy pages from", src))
+                let step = || {
+                    backup
+                        .step(step_pages)
+                        .map_err(sqlite_err("copy pages from", src))
+                };
+                match parent.guard() {
+                    Some(g) => Ok(g.read(step)?.transpose()?.unwrap_or(StepResult::Busy)),
+                    None => step(),
+                }
             })?;
             out.longest_step = out.longest_step.max(t.elapsed());
             out.steps += 1;
@@ -378,6 +435,10 @@ fn copy_pages(
 #[cfg(test)]
 #[path = "snapshot_link_tests.rs"]
 mod link_tests;
+
+#[cfg(test)]
+#[path = "snapshot_mode_tests.rs"]
+mod mode_tests;
 
 #[cfg(test)]
 #[path = "snapshot_owner_tests.rs"]

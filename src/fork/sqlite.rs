@@ -4,6 +4,7 @@
 //! busy, checking the copy and hashing it.
 
 pub use super::digest::StateDigest;
+use super::header::RollbackGuard;
 use super::owner::{open_as, ReadAs};
 use rusqlite::{Connection, OpenFlags};
 use std::io;
@@ -221,8 +222,56 @@ pub enum SnapshotError {
     TooManyRestarts { path: PathBuf, restarts: u32 },
     #[error("the snapshot of {path} did not finish within {timeout:?} (the database stayed locked by a writer?): retry, or raise the timeout")]
     Timeout { path: PathBuf, timeout: Duration },
+    #[error("the database {path} left rollback-journal mode during the snapshot (header bytes 18-19: {} {}{}), so the snapshot was refused: its committed state may now lie in its `-wal`, which a copy of the file alone would miss; snapshot it again", .version[0], .version[1], wal_named(.version))]
+    LeftRollbackMode { path: PathBuf, version: [u8; 2] },
+    #[error("the database file {path} was replaced (another file put at its path) during the snapshot, so the file fork checked is not the one SQLite reads; snapshot it again once the parent has stopped replacing it")]
+    Replaced { path: PathBuf },
     #[error("the snapshot of {path} failed its integrity check: {report}; the source database may itself be damaged: run `sqlite3 {path} 'PRAGMA integrity_check'`")]
     Corrupt { path: PathBuf, report: String },
+}
+
+/// ", WAL" after header bytes 18-19 that name WAL mode.
+fn wal_named(version: &[u8; 2]) -> &'static str {
+    if version == &[2, 2] {
+        ", WAL"
+    } else {
+        ""
+    }
+}
+
+/// How the snapshot reads the parent's database, decided in `snapshot` from its header
+/// (read under a lock) and its side files.
+#[derive(Clone, Copy)]
+pub(super) enum Parent<'a> {
+    /// Rollback-journal mode: SQLite opens the path, and each of its reads of the parent
+    /// runs under this guard (`header.rs`).
+    Rollback(&'a RollbackGuard),
+    /// WAL mode, a live parent: SQLite opens this URI (`parent.rs`).
+    Live(&'a str),
+    /// WAL mode, fork's own copy of the parent's files, in fork's staging: SQLite opens
+    /// the path.
+    Copy,
+}
+
+impl<'a> Parent<'a> {
+    /// Whether the database is read in WAL mode (in one read transaction).
+    pub fn wal(self) -> bool {
+        !matches!(self, Parent::Rollback(_))
+    }
+
+    pub fn uri(self) -> Option<&'a str> {
+        match self {
+            Parent::Live(uri) => Some(uri),
+            _ => None,
+        }
+    }
+
+    pub fn guard(self) -> Option<&'a RollbackGuard> {
+        match self {
+            Parent::Rollback(g) => Some(g),
+            _ => None,
+        }
+    }
 }
 
 /// An I/O error of `action` on `path`, as the snapshot reports it.
@@ -262,14 +311,24 @@ pub(super) fn sqlite_err<'a>(
 /// owner (a refusal names the file), then SQLite opens them, as the owner too, and reads
 /// once so that every file it reads the parent through is open before the owner's
 /// identity is given back (a read connection keeps them open until it closes).
+///
+/// On the rollback path SQLite's open is checked to have opened the file fork guards, and
+/// its reads run under the guard (`header.rs`).
 pub(super) fn open_source(
     src: &Path,
-    uri: Option<&str>,
+    parent: Parent,
     opts: &SnapshotOptions,
     started: Instant,
 ) -> Result<Connection, SnapshotError> {
+    let open = || {
+        let source = open_source_here(src, parent.uri())?;
+        if let Some(guard) = parent.guard() {
+            guard.check_same_file()?;
+        }
+        Ok(source)
+    };
     let Some(read_as) = &opts.read_as else {
-        return open_source_here(src, uri);
+        return open();
     };
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let path = super::parent::side(src, suffix);
@@ -280,8 +339,8 @@ pub(super) fn open_source(
         }
     }
     as_reader(src, opts, || {
-        let source = open_source_here(src, uri)?;
-        retry_busy(src, opts, started, "read", || {
+        let source = open()?;
+        retry_busy(src, opts, started, "read", parent.guard(), || {
             source.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
                 r.get::<_, i64>(0)
             })
@@ -369,18 +428,26 @@ fn transient(e: &rusqlite::Error) -> bool {
 }
 
 /// Runs `f` until it stops failing with a [`transient`] error, sleeping `opts.pause` (at
-/// least 1 ms) between tries, until `opts.timeout`.
+/// least 1 ms) between tries, until `opts.timeout`. With a `guard` (the rollback path),
+/// each try runs under it (`header.rs`), and a try the guard's lock is refused for is
+/// waited for as a busy answer is.
 pub(super) fn retry_busy<T>(
     src: &Path,
     opts: &SnapshotOptions,
     started: Instant,
     action: &'static str,
+    guard: Option<&RollbackGuard>,
     mut f: impl FnMut() -> rusqlite::Result<T>,
 ) -> Result<T, SnapshotError> {
     loop {
-        match f() {
-            Ok(v) => return Ok(v),
-            Err(e) if transient(&e) => {
+        let tried = match guard {
+            Some(g) => g.read(&mut f)?,
+            None => Some(f()),
+        };
+        match tried {
+            Some(Ok(v)) => return Ok(v),
+            Some(Err(e)) if !transient(&e) => return Err(sqlite_err(action, src)(e)),
+            _ => {
                 if started.elapsed() > opts.timeout {
                     return Err(SnapshotError::Timeout {
                         path: src.to_path_buf(),
@@ -389,7 +456,6 @@ pub(super) fn retry_busy<T>(
                 }
                 std::thread::sleep(opts.pause.max(Duration::from_millis(1)));
             }
-            Err(e) => return Err(sqlite_err(action, src)(e)),
         }
     }
 }
@@ -536,7 +602,7 @@ mod retry_tests {
             rusqlite::ffi::SQLITE_READONLY_CANTINIT,
         ] {
             let mut tries = 0;
-            let got = retry_busy(src, &opts, Instant::now(), "read", || {
+            let got = retry_busy(src, &opts, Instant::now(), "read", None, || {
                 tries += 1;
                 if tries < 3 {
                     Err(failure(transient_code))
@@ -552,7 +618,7 @@ mod retry_tests {
             rusqlite::ffi::SQLITE_CORRUPT,
         ] {
             let mut tries = 0;
-            let got: Result<(), _> = retry_busy(src, &opts, Instant::now(), "read", || {
+            let got: Result<(), _> = retry_busy(src, &opts, Instant::now(), "read", None, || {
                 tries += 1;
                 Err(failure(final_code))
             });
@@ -567,7 +633,7 @@ mod retry_tests {
             timeout: Duration::from_millis(20),
             ..opts.clone()
         };
-        let got: Result<(), _> = retry_busy(src, &short, Instant::now(), "read", || {
+        let got: Result<(), _> = retry_busy(src, &short, Instant::now(), "read", None, || {
             Err(failure(rusqlite::ffi::SQLITE_READONLY_CANTINIT))
         });
         assert!(matches!(got, Err(SnapshotError::Timeout { .. })), "{got:?}");
