@@ -50,7 +50,11 @@ pub(super) fn copy_image(
     };
     // WAL mode, a live parent: the files under the read transaction (`walcopy.rs`),
     // attempt after attempt while the WAL restarts under the copy.
-    let mut file_attempts = if matches!(parent, Parent::Live(_)) && opts.wal_file_copy {
+    let live_db = match parent {
+        Parent::Live { locked, .. } if opts.wal_file_copy => Some(locked),
+        _ => None,
+    };
+    let mut file_attempts = if live_db.is_some() {
         super::walcopy::MAX_ATTEMPTS
     } else {
         0
@@ -97,11 +101,10 @@ pub(super) fn copy_image(
             }
             .map(Some);
         }
-        if file_attempts > 0 {
+        if let (true, Some(live_db)) = (file_attempts > 0, live_db) {
             file_attempts -= 1;
             let max_wal = (bytes / 2).max(super::walcopy::WAL_ALWAYS);
-            let attempt =
-                super::walcopy::copy_files(src, dest, max_wal, opts.digest, opts.read_as.as_ref())?;
+            let attempt = super::walcopy::copy_files(src, live_db, dest, max_wal, opts)?;
             let (held, behind) = match attempt {
                 super::walcopy::Attempt::Copied(held, behind) => (held, behind),
                 super::walcopy::Attempt::Restarted(held) => {

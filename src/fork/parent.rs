@@ -214,6 +214,18 @@ impl ParentDb {
         Ok(super::header::mode_of(&self.fd)? == super::header::Mode::Wal)
     }
 
+    /// Whether `file` is the file this lock is held on (the same device and inode).
+    pub fn is(&self, file: &File) -> std::io::Result<bool> {
+        let (ours, theirs) = (fstat(&self.fd)?, fstat(file)?);
+        Ok((ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino))
+    }
+
+    /// Whether the database's path still names the file this lock is held on.
+    pub fn at_path(&self) -> std::io::Result<bool> {
+        let (ours, theirs) = (fstat(&self.fd)?, std::fs::symlink_metadata(&self.path)?);
+        Ok((ours.st_dev, ours.st_ino) == (theirs.dev(), theirs.ino()))
+    }
+
     /// Lets go of the SHARED lock and gives back the descriptor it was held through.
     pub fn release(self) -> std::io::Result<File> {
         super::header::release_shared(&self.fd)?;

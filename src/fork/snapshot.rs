@@ -224,7 +224,11 @@ fn copy_parent(
                 .map_err(read_err)
                 .and_then(|route| match route {
                     Route::Uri(uri) => {
-                        copy_check_hash(src, Parent::Live(&uri), dest, opts, started)
+                        let live = Parent::Live {
+                            uri: &uri,
+                            locked: &db,
+                        };
+                        copy_check_hash(src, live, dest, opts, started)
                     }
                     // fork's own copy of the parent's files, read as fork itself.
                     Route::Copied(copy) => {

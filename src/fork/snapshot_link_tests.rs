@@ -135,3 +135,52 @@ fn a_parentless_wal_is_never_read_through_a_swapped_directory() {
         }
     }
 }
+
+/// A live WAL-mode parent's database replaced (another database renamed over its path)
+/// after fork locked it and SQLite opened it, just before fork opens the file to copy its
+/// bytes: SQLite's read transaction holds the file fork locked, not the one now at the
+/// path, so the snapshot is refused, never a copy of the other database (the new file and
+/// whatever `-wal` is at the path would replay into a state the parent never had).
+#[test]
+fn a_wal_database_replaced_after_its_lock_is_never_copied() {
+    use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("s.db");
+    make_db(&src, true, 5);
+    // A live parent, its `-wal` checkpointed and cut to nothing: the copy's state is then
+    // the database file's.
+    let parent = Connection::open(&src).unwrap();
+    parent
+        .execute_batch("UPDATE meta SET n = n; PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let other = dir.path().join("other.db");
+    make_db(&other, true, 5);
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("UPDATE meta SET n = 999")
+        .unwrap();
+    // fork's first open of the parent's database is the one it locks; the rename comes
+    // at the next, the open that copies its bytes.
+    let (from, to) = (other.clone(), src.clone());
+    let rename: Box<dyn FnOnce()> = Box::new(move || fs::rename(from, to).unwrap());
+    let hook: Box<dyn FnOnce()> = Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(rename)));
+    HOOK.with(|h| *h.borrow_mut() = Some(hook));
+    let dest = dir.path().join("copy.db");
+    let r = snapshot(&src, &dest, &SnapshotOptions::default());
+    let unused = HOOK.with(|h| h.borrow_mut().take()).is_some();
+    assert!(!unused, "fork never opened the file to copy it");
+    match r {
+        Ok(st) => {
+            let n: i64 = Connection::open(&dest)
+                .unwrap()
+                .query_row("SELECT n FROM meta", [], |r| r.get(0))
+                .unwrap();
+            panic!("the replaced file was copied (marker {n}): {st:?}");
+        }
+        Err(e) => {
+            assert!(e.to_string().contains("was replaced"), "{e}");
+            assert!(!dest.exists(), "{e}");
+        }
+    }
+    drop(parent);
+}

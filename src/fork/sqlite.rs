@@ -246,8 +246,12 @@ pub(super) enum Parent<'a> {
     /// Rollback-journal mode: SQLite opens the path, and each of its reads of the parent
     /// runs under this guard (`header.rs`).
     Rollback(&'a RollbackGuard),
-    /// WAL mode, a live parent: SQLite opens this URI (`parent.rs`).
-    Live(&'a str),
+    /// WAL mode, a live parent: SQLite opens `uri` (`parent.rs`); `locked` is the file fork
+    /// holds SQLite's SHARED lock on, the one whose bytes may be copied.
+    Live {
+        uri: &'a str,
+        locked: &'a super::parent::ParentDb,
+    },
     /// WAL mode, fork's own copy of the parent's files, in fork's staging: SQLite opens
     /// the path.
     Copy,
@@ -261,7 +265,7 @@ impl<'a> Parent<'a> {
 
     pub fn uri(self) -> Option<&'a str> {
         match self {
-            Parent::Live(uri) => Some(uri),
+            Parent::Live { uri, .. } => Some(uri),
             _ => None,
         }
     }
@@ -312,8 +316,8 @@ pub(super) fn sqlite_err<'a>(
 /// once so that every file it reads the parent through is open before the owner's
 /// identity is given back (a read connection keeps them open until it closes).
 ///
-/// On the rollback path SQLite's open is checked to have opened the file fork guards, and
-/// its reads run under the guard (`header.rs`).
+/// SQLite's open is checked to have opened the file fork guards (rollback path) or locked
+/// (a live WAL parent); on the rollback path its reads run under the guard (`header.rs`).
 pub(super) fn open_source(
     src: &Path,
     parent: Parent,
@@ -322,8 +326,18 @@ pub(super) fn open_source(
 ) -> Result<Connection, SnapshotError> {
     let open = || {
         let source = open_source_here(src, parent.uri())?;
-        if let Some(guard) = parent.guard() {
-            guard.check_same_file()?;
+        // The file SQLite opened is the one fork checked (and, in WAL mode, locked): a
+        // file put at the path before SQLite's open is refused before SQLite reads it.
+        match parent {
+            Parent::Rollback(guard) => guard.check_same_file()?,
+            Parent::Live { locked, .. } => {
+                if !locked.at_path().map_err(io_err("stat", src))? {
+                    return Err(SnapshotError::Replaced {
+                        path: src.to_path_buf(),
+                    });
+                }
+            }
+            Parent::Copy => {}
         }
         Ok(source)
     };

@@ -10,7 +10,9 @@
 //!    the file alone), otherwise a read-lock `i >= 1` whose read mark `M` is at most the
 //!    transaction's last frame `S` (a `readonly_shm` reader cannot write a mark: it picks
 //!    the existing mark nearest below `S`, possibly 0).
-//! 2. While it is held, the database file is copied by the kernel (`copy_file_range`) to
+//! 2. While it is held, the database file is opened (it must be the file fork locked
+//!    before SQLite opened the path, `parent.rs`: a file renamed over it since is
+//!    refused) and copied by the kernel (`copy_file_range`) to
 //!    the copy, then the `-wal` to the copy's `-wal` (in fork's staging, never next to the
 //!    parent's database), each as far as it reached when fork opened it (after the
 //!    transaction began), and the live `-wal`'s 32-byte header is read again.
@@ -73,12 +75,13 @@
 //! every POSIX lock the process holds on it (SQLite's own included).
 
 use super::owner::{open_as, ReadAs};
+use super::parent::ParentDb;
 use super::pieces::Behind;
-use super::sqlite::{io_err, sqlite_err, SnapshotError, StateDigest};
+use super::sqlite::{io_err, sqlite_err, SnapshotError, SnapshotOptions, StateDigest};
 use rusqlite::{Connection, OpenFlags};
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 /// The WAL file's header: magic, format, page size, checkpoint sequence, salts, checksum.
@@ -146,27 +149,25 @@ pub(super) const WAL_ALWAYS: u64 = 4 << 20;
 /// while with a 4 MiB one they took 1.2-1.3x `cp` against `sqlite3_serialize`'s 1.4-1.6x).
 pub(super) fn copy_files(
     src: &Path,
+    locked: &ParentDb,
     dest: &Path,
     max_wal: u64,
-    digest: StateDigest,
-    read_as: Option<&ReadAs>,
+    opts: &SnapshotOptions,
 ) -> Result<Attempt, SnapshotError> {
+    let (digest, read_as) = (opts.digest, opts.read_as.as_ref());
     let wal_path = super::parent::side(src, "-wal");
     let dest_wal = super::parent::side(dest, "-wal");
     remove_sides(dest)?;
     let db = open_parent(src, read_as).map_err(io_err("open", src))?;
-    // The file SQLite reads is the one at the path now (refuse rather than copy another).
-    let (ours, at_path) = (
-        db.metadata().map_err(io_err("stat", src))?,
-        fs::symlink_metadata(src).map_err(io_err("stat", src))?,
-    );
-    if (ours.dev(), ours.ino()) != (at_path.dev(), at_path.ino()) {
-        return Err(SnapshotError::Io {
-            action: "copy",
+    // The file opened here is the one fork locked before SQLite opened the path, whose
+    // state the read transaction holds; a file put at the path since (with whatever
+    // `-wal` is beside it) is refused rather than copied.
+    if !locked.is(&db).map_err(io_err("stat", src))? {
+        return Err(SnapshotError::Replaced {
             path: src.to_path_buf(),
-            source: io::Error::other("the database file was replaced during the snapshot"),
         });
     }
+    let ours = db.metadata().map_err(io_err("stat", src))?;
     let wal = match open_parent(&wal_path, read_as) {
         Ok(f) => f,
         // The parent's connections keep their `-wal`: gone, something else removed it.
