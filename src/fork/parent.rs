@@ -174,14 +174,16 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
 }
 
 impl ParentDb {
-    /// Opens `path` (no component of it a link; as `read_as` says) and takes SQLite's
-    /// SHARED lock on it, retrying while a writer holds EXCLUSIVE, until `deadline`.
+    /// Takes SQLite's SHARED lock on the database `file` at `path` (opened by the snapshot
+    /// with no link in any component, as `read_as` says, when it read the header),
+    /// retrying while a writer holds EXCLUSIVE, until `deadline`.
     pub fn lock(
+        file: File,
         path: &Path,
         deadline: std::time::Instant,
         read_as: Option<ReadAs>,
     ) -> std::io::Result<ParentDb> {
-        let fd = OwnedFd::from(open_as(read_as.as_ref(), || open_no_links(path))?);
+        let fd = OwnedFd::from(file);
         let lock = libc::flock {
             l_type: libc::F_RDLCK as libc::c_short,
             l_whence: libc::SEEK_SET as libc::c_short,

@@ -64,7 +64,7 @@ use super::owner::{open_as, ReadAs};
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -78,61 +78,48 @@ pub use super::sqlite::{
 /// (what [`SnapshotStats::pieces_hashed_again`] counts).
 pub const PIECE_BYTES: u64 = super::pieces::PIECE;
 
-/// Reads the header of `src`: checks it is an SQLite database and tells whether it is in
-/// WAL mode. A zero-length file is an empty database for SQLite and is accepted.
-fn inspect_source(src: &Path, read_as: Option<&ReadAs>) -> Result<bool, SnapshotError> {
-    let meta = match fs::metadata(src) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(SnapshotError::Missing {
-                path: src.to_path_buf(),
-            })
-        }
-        Err(source) => {
-            return Err(SnapshotError::Io {
-                action: "stat",
-                path: src.to_path_buf(),
+/// Opens `src` the way every later open of the store is made (no link in any component:
+/// `openat2(RESOLVE_NO_SYMLINKS)`; non-blocking, so that a FIFO put there never holds the
+/// snapshot; as `read_as` says), checks on that descriptor that it is a regular file and an
+/// SQLite database, and tells whether its header says WAL mode. A zero-length file is an
+/// empty database for SQLite and is accepted. The descriptor is the one the snapshot then
+/// locks (WAL mode) or guards (rollback-journal mode), so the file looked at is the file
+/// read.
+fn inspect_source(src: &Path, read_as: Option<&ReadAs>) -> Result<(fs::File, bool), SnapshotError> {
+    let path = || src.to_path_buf();
+    let file = open_as(read_as, || super::parent::open_no_links(src)).map_err(|source| {
+        if source.kind() == io::ErrorKind::NotFound {
+            SnapshotError::Missing { path: path() }
+        } else if source.raw_os_error() == Some(libc::ELOOP) {
+            SnapshotError::Linked { path: path() }
+        } else {
+            SnapshotError::Io {
+                action: "open",
+                path: path(),
                 source,
-            })
+            }
         }
-    };
+    })?;
+    let meta = file.metadata().map_err(|source| SnapshotError::Io {
+        action: "stat",
+        path: path(),
+        source,
+    })?;
     if !meta.is_file() {
-        return Err(SnapshotError::NotAFile {
-            path: src.to_path_buf(),
-        });
+        return Err(SnapshotError::NotAFile { path: path() });
     }
     if meta.len() == 0 {
-        return Ok(false);
+        return Ok((file, false));
     }
-    let mut header = [0u8; 100];
-    let mut file =
-        open_as(read_as, || fs::File::open(src)).map_err(|source| SnapshotError::Io {
-            action: "open",
-            path: src.to_path_buf(),
-            source,
-        })?;
-    match file.read_exact(&mut header) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            return Err(SnapshotError::NotSqlite {
-                path: src.to_path_buf(),
-            })
-        }
-        Err(source) => {
-            return Err(SnapshotError::Io {
-                action: "read",
-                path: src.to_path_buf(),
-                source,
-            })
-        }
+    let mode = super::header::mode_of(&file).map_err(|source| SnapshotError::Io {
+        action: "read",
+        path: path(),
+        source,
+    })?;
+    match mode {
+        super::header::Mode::NotSqlite => Err(SnapshotError::NotSqlite { path: path() }),
+        mode => Ok((file, mode == super::header::Mode::Wal)),
     }
-    if &header[..16] != SQLITE_MAGIC {
-        return Err(SnapshotError::NotSqlite {
-            path: src.to_path_buf(),
-        });
-    }
-    // Bytes 18 and 19: file format write/read version, 1 = rollback journal, 2 = WAL.
-    Ok(header[18] == 2 && header[19] == 2)
 }
 
 #[cfg(test)]
@@ -162,7 +149,7 @@ pub fn snapshot(
     opts: &SnapshotOptions,
 ) -> Result<SnapshotStats, SnapshotError> {
     let started = Instant::now();
-    let wal = inspect_source(src, opts.read_as.as_ref())?;
+    let (file, wal) = inspect_source(src, opts.read_as.as_ref())?;
     #[cfg(test)]
     if let Some(hook) = AFTER_THE_LOOK.with(|h| h.borrow_mut().take()) {
         hook();
@@ -187,16 +174,18 @@ pub fn snapshot(
             })
         }
     }
-    let result = copy_parent(src, dest, wal, opts, started);
+    let result = copy_parent(src, file, dest, wal, opts, started);
     if result.is_err() {
         remove_copy(dest);
     }
     result
 }
 
-/// The snapshot proper, once `dest` exists: `wal` is what the header said when fork looked.
+/// The snapshot proper, once `dest` exists: `file` is the database file fork looked at,
+/// and `wal` what its header said then.
 fn copy_parent(
     src: &Path,
+    file: fs::File,
     dest: &Path,
     wal: bool,
     opts: &SnapshotOptions,
@@ -210,8 +199,8 @@ fn copy_parent(
     };
     let file = if wal {
         // Nothing may be created next to the parent's database: see `parent`.
-        let db =
-            ParentDb::lock(src, started + opts.timeout, opts.read_as.clone()).map_err(read_err)?;
+        let db = ParentDb::lock(file, src, started + opts.timeout, opts.read_as.clone())
+            .map_err(read_err)?;
         // Leaving WAL mode takes SQLite's EXCLUSIVE lock, which the lock just taken keeps
         // off: the header read through it names the mode for the whole snapshot. A parent
         // that left WAL mode after fork looked is read as the rollback-journal database it
@@ -246,13 +235,7 @@ fn copy_parent(
         }
         db.release().map_err(read_err)?
     } else {
-        open_as(opts.read_as.as_ref(), || super::parent::open_no_links(src)).map_err(|source| {
-            SnapshotError::Io {
-                action: "open",
-                path: src.to_path_buf(),
-                source,
-            }
-        })?
+        file
     };
     // Rollback-journal mode: every read SQLite makes of the parent runs under the guard,
     // which refuses a database that left the mode (`header.rs`). Its descriptor stays open

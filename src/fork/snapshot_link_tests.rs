@@ -21,11 +21,13 @@ fn swapper(state: PathBuf, other: PathBuf, alt: PathBuf) -> impl FnOnce() {
     }
 }
 
-/// The state's directory swapped for a link to another database's after SQLite has
-/// opened and locked the parent's, just before fork opens the file to copy its bytes
-/// (a swapped-entry race on the state; only the runtime's owner can make it): the snapshot is
-/// refused, or (WAL mode, whose SQLite connection was opened before the swap) it holds
-/// the parent's rows, never the database the link points at. Both journal modes.
+/// The state's directory swapped for a link to another database's (a swapped-entry race on
+/// the state; only the runtime's owner can make it) after fork's first open of the
+/// parent's database: in WAL mode after SQLite has opened and locked it too, just before
+/// fork opens the file to copy its bytes; in rollback-journal mode, where that first open
+/// is the descriptor the file's bytes are copied from, just before SQLite opens it. The
+/// snapshot is refused, or (WAL mode, whose SQLite connection was opened before the swap)
+/// it holds the parent's rows, never the database the link points at.
 #[test]
 fn a_state_directory_swapped_for_a_link_is_never_read_through() {
     use super::super::parent::BEFORE_A_PARENT_FILE_OPENS as HOOK;
@@ -62,17 +64,21 @@ fn a_state_directory_swapped_for_a_link_is_never_read_through() {
             Vec::new()
         };
         let swap = swapper(state, other, dir.path().join("alt"));
-        // In WAL mode fork's first open is its lock, before SQLite's: swap at the next.
-        let hook: Box<dyn FnOnce()> = if wal {
-            Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap))))
+        // fork's first open is the one it reads the header through (and, in WAL mode,
+        // locks): in WAL mode the swap comes at the next, before the bytes are copied; in
+        // rollback-journal mode right after the look, before SQLite opens the path.
+        if wal {
+            let hook: Box<dyn FnOnce()> =
+                Box::new(move || HOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap))));
+            HOOK.with(|h| *h.borrow_mut() = Some(hook));
         } else {
-            Box::new(swap)
-        };
-        HOOK.with(|h| *h.borrow_mut() = Some(hook));
+            AFTER_THE_LOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap)));
+        }
         let dest = dir.path().join("copy.db");
         let r = snapshot(&src, &dest, &SnapshotOptions::default());
-        let unused = HOOK.with(|h| h.borrow_mut().take()).is_some();
-        assert!(!unused, "wal={wal}: fork never opened the file to copy it");
+        let unused = HOOK.with(|h| h.borrow_mut().take()).is_some()
+            || AFTER_THE_LOOK.with(|h| h.borrow_mut().take()).is_some();
+        assert!(!unused, "wal={wal}: the swap never came");
         match r {
             Err(e) => assert!(!dest.exists(), "wal={wal}: {e}"),
             Ok(_) => assert_eq!(marker(&dest), 5, "wal={wal}: read through the link"),
@@ -183,4 +189,81 @@ fn a_wal_database_replaced_after_its_lock_is_never_copied() {
         }
     }
     drop(parent);
+}
+
+/// A state file reached through a symbolic link (the file itself a link, or a directory
+/// above it) is refused, naming the path, before fork opens what the link points at, in
+/// both journal modes: the header is read through a descriptor opened with no link in any
+/// component, as every later open of the store is.
+#[test]
+fn a_state_file_reached_through_a_link_is_refused_unopened() {
+    for wal in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        fs::create_dir_all(&real).unwrap();
+        let db = real.join("s.db");
+        make_db(&db, wal, 5);
+        let file_link = dir.path().join("file-link.db");
+        std::os::unix::fs::symlink(&db, &file_link).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("dir-link")).unwrap();
+        let mut opens = inotify::Inotify::init().unwrap();
+        opens.watches().add(&db, inotify::WatchMask::OPEN).unwrap();
+        let mut buf = [0u8; 4096];
+        for (i, linked) in [file_link, dir.path().join("dir-link/s.db")]
+            .into_iter()
+            .enumerate()
+        {
+            let dest = dir.path().join(format!("copy{i}.db"));
+            let r = snapshot(&linked, &dest, &SnapshotOptions::default());
+            let opened = opens.read_events(&mut buf).map_or(0, |evs| evs.count());
+            assert_eq!(opened, 0, "wal={wal}: {} was opened", db.display());
+            let err = r.unwrap_err().to_string();
+            assert!(err.contains("through a symbolic link"), "wal={wal}: {err}");
+            assert!(err.contains(&linked.display().to_string()), "{err}");
+            assert!(!dest.exists(), "wal={wal}");
+        }
+    }
+}
+
+/// The state file swapped for a FIFO between fork's look at what it is and its open (a
+/// swap only the runtime's owner can make; made here where the owner's identity is taken
+/// for the open): fork's open does not wait for a writer that never comes, and the store
+/// is refused as not a regular file.
+#[test]
+fn a_state_file_swapped_for_a_fifo_never_blocks_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("s.db");
+    make_db(&src, false, 5);
+    let swap = std::sync::Mutex::new(Some(src.clone()));
+    let read_as = crate::fork::owner::ReadAs::new(0, move |f| {
+        if let Some(p) = swap.lock().unwrap().take() {
+            fs::remove_file(&p).unwrap();
+            nix::unistd::mkfifo(&p, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        }
+        f();
+        Ok(())
+    });
+    let opts = SnapshotOptions {
+        read_as: Some(read_as),
+        ..SnapshotOptions::default()
+    };
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let (s, dest) = (src.clone(), dir.path().join("copy.db"));
+    let snapshotting = std::thread::spawn(move || {
+        let _ = done_tx.send(
+            snapshot(&s, &dest, &opts)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        );
+    });
+    let got = done.recv_timeout(Duration::from_secs(10));
+    if got.is_err() {
+        // The open waits for a writer: be it, so that the thread ends, and fail.
+        drop(fs::OpenOptions::new().write(true).open(&src).unwrap());
+        snapshotting.join().unwrap();
+        panic!("the snapshot blocked opening a FIFO");
+    }
+    snapshotting.join().unwrap();
+    let err = got.unwrap().unwrap_err();
+    assert!(err.contains("is not a regular file"), "{err}");
 }

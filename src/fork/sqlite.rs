@@ -200,6 +200,8 @@ pub enum SnapshotError {
         "state file {path} is not a regular file: [runtime].state must list SQLite database files"
     )]
     NotAFile { path: PathBuf },
+    #[error("state file {path} is reached through a symbolic link (it is one, or a directory above it is): fork opens state stores with no link in any component; list the store's real path in [runtime].state")]
+    Linked { path: PathBuf },
     #[error("state file {path} is not an SQLite database (its header is not `SQLite format 3`): [runtime].state must list SQLite database files")]
     NotSqlite { path: PathBuf },
     #[error("snapshot destination {path} already exists: a snapshot never overwrites; remove it or pick a fresh workspace")]
