@@ -286,13 +286,6 @@ fn copy_fd(fd: &OwnedFd, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Removes the copy `scratch` and what SQLite made beside it.
-pub fn remove_copy(scratch: &Path) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
-        let _ = std::fs::remove_file(side(scratch, suffix));
-    }
-}
-
 /// `<digest>:<hex>` of the state file `rel` beneath the runtime directory `runtime`, read
 /// without following any link (a gate's REJECT hashes the live file as it stands), opened
 /// as `read_as` says.

@@ -65,7 +65,7 @@ use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::sqlite::{as_reader, check_and_hash, open_source, retry_busy, sqlite_err, Parent};
@@ -130,19 +130,11 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Removes the copy and the side files SQLite may have created next to it.
-fn remove_copy(dest: &Path) {
-    let name = dest.as_os_str().to_os_string();
-    for suffix in ["", "-journal", "-wal", "-shm"] {
-        let mut p = name.clone();
-        p.push(suffix);
-        let _ = fs::remove_file(PathBuf::from(p));
-    }
-}
-
 /// Copies the live SQLite database `src` to the new file `dest` (which must not exist)
 /// with the online backup API, checks the copy and hashes it. See the module docs for how
-/// writers are kept moving. On any error the partial copy is removed.
+/// writers are kept moving. The copy is made in a private directory beside `dest` and
+/// moved to `dest` once finished: no other name in `dest`'s directory is created, replaced
+/// or removed, and on any error nothing is left.
 pub fn snapshot(
     src: &Path,
     dest: &Path,
@@ -154,39 +146,126 @@ pub fn snapshot(
     if let Some(hook) = AFTER_THE_LOOK.with(|h| h.borrow_mut().take()) {
         hook();
     }
-    // Create the destination exclusively, so that an existing file is never overwritten.
-    match fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dest)
-    {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+    // Never overwrite: a destination that exists is refused now, and the finished copy is
+    // moved there only if nothing has appeared there since (`move_into_place`).
+    match fs::symlink_metadata(dest) {
+        Ok(_) => {
             return Err(SnapshotError::DestExists {
                 path: dest.to_path_buf(),
             })
         }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => {
             return Err(SnapshotError::Io {
-                action: "create",
+                action: "stat",
                 path: dest.to_path_buf(),
                 source,
             })
         }
     }
-    let result = copy_parent(src, file, dest, wal, opts, started);
-    if result.is_err() {
-        remove_copy(dest);
-    }
-    result
+    // The copy is made in a directory of its own beside `dest`, with every file fork or
+    // SQLite puts beside it while it is made (the copy's `-wal`, `-shm` and `-journal`; a
+    // parent-less WAL store's copy and its side files): the directory `dest` is in may hold
+    // other stores' copies under any name, which no snapshot may create, replace or remove.
+    // The directory and whatever is left in it go when `work` is dropped.
+    let create_err = |source| SnapshotError::Io {
+        action: "create",
+        path: dest.to_path_buf(),
+        source,
+    };
+    let beside = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let work = tempfile::Builder::new()
+        .prefix(".fork-snapshot-")
+        .tempdir_in(beside)
+        .map_err(create_err)?;
+    let copy = work
+        .path()
+        .join(dest.file_name().unwrap_or(std::ffi::OsStr::new("copy")));
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&copy)
+        .map_err(create_err)?;
+    // Named after the copy, so that the two (and their side files) never share a name.
+    let scratch = super::parent::side(&copy, ".parent");
+    #[cfg(test)]
+    THE_COPY.with(|c| *c.borrow_mut() = Some(copy.clone()));
+    let stats = copy_parent(src, file, &copy, &scratch, wal, opts, started);
+    #[cfg(test)]
+    THE_COPY.with(|c| c.borrow_mut().take());
+    let stats = stats.map_err(|e| match e {
+        // Named as the caller knows the copy (it is gone either way).
+        SnapshotError::Corrupt { report, .. } => SnapshotError::Corrupt {
+            path: dest.to_path_buf(),
+            report,
+        },
+        e => e,
+    })?;
+    move_into_place(&copy, dest)?;
+    Ok(stats)
 }
 
-/// The snapshot proper, once `dest` exists: `file` is the database file fork looked at,
-/// and `wal` what its header said then.
+#[cfg(test)]
+thread_local! {
+    /// Tests: the copy `snapshot` is making on this thread, in its private directory.
+    static THE_COPY: std::cell::RefCell<Option<std::path::PathBuf>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Tests: the copy the snapshot running on this thread is making (for a hook to change it).
+#[cfg(test)]
+pub(super) fn the_copy() -> std::path::PathBuf {
+    THE_COPY
+        .with(|c| c.borrow().clone())
+        .expect("no snapshot is running on this thread")
+}
+
+/// Moves the finished copy to `dest`, unless something is there by now. Not by renaming
+/// over a file made there beforehand: ext4 (`auto_da_alloc`) writes out a file renamed over
+/// another at once, which would put the copy's writeback in front of the parent's next
+/// `fsync` (see `sqlite::open_emptied`).
+fn move_into_place(copy: &Path, dest: &Path) -> Result<(), SnapshotError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    let exists = || SnapshotError::DestExists {
+        path: dest.to_path_buf(),
+    };
+    let move_err = |source| SnapshotError::Io {
+        action: "move the copy to",
+        path: dest.to_path_buf(),
+        source,
+    };
+    match renameat2(
+        AT_FDCWD,
+        copy,
+        AT_FDCWD,
+        dest,
+        RenameFlags::RENAME_NOREPLACE,
+    ) {
+        Ok(()) => Ok(()),
+        Err(Errno::EEXIST) => Err(exists()),
+        // A filesystem without RENAME_NOREPLACE: a hard link refuses an existing name just
+        // as atomically (the private name goes with its directory).
+        Err(Errno::EINVAL) => match fs::hard_link(copy, dest) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists()),
+            Err(e) => Err(move_err(e)),
+        },
+        Err(e) => Err(move_err(e.into())),
+    }
+}
+
+/// The snapshot proper, into the new, empty `dest`: `file` is the database file fork
+/// looked at, and `wal` what its header said then; `scratch` is a fresh path in fork's
+/// private directory for a parent-less WAL store's copy (`parent.rs`).
 fn copy_parent(
     src: &Path,
     file: fs::File,
     dest: &Path,
+    scratch: &Path,
     wal: bool,
     opts: &SnapshotOptions,
     started: Instant,
@@ -207,9 +286,8 @@ fn copy_parent(
         // now is: the WAL route holds this lock through the copy, its check and its hash,
         // which in rollback-journal mode would keep every commit waiting.
         if db.in_wal_mode().map_err(read_err)? {
-            let scratch = super::parent::side(dest, ".parent");
             let r = db
-                .route(&scratch)
+                .route(scratch)
                 .map_err(read_err)
                 .and_then(|route| match route {
                     Route::Uri(uri) => {
@@ -230,7 +308,6 @@ fn copy_parent(
                 });
             // The lock is held until SQLite's reads of the parent are done.
             drop(db);
-            super::parent::remove_copy(&scratch);
             return r;
         }
         db.release().map_err(read_err)?
@@ -418,6 +495,10 @@ fn copy_pages(
         .map_err(|(_, e)| sqlite_err("close", dest)(e))?;
     Ok(out)
 }
+
+#[cfg(test)]
+#[path = "snapshot_dir_tests.rs"]
+mod dir_tests;
 
 #[cfg(test)]
 #[path = "snapshot_link_tests.rs"]

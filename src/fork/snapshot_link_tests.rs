@@ -4,6 +4,7 @@
 
 use super::tests::make_db;
 use super::*;
+use std::path::PathBuf;
 
 /// What the hook runs: `state` exchanged with a link `alt` to `other`, in one step (the
 /// owner's swap: `state` is then the link).

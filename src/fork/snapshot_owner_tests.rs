@@ -7,6 +7,7 @@
 use super::super::sqlite::BEFORE_THE_PARENT_IS_READ;
 use super::*;
 use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::PathBuf;
 
 const NOBODY: u32 = 65534;
 const SECRET: &str = "ROOT-ONLY-ROWS-7c";

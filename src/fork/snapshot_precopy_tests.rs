@@ -7,6 +7,7 @@
 use super::tests::make_db;
 use super::*;
 use crate::fork::precopy::AFTER_THE_PRECOPY;
+use crate::fork::snapshot::the_copy;
 use std::os::unix::fs::FileExt;
 
 /// Copies of at least 1 MiB go through the precopy (the databases here are about 9 MiB).
@@ -112,10 +113,10 @@ fn a_precopy_is_made_the_committed_state_under_the_lock() {
             // Once the parent has committed, the unlocked copy is trusted for nothing:
             // every byte is compared (the commit rewrites one row, in place).
             "the copy scribbled on",
-            |src, dest| {
-                let (commit, dest) = (on(src, "UPDATE meta SET n = n + 1"), dest.to_path_buf());
+            |src, _| {
+                let commit = on(src, "UPDATE meta SET n = n + 1");
                 Box::new(move || {
-                    scribble(&dest);
+                    scribble(&the_copy());
                     commit();
                 })
             },
@@ -221,11 +222,10 @@ fn a_precopy_of_a_database_grown_past_the_bound_is_dropped() {
         &src,
         "INSERT INTO t (body) SELECT randomblob(3000) FROM t WHERE id <= 300;",
     );
-    let copy = dest.clone();
     AFTER_THE_PRECOPY.with(|h| {
         *h.borrow_mut() = Some(Box::new(move || {
             grow();
-            let f = fs::OpenOptions::new().write(true).open(&copy).unwrap();
+            let f = fs::OpenOptions::new().write(true).open(the_copy()).unwrap();
             f.write_all_at(&[0x5a; 100], 0).unwrap();
         }))
     });
@@ -298,10 +298,11 @@ fn a_changed_stamp_on_either_file_means_every_byte_is_compared() {
         make_db(&src, false, 1500);
         settle_stamps(&src);
         let dest = dir.path().join(format!("c{i}.db"));
-        let (s, d) = (src.clone(), dest.clone());
+        let s = src.clone();
         AFTER_THE_PRECOPY.with(|h| {
             *h.borrow_mut() = Some(Box::new(move || {
                 // Past the tick of fork's own last write to its copy.
+                let d = the_copy();
                 settle_stamps(&d);
                 touch(&s, &d);
             }))

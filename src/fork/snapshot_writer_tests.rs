@@ -4,6 +4,7 @@
 
 use super::tests::{make_db, PAYLOAD};
 use super::*;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
