@@ -468,6 +468,13 @@ pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
             used.cpu_s,
             limits.cpu_time.map(|d| d.as_secs_f64()).unwrap_or(0.0)
         ),
+        // The cgroup never charges past its limit: a peak above it counts what its netlink
+        // sockets held queued, which the supervisor adds (see `NetlinkQueues`).
+        BudgetKind::Memory if used.memory_peak_bytes > limits.memory_bytes => format!(
+            "memory: peak {} of {} (counting what its netlink sockets held queued)",
+            format_size(used.memory_peak_bytes),
+            format_size(limits.memory_bytes)
+        ),
         BudgetKind::Memory => format!(
             "memory: peak {} of {} (the kernel OOM-killed a process)",
             format_size(used.memory_peak_bytes),

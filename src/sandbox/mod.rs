@@ -548,7 +548,11 @@ impl Sandbox {
                 });
             }
         }
-        let mut child = pending.release(self.cgroup.ready(), &door_addrs)?;
+        let mut child = pending.release(
+            self.cgroup.ready(),
+            &door_addrs,
+            ns_flags & libc::CLONE_NEWNET != 0,
+        )?;
         // The init holds its copies now: ours go, so the far ends see EOF when it ends.
         drop(io);
         drop((stdin, stdout, pass_fds, mount_fds));
@@ -573,6 +577,7 @@ impl Sandbox {
         let mut watchdog = Watchdog::new(spec.limits.clone());
         let disk_path = self.disk_mounted.then(|| self.disk());
         let listeners = std::mem::take(&mut child.listeners);
+        let netlink = child.netlink.take();
         let mut status = StatusReader::default();
         let (exit, ended) = supervise(
             &child,
@@ -584,6 +589,7 @@ impl Sandbox {
             start,
             cancel.as_deref(),
             &mut status,
+            netlink,
         )?;
         trace::mark("sandbox: init reaped");
         // Whatever the command left where fork's own directories go is never followed by

@@ -15,6 +15,61 @@ pub(super) struct InitChild {
     pub(super) _sync: OwnedFd,
     /// The doors' listeners, inside the sandbox's network namespace, in `Doors` order.
     pub(super) listeners: Vec<std::net::TcpListener>,
+    /// The receive queues of the sandbox's netlink sockets, when it has its own network
+    /// namespace (set at release).
+    pub(super) netlink: Option<NetlinkQueues>,
+}
+
+/// The receive queues of the netlink sockets in the sandbox's network namespace. No cgroup
+/// charges netlink memory (neither v1's memory counter nor its tcp one): a NETLINK_ROUTE
+/// socket holds the kernel's unread replies to its requests up to its receive buffer (up
+/// to twice the host's `net.core.rmem_max` with SO_RCVBUF, which a child network namespace
+/// cannot lower), so the supervisor counts them itself, every tick, against the memory
+/// budget. Read from `/proc/<init>/net/netlink`, opened while the init is our child and
+/// not yet released: the open file keeps naming that namespace.
+pub(super) struct NetlinkQueues {
+    file: std::fs::File,
+    buf: Vec<u8>,
+}
+
+impl NetlinkQueues {
+    /// Opens the netlink table of `pid`'s network namespace.
+    pub(super) fn open(pid: i32) -> std::io::Result<Self> {
+        Ok(NetlinkQueues {
+            file: std::fs::File::open(format!("/proc/{pid}/net/netlink"))?,
+            buf: Vec::with_capacity(64 << 10),
+        })
+    }
+
+    /// The bytes queued for reading on every netlink socket of the namespace (the table's
+    /// `Rmem` column, the sockets' `sk_rmem_alloc`: the buffers' true size). A table that
+    /// cannot be read counts as `None`.
+    pub(super) fn queued(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        self.buf.clear();
+        let mut chunk = [0u8; 16 << 10];
+        loop {
+            match self.file.read_at(&mut chunk, self.buf.len() as u64) {
+                Ok(0) => break,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+        Some(netlink_rmem(&String::from_utf8_lossy(&self.buf)))
+    }
+}
+
+/// The sum of the `Rmem` column of a `/proc/net/netlink` table.
+fn netlink_rmem(table: &str) -> u64 {
+    let mut lines = table.lines();
+    let col = lines
+        .next()
+        .and_then(|h| h.split_whitespace().position(|c| c == "Rmem"))
+        .unwrap_or(4);
+    lines
+        .filter_map(|l| l.split_whitespace().nth(col)?.parse::<u64>().ok())
+        .fold(0u64, u64::saturating_add)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -186,6 +241,7 @@ pub(super) fn spawn_init(
             status: status_rd,
             _sync: sync_wr,
             listeners: Vec::new(),
+            netlink: None,
         }),
         uid,
         gid,
@@ -203,6 +259,7 @@ impl PendingInit {
         mut self,
         cg: Option<&cgroup::SandboxCgroup>,
         door_addrs: &[std::net::SocketAddr],
+        netns: bool,
     ) -> Result<InitChild, SandboxError> {
         let gone = || SandboxError::Setup {
             stage: "release init".into(),
@@ -235,6 +292,17 @@ impl PendingInit {
                     .map_err(sys_err("open the sandbox cgroup's tasks file"))?,
                 );
             }
+        }
+        if netns {
+            // Required with a network namespace of its own: what it queues on netlink
+            // sockets is counted against the memory budget by nothing else.
+            child.netlink = Some(NetlinkQueues::open(pid).map_err(|e| SandboxError::Setup {
+                stage: "netlink".into(),
+                message: format!(
+                    "cannot open /proc/{pid}/net/netlink to count the sandbox's netlink \
+                     queues against its memory budget: {e}"
+                ),
+            })?);
         }
         namespaces::write_id_maps(pid, self.uid, self.gid, !self.become_root)?;
         sys::release_init(child._sync.as_fd(), &tasks).map_err(sys_err("release init"))?;
@@ -309,6 +377,7 @@ pub(super) fn observation(
     start: Instant,
     s: &cgroup::CgroupSample,
     disk: Option<&Path>,
+    netlink_queued: u64,
 ) -> Observation {
     let (disk_used, disk_size) = match disk.and_then(|d| nix::sys::statvfs::statvfs(d).ok()) {
         Some(v) => {
@@ -323,6 +392,8 @@ pub(super) fn observation(
         elapsed: start.elapsed(),
         cpu_ns: s.cpu_ns,
         memory_peak: s.memory_peak.max(s.memory_current),
+        memory_current: s.memory_current,
+        netlink_queued,
         pids_current: s.pids_current,
         pids_peak: s.pids_peak,
         oom_kills: s.oom_kills,
@@ -364,6 +435,7 @@ pub(super) fn supervise(
     start: Instant,
     cancel: Option<&std::sync::atomic::AtomicBool>,
     status: &mut StatusReader,
+    mut netlink: Option<NetlinkQueues>,
 ) -> Result<(InitExit, Ended), SandboxError> {
     let cancelled = || cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -454,7 +526,19 @@ pub(super) fn supervise(
                         }
                     }
                     let s = cg.map(|c| c.sample()).unwrap_or_default();
-                    if let Some(b) = wd.observe(&observation(start, &s, disk)) {
+                    // Fail closed: a table that cannot be read ends the run as over memory.
+                    let queued = match netlink.as_mut().map(NetlinkQueues::queued) {
+                        None => 0,
+                        Some(Some(q)) => q,
+                        Some(None) => {
+                            tracing::warn!(
+                                "the sandbox's netlink table could not be read: \
+                                 its memory cannot be counted"
+                            );
+                            u64::MAX
+                        }
+                    };
+                    if let Some(b) = wd.observe(&observation(start, &s, disk, queued)) {
                         return (Some(b), false, false);
                     }
                 }
@@ -496,7 +580,8 @@ pub(super) fn supervise(
     }
     // The final usage, sampled once, after every member is gone.
     let s = cg.map(|c| c.sample()).unwrap_or_default();
-    let last = wd.observe(&observation(start, &s, disk));
+    // (Every netlink socket closed with its process: nothing is queued any more.)
+    let last = wd.observe(&observation(start, &s, disk, 0));
     let mut wd_budget = budget;
     if wd_budget.is_none() && !interrupted && !stopped {
         // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
@@ -599,4 +684,17 @@ fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> bool {
     let mut flags = OFlag::from_bits_truncate(bits);
     flags.set(OFlag::O_NONBLOCK, on);
     fcntl(fd, FcntlArg::F_SETFL(flags)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn netlink_rmem_sums_the_rmem_column() {
+        let table = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
+                     00000000f362d450 0   0          00000000 0        0        0     2        0        4\n\
+                     000000003eefd69d 0   812        00000000 2304     0        0     2        0        1507\n\
+                     00000000aa11bb22 0   813        00000000 8392704  0        0     2        0        1508\n";
+        assert_eq!(super::netlink_rmem(table), 2304 + 8392704);
+        assert_eq!(super::netlink_rmem(""), 0);
+    }
 }

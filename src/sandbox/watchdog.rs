@@ -79,6 +79,11 @@ pub struct Observation {
     pub elapsed: Duration,
     pub cpu_ns: u64,
     pub memory_peak: u64,
+    /// Memory in the cgroup now.
+    pub memory_current: u64,
+    /// Bytes queued on the sandbox's netlink sockets, which no cgroup charges (see
+    /// `supervisor::NetlinkQueues`): counted with `memory_current` against the budget.
+    pub netlink_queued: u64,
     pub pids_current: u64,
     pub pids_peak: Option<u64>,
     pub oom_kills: u64,
@@ -116,7 +121,11 @@ impl Watchdog {
         let u = &mut self.usage;
         u.wall_s = o.elapsed.as_secs_f64();
         u.cpu_s = u.cpu_s.max(o.cpu_ns as f64 / 1e9);
+        let held = o.memory_current.saturating_add(o.netlink_queued);
         u.memory_peak_bytes = u.memory_peak_bytes.max(o.memory_peak);
+        if o.netlink_queued > 0 {
+            u.memory_peak_bytes = u.memory_peak_bytes.max(held);
+        }
         u.pids_peak = u
             .pids_peak
             .max(o.pids_current)
@@ -124,7 +133,7 @@ impl Watchdog {
         if let Some(d) = o.disk_used {
             u.disk_bytes = u.disk_bytes.max(d);
         }
-        if o.oom_kills > 0 {
+        if o.oom_kills > 0 || (o.netlink_queued > 0 && held > self.limits.memory_bytes) {
             return Some(BudgetKind::Memory);
         }
         if o.pids_limit_hits > 0 {
@@ -226,6 +235,24 @@ mod tests {
         assert_eq!(Watchdog::new(b.clone()).observe(&o), None);
         b.cpu_time = Some(Duration::from_secs(5));
         assert_eq!(Watchdog::new(b).observe(&o), Some(BudgetKind::Cpu));
+    }
+
+    #[test]
+    fn netlink_queues_count_against_the_memory_budget() {
+        let mut b = seed_budgets();
+        b.memory_bytes = 32 << 20;
+        let mut w = Watchdog::new(b);
+        let mut o = Observation {
+            memory_current: 20 << 20,
+            memory_peak: 20 << 20,
+            netlink_queued: 10 << 20,
+            ..Default::default()
+        };
+        assert_eq!(w.observe(&o), None);
+        assert_eq!(w.usage().memory_peak_bytes, 30 << 20);
+        o.netlink_queued = 13 << 20;
+        assert_eq!(w.observe(&o), Some(BudgetKind::Memory));
+        assert_eq!(w.usage().memory_peak_bytes, 33 << 20);
     }
 
     #[test]
