@@ -165,6 +165,15 @@ impl Sandbox {
         }
     }
 
+    /// Starts counting this run in the cgroup, before any of its processes is in it: a
+    /// rerun keeps the cgroup of the attempts before it, whose CPU time, peaks, OOM kills
+    /// and refused forks are not this run's (see `cgroup/stats.rs`).
+    pub(super) fn begin_cgroup_run(&self) {
+        if let Some(cg) = self.cgroup.ready() {
+            cg.begin_run();
+        }
+    }
+
     /// The cgroup budgets for a run: at the first, those `prepare` started; at a later one
     /// made now unless they exist (an optional layer that failed is tried again, and
     /// warned about).

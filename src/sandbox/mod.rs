@@ -469,6 +469,7 @@ impl Sandbox {
             && self.cgroup_v1_in_the_making();
         if !join_later {
             self.ensure_cgroup()?;
+            self.begin_cgroup_run();
         }
         if !join_later && self.cgroup.ready().is_none() && cgroupns {
             // A cgroup namespace rooted at the supervisor's own cgroup would reveal it.
@@ -541,6 +542,7 @@ impl Sandbox {
             // Required: made, or the layer's error (exit 69); either way before the init is
             // let go (an error drops the pending init, which kills it).
             self.ensure_cgroup()?;
+            self.begin_cgroup_run();
             if self.cgroup.ready().is_none() {
                 return Err(SandboxError::Setup {
                     stage: "cgroup".into(),

@@ -1,14 +1,24 @@
 //! Reading the sandbox's usage for the watchdog: CPU time, memory (current and peak), tasks
 //! (current and peak), OOM kills and forks refused by the pids limit.
 //!
+//! Each run is counted from its own start ([`SandboxCgroup::begin_run`]): a rerun of failing
+//! tests runs in the same cgroup as the attempt before it, and the kernel's counters
+//! (`cpuacct.usage`, `oom_kill`, `pids.events`, the peaks) keep growing across runs. The
+//! counters are read against a baseline taken at the run's start; the memory peak, which
+//! cannot be subtracted, is reset there where the kernel allows it (v1
+//! `memory.max_usage_in_bytes`, v2 `memory.peak` from Linux 6.12, per open file); a peak that
+//! could not be reset, and `pids.peak` (never resettable), count only once they rise past
+//! what they were at the start, else the current values sampled during the run stand in.
+//!
 //! Hand-written rather than cgroups-rs's stat readers: those open the file and allocate on
 //! every read, while [`SandboxCgroup::sample`] is called every ~50 ms and so reads, with `pread`
 //! into a stack buffer, a handful of files opened once at creation.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use super::{CgroupVersion, SandboxCgroup};
 
@@ -36,11 +46,27 @@ pub struct CgroupSample {
 pub(super) struct StatFiles {
     cpu: Option<File>,
     mem_current: Option<File>,
+    /// Opened for writing too where the kernel lets it (v2's reset is per open file).
     mem_peak: Option<File>,
     mem_events: Option<File>,
     pids_current: Option<File>,
     pids_peak: Option<File>,
     pids_events: Option<File>,
+    /// The v1 file whose write of 0 resets the memory peak.
+    mem_peak_reset: Option<PathBuf>,
+    /// The counters at the current run's start ([`SandboxCgroup::begin_run`]).
+    baseline: Mutex<Baseline>,
+}
+
+/// What the counters read at a run's start.
+#[derive(Debug, Default, Clone, Copy)]
+struct Baseline {
+    cpu_ns: u64,
+    oom_kills: u64,
+    pids_limit_hits: u64,
+    /// The memory peak when it could not be reset (0 when it was, or on a fresh cgroup).
+    memory_peak: u64,
+    pids_peak: Option<u64>,
 }
 
 impl StatFiles {
@@ -48,6 +74,19 @@ impl StatFiles {
     /// file the kernel does not offer stays `None`.
     pub(super) fn open(version: CgroupVersion, dir_of: impl Fn(&str) -> Option<PathBuf>) -> Self {
         let open = |ctl: &str, name: &str| dir_of(ctl).and_then(|d| File::open(d.join(name)).ok());
+        // Read and write where allowed (v2 resets memory.peak for the file written to),
+        // else read only.
+        let open_rw = |ctl: &str, name: &str| {
+            dir_of(ctl).and_then(|d| {
+                let p = d.join(name);
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&p)
+                    .or_else(|_| File::open(&p))
+                    .ok()
+            })
+        };
         match version {
             CgroupVersion::V1 => StatFiles {
                 cpu: open("cpuacct", "cpuacct.usage"),
@@ -57,15 +96,19 @@ impl StatFiles {
                 pids_current: open("pids", "pids.current"),
                 pids_peak: open("pids", "pids.peak"),
                 pids_events: open("pids", "pids.events"),
+                mem_peak_reset: dir_of("memory").map(|d| d.join("memory.max_usage_in_bytes")),
+                baseline: Mutex::default(),
             },
             CgroupVersion::V2 => StatFiles {
                 cpu: open("cpu", "cpu.stat"),
                 mem_current: open("memory", "memory.current"),
-                mem_peak: open("memory", "memory.peak"),
+                mem_peak: open_rw("memory", "memory.peak"),
                 mem_events: open("memory", "memory.events"),
                 pids_current: open("pids", "pids.current"),
                 pids_peak: open("pids", "pids.peak"),
                 pids_events: open("pids", "pids.events"),
+                mem_peak_reset: None,
+                baseline: Mutex::default(),
             },
         }
     }
@@ -104,9 +147,73 @@ fn pread_small<'a>(file: Option<&File>, buf: &'a mut [u8]) -> Option<&'a str> {
 }
 
 impl SandboxCgroup {
-    /// Reads the usage counters: a few `pread`s on files opened at creation. Counters the
-    /// kernel does not offer read as 0 (`pids_peak` as `None`).
+    /// Starts counting a run: called before any process of the run is in the cgroup (a
+    /// rerun's cgroup still holds the counters of the attempts before it). Takes the
+    /// baseline [`Self::sample`] subtracts, and resets the memory peak where the kernel
+    /// allows it.
+    pub fn begin_run(&self) {
+        let raw = self.sample_raw();
+        let s = &self.stats;
+        let reset = match self.version {
+            // Any write of 0 resets the cgroup's max_usage_in_bytes to its current usage.
+            CgroupVersion::V1 => s
+                .mem_peak_reset
+                .as_ref()
+                .is_some_and(|p| std::fs::write(p, "0").is_ok()),
+            // Linux 6.12 and later: any non-empty write resets the peak this file reports.
+            CgroupVersion::V2 => s
+                .mem_peak
+                .as_ref()
+                .is_some_and(|f| f.write_at(b"reset\n", 0).is_ok()),
+        };
+        if !reset && raw.memory_peak > 0 {
+            tracing::debug!(
+                "cgroup: the memory peak could not be reset; this run's peak counts once it \
+                 passes {} bytes",
+                raw.memory_peak
+            );
+        }
+        let base = Baseline {
+            cpu_ns: raw.cpu_ns,
+            oom_kills: raw.oom_kills,
+            pids_limit_hits: raw.pids_limit_hits,
+            memory_peak: if reset { 0 } else { raw.memory_peak },
+            pids_peak: raw.pids_peak,
+        };
+        *s.baseline.lock().unwrap_or_else(|e| e.into_inner()) = base;
+    }
+
+    /// Reads the usage counters of the current run (see [`Self::begin_run`]): a few
+    /// `pread`s on files opened at creation. Counters the kernel does not offer read as 0
+    /// (`pids_peak` as `None`); a peak that has not risen past its value at the run's start
+    /// reads as 0 (`None`), the current value sampled during the run standing in for it.
     pub fn sample(&self) -> CgroupSample {
+        let raw = self.sample_raw();
+        let base = *self
+            .stats
+            .baseline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        CgroupSample {
+            cpu_ns: raw.cpu_ns.saturating_sub(base.cpu_ns),
+            memory_current: raw.memory_current,
+            memory_peak: if raw.memory_peak > base.memory_peak {
+                raw.memory_peak
+            } else {
+                0
+            },
+            pids_current: raw.pids_current,
+            pids_peak: match (raw.pids_peak, base.pids_peak) {
+                (Some(p), Some(b)) if p <= b => None,
+                (p, _) => p,
+            },
+            oom_kills: raw.oom_kills.saturating_sub(base.oom_kills),
+            pids_limit_hits: raw.pids_limit_hits.saturating_sub(base.pids_limit_hits),
+        }
+    }
+
+    /// The counters as the kernel has them, since the cgroup was made.
+    fn sample_raw(&self) -> CgroupSample {
         let mut buf = [0u8; 1024];
         let s = &self.stats;
         let cpu_ns = match self.version {
@@ -187,6 +294,11 @@ mod tests {
         assert!(s.oom_kills > 0, "{s:?}");
         assert!(s.memory_peak <= (128 << 20) + (1 << 20), "{s:?}");
         assert!(s.memory_peak > 64 << 20, "{s:?}");
+        // A next run in the same cgroup starts from nothing: no OOM kill, a peak reset.
+        cg.begin_run();
+        let s = cg.sample();
+        assert_eq!(s.oom_kills, 0, "{s:?}");
+        assert!(s.memory_peak < 16 << 20, "{s:?}");
         cg.destroy().unwrap();
     }
 
@@ -216,6 +328,10 @@ mod tests {
         // 20% of one core: at most 0.2 x wall, plus one period of slack.
         let cap = wall.as_nanos() as u64 / 5 + 200_000_000;
         assert!(used <= cap, "used {used} ns > cap {cap} ns over {wall:?}");
+        // A next run in the same cgroup is not charged for this one's CPU.
+        cg.begin_run();
+        let again = cg.sample().cpu_ns;
+        assert!(again < 10_000_000, "{again} ns carried over from {used} ns");
         cg.destroy().unwrap();
     }
 }
