@@ -152,11 +152,12 @@ fn dev_shm_counts_against_the_disk_budget() {
             "dd if=/dev/zero of=/dev/shm/fill bs=1M count=16 2>&1; echo dd=$?",
         ],
     );
-    assert!(r.stdout.contains("No space left on device"), "{}", r.stdout);
-    assert!(r.stdout.contains("dd=1"), "{}", r.stdout);
+    // The budget is what ended the run, and what it counted is the /dev/shm file: the cap
+    // filled (the kill comes once it is within 64 KiB of full) and never went past it.
     assert_eq!(r.budget().as_deref(), Some("disk"), "{}", r.report);
     let used = r.report["usage"]["disk_bytes"].as_u64().unwrap();
-    assert!(used <= 8 << 20, "used {used}");
+    assert!((7 << 20..=8 << 20).contains(&used), "used {used}");
+    dd_stopped_by_the_full_disk(&r.stdout);
     // /dev/shm and /tmp share the one cap: 6 MiB in each do not both fit in 8 MiB.
     let r = run(
         &["--disk", "8MiB"],
@@ -167,8 +168,10 @@ fn dev_shm_counts_against_the_disk_budget() {
              dd if=/dev/zero of=/dev/shm/b bs=1M count=6 2>&1; echo dd=$?",
         ],
     );
-    assert!(r.stdout.contains("dd=1"), "{}", r.stdout);
     assert_eq!(r.budget().as_deref(), Some("disk"), "{}", r.report);
+    let used = r.report["usage"]["disk_bytes"].as_u64().unwrap();
+    assert!((7 << 20..=8 << 20).contains(&used), "used {used}");
+    dd_stopped_by_the_full_disk(&r.stdout);
     // /dev/shm is still an ordinary writable directory for a well-behaved successor.
     let r = run(
         &["--disk", "8MiB"],
@@ -181,6 +184,54 @@ fn dev_shm_counts_against_the_disk_budget() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.stdout.trim(), "hi");
     assert_eq!(r.budget(), None);
+}
+
+/// What `dd ... 2>&1; echo dd=$?` printed when the disk budget's kill ended it. The kill
+/// comes when the supervisor next sees the capped disk full, which can be before dd has
+/// written its error, between the pieces of it (stdout `dd: `), or after the shell's echo.
+/// Whatever dd got to say must start with its error (a dd that wrote everything starts
+/// with its record counts), that error is the full disk's once its line is complete, and
+/// the status, if the shell got to print it, is a failure.
+fn dd_stopped_by_the_full_disk(stdout: &str) {
+    assert!(
+        stdout.is_empty() || stdout.starts_with("dd:"),
+        "dd said something else than its error: {stdout}"
+    );
+    let said: Vec<&str> = stdout.lines().collect();
+    if said.len() > 1 || stdout.ends_with('\n') {
+        // dd's first line is complete: the full disk's error.
+        assert!(said[0].contains("No space left on device"), "{stdout}");
+    }
+    if let Some(status) = stdout.lines().find_map(|l| l.strip_prefix("dd=")) {
+        assert_eq!(status, "1", "{stdout}");
+    }
+}
+
+#[test]
+fn dd_stopped_by_the_full_disk_accepts_every_place_the_kill_lands_and_nothing_else() {
+    let full = "dd: error writing '/dev/shm/fill': No space left on device\n\
+                9+0 records in\n8+0 records out\n8388608 bytes (8.4 MB, 8.0 MiB) copied\n";
+    // Killed before dd spoke, between its writes (CI saw `dd: `), after its error, after
+    // its counts, after the shell's echo.
+    for out in [
+        String::new(),
+        "dd: ".to_string(),
+        "dd: error writing '/dev/shm/fill'".to_string(),
+        full.lines().next().unwrap().to_string() + "\n",
+        full.to_string(),
+        format!("{full}dd=1\n"),
+    ] {
+        dd_stopped_by_the_full_disk(&out);
+    }
+    // A dd that wrote everything, another error, a success status: refused.
+    for out in [
+        "16+0 records in\n16+0 records out\n16777216 bytes copied\ndd=0\n".to_string(),
+        "dd: error writing '/dev/shm/fill': Input/output error\n".to_string(),
+        format!("{full}dd=0\n"),
+    ] {
+        let caught = std::panic::catch_unwind(|| dd_stopped_by_the_full_disk(&out));
+        assert!(caught.is_err(), "accepted: {out}");
+    }
 }
 
 /// Creates inotify instances until one fails (at most N), says how many and why along with
