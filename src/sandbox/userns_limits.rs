@@ -52,10 +52,15 @@ pub const FIX: &str = "let the sandbox's init (root of its own user namespace) w
 
 /// In the init, root of the sandbox's user namespace: writes every limit of [`LIMITS`]
 /// that the kernel has under `/proc/sys/user` of the procfs at `proc` (a file the kernel
-/// lacks is skipped: it counts nothing then), and reads each back. Refuses to write
-/// anything from the host's own user namespace, whose limits these files would be. On
-/// failure: the file and why.
+/// lacks is skipped: it counts nothing then). Each file is opened relative to that
+/// directory and written once: the kernel refuses (EINVAL) a value outside a limit's range,
+/// so a write that succeeded is in force (the tests read them from inside). Refuses to
+/// write anything from the host's own user namespace, whose limits these files would be.
+/// On failure: the file and why.
 pub fn apply(proc: &Path) -> Result<(), String> {
+    use nix::errno::Errno;
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::Mode;
     let map = proc.join("self/uid_map");
     let uid_map =
         std::fs::read_to_string(&map).map_err(|e| format!("reading {}: {e}", map.display()))?;
@@ -63,27 +68,35 @@ pub fn apply(proc: &Path) -> Result<(), String> {
         return Err("refusing to lower the limits of the host's own user namespace".into());
     }
     let sys_user = proc.join("sys/user");
-    if !sys_user.is_dir() {
-        return Err(format!(
+    let dir = open(
+        &sys_user,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ENOENT => format!(
             "{} is missing (a kernel without per-user-namespace limits)",
             sys_user.display()
-        ));
-    }
+        ),
+        e => format!("opening {}: {e}", sys_user.display()),
+    })?;
     for (name, value) in LIMITS {
-        let f = sys_user.join(name);
-        if !f.exists() {
-            continue;
-        }
-        std::fs::write(&f, format!("{value}\n"))
-            .map_err(|e| format!("writing {value} to {}: {e}", f.display()))?;
-        let got = std::fs::read_to_string(&f)
-            .map_err(|e| format!("reading {} back: {e}", f.display()))?;
-        if got.trim() != value.to_string() {
-            return Err(format!(
-                "{} reads {} after {value} was written",
-                f.display(),
-                got.trim()
-            ));
+        let shown = || sys_user.join(name).display().to_string();
+        let f = match openat(
+            &dir,
+            name,
+            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(f) => f,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(format!("opening {}: {e}", shown())),
+        };
+        let text = format!("{value}\n");
+        match nix::unistd::write(&f, text.as_bytes()) {
+            Ok(n) if n == text.len() => {}
+            Ok(n) => return Err(format!("writing {value} to {}: {n} bytes written", shown())),
+            Err(e) => return Err(format!("writing {value} to {}: {e}", shown())),
         }
     }
     Ok(())
