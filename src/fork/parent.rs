@@ -132,7 +132,11 @@ pub(super) fn open_no_links(path: &Path) -> std::io::Result<File> {
     if let Some(hook) = BEFORE_A_PARENT_FILE_OPENS.with(|h| h.borrow_mut().take()) {
         hook();
     }
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
     let how = nix::fcntl::OpenHow::new()
         .flags(flags)
         .resolve(nix::fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS);
@@ -147,7 +151,11 @@ pub(super) fn open_no_links(path: &Path) -> std::io::Result<File> {
 /// (a link in any of them is refused, as `openat2` refuses it), then the file beneath the
 /// last, with `O_NOFOLLOW`.
 fn open_by_walk(path: &Path) -> std::io::Result<File> {
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -156,7 +164,12 @@ fn open_by_walk(path: &Path) -> std::io::Result<File> {
     };
     let dir_fd = super::tree::open_dir_no_links(dir).map_err(|e| {
         use crate::fsx::FsxError;
-        // The kinds `openat2` would have given (a missing `-wal` is looked for by kind).
+        // The kinds `openat2` would have given (a missing `-wal` is looked for by kind; a
+        // link is ELOOP, as `openat2`'s RESOLVE_NO_SYMLINKS says it, which the snapshot's
+        // first look names as a link).
+        if let FsxError::Symlink { .. } = &e {
+            return std::io::Error::from_raw_os_error(libc::ELOOP);
+        }
         let kind = match &e {
             FsxError::Missing { .. } => std::io::ErrorKind::NotFound,
             FsxError::Io { source, .. } => source.kind(),

@@ -43,12 +43,16 @@ impl NetlinkQueues {
 
     /// The bytes queued for reading on every netlink socket of the namespace (the table's
     /// `Rmem` column, the sockets' `sk_rmem_alloc`: the buffers' true size). A table that
-    /// cannot be read counts as `None`.
+    /// cannot be read, or is longer than [`NETLINK_TABLE_MAX`] (tens of thousands of
+    /// sockets: too many to read every 50 ms at a bounded cost), counts as `None`.
     pub(super) fn queued(&mut self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         self.buf.clear();
         let mut chunk = [0u8; 16 << 10];
         loop {
+            if self.buf.len() > NETLINK_TABLE_MAX {
+                return None;
+            }
             match self.file.read_at(&mut chunk, self.buf.len() as u64) {
                 Ok(0) => break,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
@@ -59,6 +63,11 @@ impl NetlinkQueues {
         Some(netlink_rmem(&String::from_utf8_lossy(&self.buf)))
     }
 }
+
+/// The longest netlink table read (about 48,000 sockets at about 85 bytes a line): a
+/// sandbox with more is stopped as over its memory budget, since its netlink memory can no
+/// longer be counted at a cost bounded per look.
+const NETLINK_TABLE_MAX: usize = 4 << 20;
 
 /// The sum of the `Rmem` column of a `/proc/net/netlink` table.
 fn netlink_rmem(table: &str) -> u64 {
@@ -526,16 +535,18 @@ pub(super) fn supervise(
                         }
                     }
                     let s = cg.map(|c| c.sample()).unwrap_or_default();
-                    // Fail closed: a table that cannot be read ends the run as over memory.
+                    // Fail closed: a table that cannot be read (or is too long to read
+                    // every look) ends the run as over memory; nothing is made up for
+                    // the reported peak.
                     let queued = match netlink.as_mut().map(NetlinkQueues::queued) {
                         None => 0,
                         Some(Some(q)) => q,
                         Some(None) => {
                             tracing::warn!(
-                                "the sandbox's netlink table could not be read: \
-                                 its memory cannot be counted"
+                                "the sandbox's netlink table could not be read, or holds too \
+                                 many sockets to read every look: its memory cannot be counted"
                             );
-                            u64::MAX
+                            return (Some(BudgetKind::Memory), false, false);
                         }
                     };
                     if let Some(b) = wd.observe(&observation(start, &s, disk, queued)) {
