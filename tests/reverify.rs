@@ -122,7 +122,7 @@ fn reverify_agrees_with_an_honest_verdict_and_refuses_others() {
 /// endorsing key it answers the same proposal.
 #[test]
 fn reverify_names_the_proposal_only_of_a_trusted_verdict() {
-    use fork::verdict::*;
+    use fork::verdict::sha256_digest;
     need_root!();
     let dir = scratch("reverify-proposal");
     std::fs::create_dir_all(dir.join("runs")).unwrap();
@@ -133,45 +133,14 @@ fn reverify_names_the_proposal_only_of_a_trusted_verdict() {
     let task_hash = sha256_digest(&serde_json::to_vec(&(&name.to_string(), spec)).unwrap());
     let key_path = dir.join("theirs.key");
     let public = fork::identity::generate_node_key(&key_path, false).unwrap();
-    let v = Verdict {
-        header: Header::new(),
-        verdict: VerdictKind::Approve,
-        confidence: 0.99,
-        patch_hash: sha256_digest(&std::fs::read(&patch).unwrap()),
-        task_hash: task_hash.clone(),
-        state_hash: sha256_digest(b"made up state"),
-        source_hash: sha256_digest(b"made up source"),
-        patched_tree_hash: None,
-        evaluation_summary: "made up".into(),
-        caveats: vec![],
-        tests: TestCounts::default(),
-        metrics: vec![],
-        budget: BudgetReport::default(),
-        isolation: serde_json::json!({}),
-        artifacts: vec![],
-        successor_key: String::new(),
-        run_id: fork::rundir::new_run_id(),
-        task: "contract".into(),
-        patch_gate: None,
-        proposal_id: Some("proposal-of-someone-else".into()),
-        provenance: None,
-        plan: vec![plan::TaskVerdict {
-            task: "contract".into(),
-            task_hash,
-            verdict: Some(VerdictKind::Approve),
-            confidence: Some(0.99),
-            summary: "made up".into(),
-            provenance: None,
-            tests: TestCounts::default(),
-            metrics: vec![],
-            budget: None,
-        }],
-    };
     let theirs = dir.join("theirs");
-    let node = fork::identity::load_node_key(&key_path).unwrap();
-    let eph = fork::identity::EphemeralKey::generate();
-    write_bundle(&theirs, &v, &[], &eph, &node).unwrap();
-    eph.destroy();
+    forge_bundle(
+        &theirs,
+        &key_path,
+        &sha256_digest(&std::fs::read(&patch).unwrap()),
+        Some("proposal-of-someone-else"),
+        vec![("contract".to_string(), task_hash)],
+    );
     let public = public.to_string();
     for (trust, expect) in [
         (None, serde_json::Value::Null),

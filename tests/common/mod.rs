@@ -319,3 +319,62 @@ pub fn assert_phases_in_order(marks: &[(String, f64)], want: &[&str], ctx: &str)
         at += i + 1;
     }
 }
+
+/// A verdict bundle at `dir` signed by the node key at `node_key` (through a fresh
+/// ephemeral key), claiming APPROVE for the patch `patch_hash` on `plan` (its tasks and
+/// their hashes), answering `proposal_id`, without any evaluation: what a dishonest node
+/// would publish, or a bundle nobody pinned.
+pub fn forge_bundle(
+    dir: &Path,
+    node_key: &Path,
+    patch_hash: &str,
+    proposal_id: Option<&str>,
+    plan: Vec<(String, String)>,
+) {
+    use fork::verdict::*;
+    let hash = plan::plan_hash(plan.iter().map(|(n, h)| (n.as_str(), h.as_str())));
+    let v = Verdict {
+        header: Header::new(),
+        verdict: VerdictKind::Approve,
+        confidence: 0.99,
+        patch_hash: patch_hash.to_string(),
+        task_hash: hash,
+        state_hash: sha256_digest(b"made up state"),
+        source_hash: sha256_digest(b"made up source"),
+        patched_tree_hash: None,
+        evaluation_summary: "Test suite passed (29/29).".into(),
+        caveats: vec![],
+        tests: TestCounts {
+            passed: 29,
+            ..Default::default()
+        },
+        metrics: vec![],
+        budget: BudgetReport::default(),
+        isolation: serde_json::json!({}),
+        artifacts: vec![],
+        successor_key: String::new(),
+        run_id: fork::rundir::new_run_id(),
+        task: plan::plan_name(plan.iter().map(|(n, _)| n.as_str())),
+        patch_gate: None,
+        proposal_id: proposal_id.map(str::to_string),
+        provenance: None,
+        plan: plan
+            .into_iter()
+            .map(|(task, task_hash)| plan::TaskVerdict {
+                task,
+                task_hash,
+                verdict: Some(VerdictKind::Approve),
+                confidence: Some(0.99),
+                summary: "Test suite passed (29/29).".into(),
+                provenance: None,
+                tests: TestCounts::default(),
+                metrics: vec![],
+                budget: None,
+            })
+            .collect(),
+    };
+    let node = fork::identity::load_node_key(node_key).unwrap();
+    let eph = fork::identity::EphemeralKey::generate();
+    write_bundle(dir, &v, &[], &eph, &node).unwrap();
+    eph.destroy();
+}

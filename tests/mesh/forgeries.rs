@@ -33,52 +33,7 @@ fn forge_bundle(dir: &Path, node_key: &Path, p: &Proposal) {
 
 /// [`forge_bundle`], claiming to have run `plan` (tasks and their hashes).
 fn forge_bundle_of(dir: &Path, node_key: &Path, p: &Proposal, plan: Vec<(String, String)>) {
-    use fork::verdict::*;
-    let hash = plan::plan_hash(plan.iter().map(|(n, h)| (n.as_str(), h.as_str())));
-    let v = Verdict {
-        header: Header::new(),
-        verdict: VerdictKind::Approve,
-        confidence: 0.99,
-        patch_hash: p.patch_hash.clone(),
-        task_hash: hash,
-        state_hash: sha256_digest(b"made up state"),
-        source_hash: sha256_digest(b"made up source"),
-        patched_tree_hash: None,
-        evaluation_summary: "Test suite passed (29/29).".into(),
-        caveats: vec![],
-        tests: TestCounts {
-            passed: 29,
-            ..Default::default()
-        },
-        metrics: vec![],
-        budget: BudgetReport::default(),
-        isolation: serde_json::json!({}),
-        artifacts: vec![],
-        successor_key: String::new(),
-        run_id: fork::rundir::new_run_id(),
-        task: plan::plan_name(plan.iter().map(|(n, _)| n.as_str())),
-        patch_gate: None,
-        proposal_id: Some(p.proposal_id.clone()),
-        provenance: None,
-        plan: plan
-            .into_iter()
-            .map(|(task, task_hash)| plan::TaskVerdict {
-                task,
-                task_hash,
-                verdict: Some(VerdictKind::Approve),
-                confidence: Some(0.99),
-                summary: "Test suite passed (29/29).".into(),
-                provenance: None,
-                tests: TestCounts::default(),
-                metrics: vec![],
-                budget: None,
-            })
-            .collect(),
-    };
-    let node = fork::identity::load_node_key(node_key).unwrap();
-    let eph = fork::identity::EphemeralKey::generate();
-    write_bundle(dir, &v, &[], &eph, &node).unwrap();
-    eph.destroy();
+    common::forge_bundle(dir, node_key, &p.patch_hash, Some(&p.proposal_id), plan);
 }
 
 fn message_for(proposal_id: &str, node_key: &Path, bundle: &Path) -> Vec<u8> {
