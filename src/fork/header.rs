@@ -23,7 +23,7 @@
 //! writer waits no longer than it would for SQLite's read alone, plus one read of the
 //! header.
 
-use super::sqlite::{io_err, SnapshotError};
+use super::error::{io_err, SnapshotError, SQLITE_MAGIC};
 use nix::errno::Errno;
 use nix::fcntl::FcntlArg;
 use std::fs::File;
@@ -68,7 +68,7 @@ pub(super) fn mode_of(fd: impl AsFd) -> io::Result<Mode> {
     }
     Ok(if n == 0 {
         Mode::Empty
-    } else if n < header.len() || &header[..16] != super::sqlite::SQLITE_MAGIC {
+    } else if n < header.len() || &header[..16] != SQLITE_MAGIC {
         Mode::NotSqlite
     } else {
         match [header[18], header[19]] {
