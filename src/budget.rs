@@ -475,8 +475,10 @@ pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
             format_size(used.memory_peak_bytes),
             format_size(limits.memory_bytes)
         ),
+        // Or, rarer, the supervisor stopped it: its netlink table could not be read, or
+        // held more sockets than can be counted at each look (see `NetlinkQueues`).
         BudgetKind::Memory => format!(
-            "memory: peak {} of {} (the kernel OOM-killed a process)",
+            "memory: peak {} of {} (the kernel OOM-killed a process, or the sandbox's netlink sockets could not be counted)",
             format_size(used.memory_peak_bytes),
             format_size(limits.memory_bytes)
         ),

@@ -708,4 +708,35 @@ mod tests {
         assert_eq!(super::netlink_rmem(table), 2304 + 8392704);
         assert_eq!(super::netlink_rmem(""), 0);
     }
+
+    /// A table up to the bound is read and summed, each look from its start; a longer one
+    /// (tens of thousands of sockets) is not read to its end: it counts as unreadable, and
+    /// the run is stopped as over memory (fail closed), whatever it holds.
+    #[test]
+    fn a_netlink_table_past_its_bound_is_not_read_to_the_end() {
+        use super::{NetlinkQueues, NETLINK_TABLE_MAX};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("netlink");
+        let header = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n";
+        let line = "00000000aa11bb22 0   813        00000000 4096     0        0     2        0        1508\n";
+        let open = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            NetlinkQueues {
+                file: std::fs::File::open(&path).unwrap(),
+                buf: Vec::new(),
+            }
+        };
+        let mut small = open(&format!("{header}{}", line.repeat(3)));
+        assert_eq!(small.queued(), Some(3 * 4096));
+        assert_eq!(
+            small.queued(),
+            Some(3 * 4096),
+            "a second look reads it again"
+        );
+        let at_bound = (NETLINK_TABLE_MAX - header.len()) / line.len();
+        let mut full = open(&format!("{header}{}", line.repeat(at_bound)));
+        assert_eq!(full.queued(), Some(at_bound as u64 * 4096));
+        let mut over = open(&format!("{header}{}", line.repeat(at_bound + 1000)));
+        assert_eq!(over.queued(), None);
+    }
 }
