@@ -259,12 +259,13 @@ while not os.path.exists(flag) and time.time() < deadline:
 fn inotify_instances_are_bounded_per_sandbox_and_root_keeps_its_own() {
     need_root!();
     use std::io::BufRead;
-    // The sandbox's user namespace is created by root, so the kernel charges its inotify
-    // instances to root's own count too (fs.inotify.max_user_instances, 128 by default):
-    // unbounded, a successor could hold all of them for its whole wall budget and every
-    // root daemon's inotify_init would fail. The sandbox's namespace has a limit of its own
-    // (16): it stops there, and root still creates instances meanwhile. The probe tries 64
-    // (half of root's default), so even an unbounded sandbox leaves root some.
+    // The kernel charges a sandbox's inotify instances to its user namespace's owner too:
+    // once host root (fs.inotify.max_user_instances, 128 by default), so a successor could
+    // hold all of root's for its whole wall budget and every root daemon's inotify_init
+    // failed. Now the owner is the run's own uid (`no_privileges_inside` checks it), and
+    // the sandbox's namespace has a limit of its own (16) besides: it stops there, and root
+    // still creates instances meanwhile. The probe tries 64 (half of root's default), so
+    // even an unbounded sandbox leaves root some.
     let run_root = scratch("runs");
     let flag = run_root.join("release");
     let mut child = fork_cmd(&run_root)

@@ -250,6 +250,32 @@ pub(crate) fn getuid_probe() -> Outcome {
         .with("gid", gid)
         .with("egid", egid)
         .with("status", status)
+        .with("userns_owner", userns_owner())
+}
+
+/// The owner of this process's user namespace, as this namespace sees it (the
+/// NS_GET_OWNER_UID ioctl; an owner unmapped here reads as the overflow uid, 65534), or
+/// the errno when it cannot be read.
+fn userns_owner() -> Value {
+    /// `_IO(0xb7, 0x4)`, linux/nsfs.h.
+    const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
+    let f = match File::open("/proc/self/ns/user") {
+        Ok(f) => f,
+        Err(e) => return Value::from(format!("open /proc/self/ns/user: {e}")),
+    };
+    let mut uid: libc::uid_t = libc::uid_t::MAX;
+    // SAFETY: the ioctl writes one uid_t through the pointer to a live local.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            NS_GET_OWNER_UID as _,
+            &mut uid as *mut libc::uid_t,
+        )
+    };
+    if rc != 0 {
+        return Value::from(format!("NS_GET_OWNER_UID: errno {}", errno()));
+    }
+    Value::from(uid)
 }
 
 pub(crate) fn hostname_probe() -> Outcome {

@@ -43,6 +43,7 @@ mod supervisor;
 pub(crate) mod sys;
 mod teardown;
 pub mod userns_limits;
+mod userns_owner;
 pub mod watchdog;
 
 use crate::ioerr::{IoContext, IoError};

@@ -12,13 +12,12 @@
 //!   budget.
 //! - `RLIMIT_SIGPENDING` [`PENDING_SIGNALS`] and `RLIMIT_MSGQUEUE` [`MESSAGE_QUEUE_BYTES`]:
 //!   the kernel counts queued signals and POSIX message queue bytes per user, at every level
-//!   of the chain of user namespaces, and the sandbox's user namespace is created by fork's
-//!   supervisor: as root, what the sandbox queues is charged to host root's own counts too,
-//!   which every root process shares (root's `sigqueue` would fail with EAGAIN, its
-//!   `mq_open` with EMFILE). The count of the sandbox's own user is checked against the
-//!   queueing process's limit, so with these limits on every process of the sandbox it
-//!   holds at most that many of root's (a queue is charged when it is created, even where
-//!   Landlock then refuses to open it). Standard signals sent while the count is full still
+//!   of the chain of user namespaces, up to the sandbox's namespace's owner (as root the
+//!   run's own uid, see [`super::userns_owner`]; it was host root, whose counts every root
+//!   process shares; without root the user). The count of the sandbox's own user is
+//!   checked against the queueing process's limit, so with these limits on every process
+//!   of the sandbox it holds at most that many of its owner's (a queue is charged when it
+//!   is created, even where Landlock then refuses to open it). Standard signals sent while the count is full still
 //!   arrive, without their extra information, as the kernel does for any user.
 //!
 //! The user namespace's own limits (inotify, fanotify, namespaces) are set by the init:

@@ -229,13 +229,19 @@ pub(super) fn spawn_init(
         })
     };
     // As root, the init's mount namespace is copied from a private one of this thread in
-    // which fork's run directories and the host's cgroup mounts are detached.
+    // which fork's run directories and the host's cgroup mounts are detached, and its user
+    // namespace is owned by the run's uid, not root (see `userns_owner`).
     let cloned = if is_root() {
         let detach = namespaces::detached_in_private_mounts();
-        namespaces::with_private_mounts(&detach, clone).map_err(|message| SandboxError::Setup {
-            stage: "mount namespace".into(),
-            message,
-        })?
+        namespaces::with_private_mounts(&detach, || super::userns_owner::owned_by(uid, clone))
+            .map_err(|message| SandboxError::Setup {
+                stage: "mount namespace".into(),
+                message,
+            })?
+            .map_err(|message| SandboxError::Setup {
+                stage: "user namespace owner".into(),
+                message,
+            })?
     } else {
         clone()
     };

@@ -839,6 +839,23 @@ pub fn capset_clear_all() -> nix::Result<()> {
     Errno::result(rc).map(drop)
 }
 
+/// Sets the calling thread's effective uid (and with it its filesystem uid) to `euid`, and
+/// only the calling thread's: setresuid(2) made directly (glibc's `setresuid`, which nix
+/// calls, changes every thread of the process). The real and saved uids stay as they are,
+/// so a thread whose real uid is 0 can always return. See `userns_owner`.
+pub fn thread_seteuid(euid: u32) -> nix::Result<()> {
+    // On 32-bit x86 and Arm, `setresuid` is the old 16-bit call.
+    #[cfg(any(target_arch = "x86", target_arch = "arm"))]
+    let nr = libc::SYS_setresuid32;
+    #[cfg(not(any(target_arch = "x86", target_arch = "arm")))]
+    let nr = libc::SYS_setresuid;
+    let keep = libc::uid_t::MAX;
+    // SAFETY: setresuid takes three integers and touches no memory of ours; -1 (uid_t::MAX)
+    // leaves the real and saved uids unchanged.
+    let rc = unsafe { libc::syscall(nr, keep, euid as libc::uid_t, keep) };
+    Errno::result(rc).map(drop)
+}
+
 // ---------------------------------------------------------------------------------------
 // Per-thread filesystem identity (see `fs_identity`)
 // ---------------------------------------------------------------------------------------

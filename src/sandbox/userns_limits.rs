@@ -3,21 +3,21 @@
 //! namespaces of each kind), written by the init right after it mounts the sandbox's
 //! `/proc`, before `/proc/sys` is made read-only and before anything of the command runs.
 //!
-//! Why: the sandbox's user namespace is created by fork's supervisor, and the kernel
-//! charges what a user namespace's processes use of these counts to every level of the
-//! chain of user namespaces, each level checked against its own namespace's limit: the
-//! sandbox's level, then its creator's. As root, the creator's level is host root's own
-//! count, which every root daemon shares (`fs.inotify.max_user_instances` is 128 by
-//! default), while a fresh user namespace's own limits are 2^31 - 1: a successor could
-//! have taken every inotify instance of root's for its whole wall budget, and root's
-//! `inotify_init` failed meanwhile. Lowered here (the namespace's root may: it holds
+//! Why: the kernel charges what a user namespace's processes use of these counts to every
+//! level of the chain of user namespaces, each level checked against its own namespace's
+//! limit: the sandbox's level, then its owner's. As root the owner is the run's own uid
+//! (see [`super::userns_owner`]; it was host root, whose counts every root daemon shares),
+//! without root the user; a fresh user namespace's own limits are 2^31 - 1, so without
+//! these a successor could take all of its owner's inotify instances (128 by default) for
+//! its whole wall budget. Lowered here (the namespace's root may: it holds
 //! CAP_SYS_RESOURCE there, and the kernel looks the files up in the writer's own user
 //! namespace, whichever procfs they are on), the sandbox's level stops the sandbox at
 //! these numbers, so it takes at most that many of root's. The command holds no capability
 //! and sees `/proc/sys` read-only, so it cannot raise them again.
 //!
 //! These are fixed, not budgets a policy sets, like the per-process limits of
-//! [`super::rlimits`]. They are per sandbox: sandboxes running at once take that much each.
+//! [`super::rlimits`]. They are per sandbox: without root, sandboxes running at once take
+//! that much each of the user's.
 
 use std::path::Path;
 

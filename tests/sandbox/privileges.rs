@@ -73,6 +73,10 @@ fn no_privileges_inside() {
     // uid 0 inside maps to an unprivileged host uid, never host root.
     let host_uid = r.report["isolation"]["host_uid"].as_u64().unwrap();
     assert_ne!(host_uid, 0);
+    // The sandbox's user namespace is owned by that uid (its 0 here), not by host root
+    // (unmapped here: 65534), so what it holds of the kernel's per-user counts is never
+    // charged to root's.
+    assert_eq!(p["userns_owner"], 0, "the user namespace's owner: {p}");
     let iso = &r.report["isolation"];
     for k in [
         "userns", "pidns", "netns", "mountns", "ipcns", "utsns", "cgroupns",
