@@ -685,7 +685,13 @@ env = { MODE = "fast" }
         assert_eq!(m.runtime.exclude, ["state", ".git", "**/__pycache__"]);
         assert_eq!(
             m.runtime.protected,
-            ["tests/**", "bench/**", "judge/**", "fork.toml"]
+            [
+                "tests/**",
+                "bench/**",
+                "judge/**",
+                "gateway-policy.toml",
+                "fork.toml"
+            ]
         );
         assert_eq!(
             m.task_names(),

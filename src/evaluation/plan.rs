@@ -164,6 +164,9 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     let patch_hash = patch.hash();
     let runtime = std::fs::canonicalize(&a.runtime)
         .map_err(|e| EvaluateError::Input(format!("--runtime {}: {e}", a.runtime.display())))?;
+    let mut manifest = manifest;
+    let grading = grading_files_in_source(&runtime, &manifest.runtime.source, a, &policy);
+    manifest.runtime.protected.extend(grading);
     // The parent's live state files (and their journals) are invisible in the sandbox.
     policy
         .filesystem
@@ -345,6 +348,40 @@ pub fn manifest_plan_hash(manifest: &Manifest, names: &[String]) -> Result<Strin
     Ok(crate::verdict::plan::plan_hash(
         hashes.iter().map(|(n, h)| (*n, h.as_str())),
     ))
+}
+
+/// The files that say how a patch is graded, when the patch could reach them: the
+/// runtime's `fork.toml`, the policy file in use and its seccomp profile, each if it lies
+/// inside the source tree (after links are resolved), as a `protected` pattern naming
+/// exactly it (relative to the source, glob characters escaped). A patch editing one of
+/// them would be graded by the old file and deployed with the new one: every later
+/// evaluation would then run under what the patch wrote (weaker layers, another upstream
+/// for the gateway's key, other tasks). So the `protected_path` gate refuses such a patch,
+/// and the protected tree's copy and check cover them, whatever the manifest lists.
+fn grading_files_in_source(
+    runtime: &Path,
+    source: &Path,
+    a: &Request,
+    policy: &Policy,
+) -> Vec<String> {
+    let Ok(source) = std::fs::canonicalize(runtime.join(source)) else {
+        // The manifest's check refuses a missing source; the copy would fail on it anyway.
+        return Vec::new();
+    };
+    let mut files = vec![runtime.join(crate::manifest::MANIFEST_FILE)];
+    files.extend(a.policy.clone());
+    if let crate::sandbox::SeccompSource::File(f) = &policy.seccomp {
+        files.push(f.clone());
+    }
+    files
+        .iter()
+        .filter_map(|f| std::fs::canonicalize(f).ok())
+        .filter_map(|f| {
+            let rel = f.strip_prefix(&source).ok()?;
+            let rel = rel.to_str()?;
+            (!rel.is_empty()).then(|| globset::escape(rel))
+        })
+        .collect()
 }
 
 /// What hides the parent's state stores: each store's whole directory (an empty tmpfs over

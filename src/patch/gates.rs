@@ -635,7 +635,7 @@ fn protected_gate(patch: &Patch, protected: &[String]) -> Option<GateOutcome> {
                 Gate::ProtectedPath,
                 format!(
                     "`{p}` (patch line {line}) matches the protected pattern `{}`: the \
-                     evaluation's own files (tests, benchmarks, the manifest) may not be \
+                     evaluation's own files (tests, benchmarks, the manifest, the policy in use) may not be \
                      changed by the patch under evaluation; drop this file from the patch",
                     protected[from[i]]
                 ),

@@ -137,6 +137,77 @@ fn gates_reject_before_anything_is_cloned() {
     assert!(!repo().join("fixtures/escaped.txt").exists());
 }
 
+/// A patch that appends a comment line to `file` (relative to the runtime's root, its
+/// source), written beside the runtime.
+fn appending_patch(rt: &Path, file: &str) -> PathBuf {
+    let text = std::fs::read_to_string(rt.join(file)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let n = lines.len();
+    let ctx = &lines[n - 3..];
+    let mut p = format!(
+        "diff --git a/{file} b/{file}\n--- a/{file}\n+++ b/{file}\n@@ -{},3 +{},4 @@\n",
+        n - 2,
+        n - 2
+    );
+    for l in ctx {
+        p.push_str(&format!(" {l}\n"));
+    }
+    p.push_str("+# changed by the patch\n");
+    let out = rt.with_extension(format!("{}.diff", file.replace('/', "_")));
+    std::fs::write(&out, p).unwrap();
+    out
+}
+
+#[test]
+fn the_manifest_and_the_policy_in_use_are_protected_whatever_the_manifest_lists() {
+    need_default_policy!();
+    // A patch that changed the files saying how it is graded would be graded by the old
+    // ones and deployed with the new: every later evaluation would run under what it
+    // wrote. Here the manifest protects neither itself nor the policy kept in the source.
+    let env = Env::new("ev-grading-files");
+    let rt = env.runtime("rt", "");
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let narrowed = toml.replace(
+        r#"protected = ["tests/**", "bench/**", "judge/**", "gateway-policy.toml", "fork.toml"]"#,
+        r#"protected = ["tests/**"]"#,
+    );
+    assert_ne!(
+        narrowed, toml,
+        "the demo's protected list changed: update this test"
+    );
+    std::fs::write(rt.join("fork.toml"), narrowed).unwrap();
+    std::fs::create_dir_all(rt.join("conf/seccomp")).unwrap();
+    std::fs::copy(
+        repo().join("policies/default.toml"),
+        rt.join("conf/default.toml"),
+    )
+    .unwrap();
+    std::fs::copy(
+        repo().join("policies/seccomp/default.json"),
+        rt.join("conf/seccomp/default.json"),
+    )
+    .unwrap();
+    let policy = rt.join("conf/default.toml");
+    let policy = policy.to_str().unwrap();
+    for (name, file, args) in [
+        ("manifest", "fork.toml", vec![]),
+        ("policy", "conf/default.toml", vec!["--policy", policy]),
+        (
+            "profile",
+            "conf/seccomp/default.json",
+            vec!["--policy", policy],
+        ),
+    ] {
+        let diff = appending_patch(&rt, file);
+        let e = evaluate(&env, &diff, &rt, name, &args);
+        assert_eq!(e.code, 1, "{name}: {}", e.ctx());
+        let v = gate_violation(&e);
+        assert!(v.starts_with("protected_path:"), "{name}: {v}");
+        assert!(v.contains(&format!("`{file}`")), "{name}: {v}");
+        assert_eq!(e.verdict["isolation"]["sandbox_started"], false, "{name}");
+    }
+}
+
 #[test]
 fn noop_comment_is_approved() {
     need_default_policy!();
