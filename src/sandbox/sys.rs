@@ -209,7 +209,7 @@ pub(crate) struct InitClone<'a> {
 
 /// clone3(2) of the sandbox init into new namespaces (and, on cgroup v2, straight into its
 /// cgroup), with CLONE_PIDFD. The child waits for the supervisor's go on the sync socket,
-/// joins the v1 cgroups, becomes root of its user namespace, sets PDEATHSIG, and execs
+/// becomes root of its user namespace, joins the v1 cgroups, sets PDEATHSIG, and execs
 /// `exe argv` with an empty environment; it exits 122..=127 if a step fails. Returns the
 /// child's pid and pidfd.
 pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
@@ -289,6 +289,21 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             if msg.msg_flags & libc::MSG_CTRUNC != 0 {
                 libc::_exit(122);
             }
+            if c.become_root {
+                // Our host credentials (root, with the run's uid as the effective one, see
+                // `userns_owner`) are unmapped in the new namespace: become its uid 0 (the
+                // unprivileged host uid) and shed host root's supplementary groups. Before
+                // joining the v1 cgroups: a kernel that checks that write against the
+                // writer's own credentials (before Linux 5.16 and its backports) lets a
+                // task move itself when its effective uid is its real one. Raw syscalls:
+                // glibc's wrappers would signal threads that exist only in the parent.
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+                {
+                    libc::_exit(124);
+                }
+            }
             // The go byte is 1 + the number of `tasks` files it carries.
             let mut joined = 0usize;
             // Join each v1 hierarchy: "0" to its `tasks` (this thread, no threadgroup lock).
@@ -313,18 +328,6 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             let got = std::ptr::read_volatile((*msg.msg_iov).iov_base as *const u8);
             if got as usize != 1 + joined || (join_v1 && joined == 0) {
                 libc::_exit(122);
-            }
-            if c.become_root {
-                // Our host credentials (root) are unmapped in the new namespace: become its
-                // uid 0 (the unprivileged host uid) and shed host root's supplementary
-                // groups. Raw syscalls: glibc's wrappers would signal threads that exist
-                // only in the parent.
-                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
-                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
-                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-                {
-                    libc::_exit(124);
-                }
             }
             // Die with the supervisor. Set after the credential change, which clears it;
             // exec keeps it. If the supervisor is already gone, its end of the sync socket is.
