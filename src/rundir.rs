@@ -275,7 +275,13 @@ impl RunDir {
     ) -> Result<RunDir, RunDirError> {
         let mut live = live();
         let base = if fast { sandbox_base_dir() } else { base_dir() };
-        let path = base.join(name);
+        let path = base.join(&name);
+        // Made under a name `fork gc` does not take for a run's (`.fork-<id>.new`), locked
+        // there, then moved into place: a run directory is never seen by another process's
+        // gc without its lock held. (Made in place, a gc between the lock file's creation
+        // and its flock took the lock, found the run stale, and removed a live run's
+        // directory: seen with four evaluations at once, each starting with a gc.)
+        let pending = base.join(format!(".{name}{PENDING_SUFFIX}"));
         let mk = |p: &Path| {
             std::fs::DirBuilder::new()
                 .mode(0o700)
@@ -285,8 +291,50 @@ impl RunDir {
                     source,
                 })
         };
-        mk(&path)?;
-        let lock_path = path.join("lock");
+        mk(&pending)?;
+        let made = Self::lock_and_fill(&pending, evaluation, &mk).and_then(|lock| {
+            nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &pending,
+                nix::fcntl::AT_FDCWD,
+                &path,
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(|e| RunDirError::Create {
+                path: path.clone(),
+                source: e.into(),
+            })?;
+            Ok(lock)
+        });
+        let lock = match made {
+            Ok(lock) => lock,
+            Err(e) => {
+                // Nothing but the lock file and the empty mount point can be in it.
+                let _ = std::fs::remove_file(pending.join("lock"));
+                let _ = std::fs::remove_dir(pending.join("disk"));
+                let _ = std::fs::remove_dir(&pending);
+                return Err(e);
+            }
+        };
+        let rd = RunDir {
+            id: id.to_string(),
+            path,
+            _lock: lock,
+        };
+        if evaluation {
+            rd.write_meta(None, None);
+        }
+        live.insert(rd.id.clone(), rd.path.clone());
+        Ok(rd)
+    }
+
+    /// The lock file of a run directory being made (locked), and its disk mount point.
+    fn lock_and_fill(
+        dir: &Path,
+        evaluation: bool,
+        mk: &dyn Fn(&Path) -> Result<(), RunDirError>,
+    ) -> Result<Flock<File>, RunDirError> {
+        let lock_path = dir.join("lock");
         let file = OpenOptions::new()
             .create_new(true)
             .write(true)
@@ -305,18 +353,9 @@ impl RunDir {
         // A sandbox's disk mount point (its root's, when the host needs one, is made by
         // the sandbox: see `make_root_mount`); an evaluation's staging area needs neither.
         if !evaluation {
-            mk(&path.join("disk"))?;
+            mk(&dir.join("disk"))?;
         }
-        let rd = RunDir {
-            id: id.to_string(),
-            path,
-            _lock: lock,
-        };
-        if evaluation {
-            rd.write_meta(None, None);
-        }
-        live.insert(rd.id.clone(), rd.path.clone());
-        Ok(rd)
+        Ok(lock)
     }
 
     pub fn root_mount(&self) -> PathBuf {
@@ -444,6 +483,13 @@ pub struct FoundRun {
     pub stale: bool,
 }
 
+/// Whether `p` was last modified more than `age` ago.
+fn older_than(p: &Path, age: std::time::Duration) -> bool {
+    std::fs::symlink_metadata(p)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > age))
+}
+
 /// Whether `p` itself (not a symlink's target) is a directory (`dir`) or a regular file
 /// owned by this process's user and not writable by its group or others.
 fn owned_by_us(p: &Path, dir: bool) -> bool {
@@ -455,7 +501,16 @@ fn owned_by_us(p: &Path, dir: bool) -> bool {
     })
 }
 
-/// Lists every `fork-*` run directory under the run roots ([`run_roots`]).
+/// The suffix of a run directory being made (`.fork-<id>.new`), see [`RunDir::create`].
+const PENDING_SUFFIX: &str = ".new";
+
+/// How old a run directory left being made (its maker died in the microseconds between
+/// its `mkdir` and its move into place) must be before `fork gc` takes it for stale: a
+/// younger one may be another process's, between its `mkdir` and its lock.
+const PENDING_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Lists every `fork-*` run directory under the run roots ([`run_roots`]), and every
+/// `.fork-*.new` one left being made.
 pub fn list_runs() -> Vec<FoundRun> {
     let mut out = Vec::new();
     for base in run_roots() {
@@ -470,11 +525,14 @@ fn list_runs_in(base: &Path, out: &mut Vec<FoundRun>) {
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(id) = name.strip_prefix("fork-") else {
+        let pending = name
+            .strip_prefix(".fork-")
+            .and_then(|n| n.strip_suffix(PENDING_SUFFIX));
+        let Some(id) = pending.or_else(|| name.strip_prefix("fork-")) else {
             continue;
         };
-        let hex = id.strip_prefix("eval-").unwrap_or(id);
-        if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        // Only names fork gives (16 hex digits): `fork-cafe` is someone else's.
+        if !is_run_dir_name(&format!("fork-{id}")) {
             continue;
         }
         let path = e.path();
@@ -485,10 +543,13 @@ fn list_runs_in(base: &Path, out: &mut Vec<FoundRun>) {
         if !owned_by_us(&path, true) || !owned_by_us(&lock_path, false) {
             continue;
         }
-        let stale = match File::open(&lock_path) {
-            Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
-            Err(_) => false,
-        };
+        // A young directory being made is not even tried: its maker may be about to lock
+        // it, and would find the lock taken.
+        let stale = (pending.is_none() || older_than(&path, PENDING_GRACE))
+            && match File::open(&lock_path) {
+                Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
+                Err(_) => false,
+            };
         let meta = std::fs::read(path.join(META_FILE))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
@@ -663,6 +724,55 @@ mod tests {
             let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
             assert!(!ids.iter().any(|i| i == "00000000000000a5"), "{ids:?}");
         }
+        // A name fork never gives (not 16 hex digits) is someone else's.
+        plant("cafe");
+        let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
+        assert!(!ids.iter().any(|i| i == "cafe"), "{ids:?}");
+
+        // A directory left being made: live while young (another process may be between
+        // its mkdir and its lock), stale once older than the grace.
+        let pending = tmp.path().join(".fork-00000000000000b1.new");
+        std::fs::create_dir(&pending).unwrap();
+        std::fs::write(pending.join("lock"), b"").unwrap();
+        let found = |id: &str| list_runs().into_iter().find(|r| r.id == id).unwrap();
+        assert!(!found("00000000000000b1").stale);
+        let old = std::time::SystemTime::now() - PENDING_GRACE * 2;
+        std::fs::File::open(&pending)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(found("00000000000000b1").stale);
+        std::fs::remove_dir_all(&pending).unwrap();
+
+        // A run directory is never listed under its run name without its lock held: made
+        // while another thread lists the run root again and again, none is ever stale.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let made: Vec<RunDir> = std::thread::scope(|s| {
+            let lister = s.spawn(|| {
+                let mut seen_stale = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    for r in list_runs() {
+                        let named = r.path.file_name().is_some_and(|n| {
+                            n.to_string_lossy().starts_with("fork-")
+                                && is_run_dir_name(&n.to_string_lossy())
+                        });
+                        if named && r.stale && r.id.starts_with("c") {
+                            seen_stale.push(r.id);
+                        }
+                    }
+                }
+                seen_stale
+            });
+            let made: Vec<RunDir> = (0..300)
+                .map(|i| RunDir::create(&format!("c{i:015x}"), true).unwrap())
+                .collect();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            let seen = lister.join().unwrap();
+            assert!(seen.is_empty(), "live runs listed as stale: {seen:?}");
+            made
+        });
+        assert_eq!(made.len(), 300);
+        drop(made);
         std::env::remove_var("FORK_RUN_ROOT");
     }
 }
