@@ -210,7 +210,25 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     } else {
         String::new()
     };
-    let policy_hash = conditions_hash(&policy, &isolation)?;
+    // The tools are copied into every workspace from the runtime's own directory, which
+    // the source hash covers only when it lies in the source tree (and not excluded):
+    // hashed here for the cache's key, so a verdict is never served for other tools.
+    let tools_hash = match (&ledger, &manifest.runtime.tools) {
+        (Some(_), Some(t)) => Some(
+            crate::fork::TreeListing::beneath(&runtime, t, &[])
+                .map_err(|e| {
+                    EvaluateError::Input(format!("the tools {}: {e}", runtime.join(t).display()))
+                })?
+                .hash,
+        ),
+        _ => None,
+    };
+    let policy_hash = conditions_hash(
+        &policy,
+        gateway.as_ref().map(|g| &g.cfg),
+        tools_hash.as_deref(),
+        &isolation,
+    )?;
     let multi = chosen.len() > 1;
     let mut tasks = Vec::with_capacity(chosen.len());
     for (name, spec) in chosen {
@@ -414,16 +432,27 @@ pub fn state_hides(runtime: &Path, manifest: &Manifest) -> Vec<PathBuf> {
 /// the cache must match besides the inputs: this fork's version, the resolved policy
 /// (budgets, layers, gates, decision rules, ...) and the isolation this host puts in force
 /// under it ([`crate::check::isolation_in_force`]).
-pub fn conditions_hash(policy: &Policy, isolation: &str) -> Result<String, EvaluateError> {
+pub fn conditions_hash(
+    policy: &Policy,
+    gateway: Option<&crate::gateway::GatewayConfig>,
+    tools_hash: Option<&str>,
+    isolation: &str,
+) -> Result<String, EvaluateError> {
     let policy_doc =
         serde_json::to_vec(policy).map_err(|e| EvaluateError::Internal(e.to_string()))?;
+    let gateway_doc =
+        serde_json::to_vec(&gateway).map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let mut h = Sha256::new();
-    // v3: `protected` patterns read as paths, a named directory protecting what it holds
-    // (a verdict the gate passed under the old reading is not served again).
-    h.update(b"fork-conditions-v3\0");
+    // v4: the gateway in force (fork.toml's `[gateway]` overrides the policy's) and the
+    // tools' tree hash too (a verdict was served after the tools outside the source tree
+    // changed). v3: `protected` patterns read as paths, a named directory protecting what
+    // it holds (a verdict the gate passed under the old reading is not served again).
+    h.update(b"fork-conditions-v4\0");
     for part in [
         env!("CARGO_PKG_VERSION").as_bytes(),
         &policy_doc,
+        &gateway_doc,
+        tools_hash.unwrap_or("").as_bytes(),
         isolation.as_bytes(),
     ] {
         h.update((part.len() as u64).to_be_bytes());

@@ -183,3 +183,51 @@ fn cache_hit_still_writes_ci_outputs() {
     let md = std::fs::read_to_string(&s).expect("--summary written on a cache hit");
     assert!(md.contains("APPROVE"));
 }
+
+#[test]
+fn cache_keys_on_the_tools_outside_the_source_hash() {
+    need_root!();
+    // The tools are copied into every workspace from the runtime's own directory; here
+    // the source hash leaves them out (excluded), as it does for tools outside the source
+    // tree. A verdict was served after they changed: the task reads them.
+    let env = Env::new("vd-cache-tools");
+    let rt = env.runtime(
+        "rt",
+        r#"
+[tasks.tool]
+command = ["sh", "-c", "sh \"$FORK_TOOLS/check.sh\""]
+results = { format = "exit_status" }
+"#,
+    );
+    let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
+    let toml = toml.replacen(
+        r#"exclude = ["state", ".git", "**/__pycache__"]"#,
+        r#"exclude = ["state", ".git", "**/__pycache__", "tools"]"#,
+        1,
+    );
+    assert!(
+        toml.contains(r#""tools"]"#),
+        "the demo's exclude changed: update this test"
+    );
+    std::fs::write(rt.join("fork.toml"), toml).unwrap();
+    std::fs::write(rt.join("tools/check.sh"), "exit 0\n").unwrap();
+    let swap = patch("swap-compressor");
+    let human = human_policy();
+    let args = ["--task", "tool", "--policy", human.to_str().unwrap()];
+    let first = evaluate(&env, &swap, &rt, "t1", &args);
+    assert_eq!(first.code, 0, "{}", first.ctx());
+    // Unchanged: served from the cache.
+    let again = evaluate(&env, &swap, &rt, "t2", &args);
+    assert!(again.reused(), "{}", again.ctx());
+    // The tools changed (the source hash did not): evaluated again, and the check fails.
+    std::fs::write(rt.join("tools/check.sh"), "exit 1\n").unwrap();
+    let changed = evaluate(&env, &swap, &rt, "t3", &args);
+    assert!(!changed.reused(), "{}", changed.ctx());
+    assert_ne!(changed.verdict["verdict"], "APPROVE", "{}", changed.ctx());
+    assert_eq!(
+        changed.verdict["source_hash"],
+        first.verdict["source_hash"],
+        "the source hash leaves the tools out: {}",
+        changed.ctx()
+    );
+}
