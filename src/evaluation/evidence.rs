@@ -22,12 +22,18 @@ pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64
 
 /// The run that speaks for a replica's runs: the first that blew a budget or could not
 /// start (a REJECT), else the first whose test report was missing or unparsable (so that the
-/// evidence's results and their error come from one run), else the first with failing
-/// tests, else the first that exited non-zero, else the first.
+/// evidence's results and their error come from one run), else the first whose report ran
+/// no test (none, or all skipped: alone, "No tests ran"; never outvoted by another run's
+/// passing report), else the first with failing tests, else the first that exited non-zero,
+/// else the first.
 fn speaking_run(runs: &[RunResult]) -> usize {
     runs.iter()
         .position(|r| r.outcome.budget_exceeded.is_some() || r.outcome.exec_error.is_some())
         .or_else(|| runs.iter().position(|r| r.results_error.is_some()))
+        .or_else(|| {
+            runs.iter()
+                .position(|r| r.tests.as_ref().is_some_and(|t| t.executed() == 0))
+        })
         .or_else(|| {
             runs.iter()
                 .position(|r| r.tests.as_ref().is_some_and(|t| t.failed() > 0))
@@ -307,5 +313,49 @@ mod tests {
         runs[0] = failing;
         let (e, chosen) = evidence_for(&t, &runs, &[], &Default::default(), &human(), 0);
         assert_eq!((chosen, e.results_error.is_some()), (1, true));
+    }
+
+    /// With repeats, a run whose report ran no test (none at all, or all skipped) is never
+    /// outvoted by another run's passing report: it speaks, and the verdict is the one it
+    /// would get alone ("No tests ran"). A judged task's runs likewise.
+    #[test]
+    fn a_run_that_ran_no_test_speaks_over_passing_runs() {
+        let with = |cases: &[(&str, TestOutcome)]| RunResult {
+            tests: Some(report(cases)),
+            ..run()
+        };
+        let passing = || with(&[("a", TestOutcome::Passed), ("b", TestOutcome::Passed)]);
+        let missing = || RunResult {
+            results_error: Some("tests.xml: report `tests.xml` does not exist".into()),
+            ..run()
+        };
+        for extra in ["", "judge = [\"j\"]\n"] {
+            let t = task(&format!(
+                "results = {{ format = \"junit\", path = \"tests.xml\" }}\nrepeat = 3\n{extra}"
+            ));
+            let speaks =
+                |runs: &[RunResult]| evidence_for(&t, runs, &[], &Default::default(), &human(), 0);
+            for (nothing, said) in [
+                (
+                    &[][..],
+                    "No tests ran: the test report contains no test cases.",
+                ),
+                (
+                    &[("a", TestOutcome::Skipped)][..],
+                    "No tests ran: all 1 skipped.",
+                ),
+            ] {
+                let (e, chosen) = speaks(&[passing(), with(nothing), passing()]);
+                assert_eq!(chosen, 1, "{extra}");
+                assert_eq!(e.tests, Some(report(nothing)));
+                let d = decide(&e, &human());
+                assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{d:?}");
+                assert_eq!(d.summary, said);
+            }
+            // A missing report still speaks first; a failing one speaks after an empty one.
+            assert_eq!(speaks(&[with(&[]), missing(), passing()]).1, 1);
+            let failing = with(&[("a", TestOutcome::Failed)]);
+            assert_eq!(speaks(&[failing, passing(), with(&[])]).1, 2);
+        }
     }
 }
