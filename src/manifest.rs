@@ -394,6 +394,16 @@ impl Manifest {
         }
         if let Some(res) = &t.results {
             match (&res.path, res.format) {
+                // No report is read for `exit_status`: a path would be required to exist
+                // and read as no test at all, so the task could never be approved.
+                (Some(p), ResultsFormat::ExitStatus) => {
+                    return Err(self.invalid(
+                        field("results.path"),
+                        format!(
+                            "the `exit_status` format reads no report (the exit status is the result), so `{p}` would never be read as results: remove the path (results = {{ format = \"exit_status\" }}), or name the report's format (e.g. junit or tap)"
+                        ),
+                    ))
+                }
                 (Some(p), _) => self.report_path(&field("results.path"), p)?,
                 (None, ResultsFormat::ExitStatus) => {}
                 (None, f) => {
@@ -925,6 +935,16 @@ env = { MODE = "fast" }
         let s = load_err(&GOOD.replace("MODE = \"fast\"", "HOME = \"/root\""));
         assert!(
             s.contains("`tasks.alpha.env.HOME`") && s.contains("cannot be overridden"),
+            "{s}"
+        );
+        let s = load_err(&GOOD.replace(
+            "metrics = \"metrics.json\"",
+            "results = { format = \"exit_status\", path = \"status.txt\" }",
+        ));
+        assert!(
+            s.contains("`tasks.alpha.results.path`")
+                && s.contains("`status.txt` would never be read")
+                && s.contains("remove the path"),
             "{s}"
         );
         let s = load_err(&GOOD.replace("name = \"demo\"", "name = \"my demo\""));
