@@ -19,8 +19,14 @@ use thiserror::Error;
 /// The manifest's file name, at the runtime's root.
 pub const MANIFEST_FILE: &str = "fork.toml";
 
-/// Environment variables fork sets for the successor; a task may not override them.
-pub const RESERVED_ENV: [&str; 5] = ["FORK_REPORTS", "FORK_STATE", "FORK_TOOLS", "HOME", "TMPDIR"];
+/// Environment variables fork sets for the successor besides its `FORK_*` ones; a task may
+/// not override them.
+pub const RESERVED_ENV: [&str; 2] = ["HOME", "TMPDIR"];
+
+/// The prefix of fork's own variables (FORK_REPORTS, FORK_STATE, FORK_TOOLS,
+/// FORK_WORKSPACE, FORK_RUN_ID, FORK_TASK, FORK_SIDE, FORK_MODEL_URL, a judge's FORK_SEED,
+/// and any fork adds): a task may set no variable with it.
+pub const RESERVED_ENV_PREFIX: &str = "FORK_";
 
 /// The most repetitions a task may ask for.
 pub const MAX_REPEAT: u32 = 1000;
@@ -447,6 +453,14 @@ impl Manifest {
                     field(&format!("env.{k}")),
                     format!(
                         "{k} is set by fork for the successor and cannot be overridden; remove it"
+                    ),
+                ));
+            }
+            if k.starts_with(RESERVED_ENV_PREFIX) {
+                return Err(self.invalid(
+                    field(&format!("env.{k}")),
+                    format!(
+                        "{k}: every {RESERVED_ENV_PREFIX}* variable is fork's (it sets FORK_SIDE, FORK_RUN_ID, FORK_REPORTS and others for the successor), so a task cannot set or override one; remove it, or rename it without the {RESERVED_ENV_PREFIX} prefix"
                     ),
                 ));
             }
@@ -947,6 +961,23 @@ env = { MODE = "fast" }
                 && s.contains("remove the path"),
             "{s}"
         );
+        // Every FORK_* name is fork's: those it sets (not only FORK_REPORTS, FORK_STATE and
+        // FORK_TOOLS) and any other.
+        for k in [
+            "FORK_SIDE",
+            "FORK_RUN_ID",
+            "FORK_TASK",
+            "FORK_REPORTS",
+            "FORK_MINE",
+        ] {
+            let s = load_err(&GOOD.replace("MODE = \"fast\"", &format!("{k} = \"x\"")));
+            assert!(
+                s.contains(&format!("`tasks.alpha.env.{k}`"))
+                    && s.contains("cannot set or override")
+                    && s.contains("without the FORK_ prefix"),
+                "{s}"
+            );
+        }
         let s = load_err(&GOOD.replace("name = \"demo\"", "name = \"my demo\""));
         assert!(s.contains("`runtime.name`"), "{s}");
         let s = load_err("[runtime]\nname = \"x\"\n");

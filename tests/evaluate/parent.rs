@@ -137,7 +137,7 @@ fn parent_is_never_modified_while_a_writer_writes() {
         &format!(
             "\n[tasks.hostile]\ncommand = [\"python3\", \"tests/run.py\"]\n\
              results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
-             env = {{ FORK_DEMO_PARENT_STATE = \"{placeholder}\" }}\n"
+             env = {{ DEMO_PARENT_STATE = \"{placeholder}\" }}\n"
         ),
     );
     // The hostile patch is told where the parent's live db is (the sandbox scrubs the

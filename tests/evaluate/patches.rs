@@ -267,7 +267,7 @@ fn hostile_escape_is_contained() {
         &format!(
             "\n[tasks.hostile]\ncommand = [\"python3\", \"tests/run.py\"]\n\
              results = {{ format = \"junit\", path = \"tests.xml\" }}\n\
-             env = {{ FORK_DEMO_PARENT_STATE = \"{}\" }}\n",
+             env = {{ DEMO_PARENT_STATE = \"{}\" }}\n",
             db.display()
         ),
     );
