@@ -374,6 +374,53 @@ fn a_failing_judge_is_never_an_approve() {
     assert!(e.summary().contains("the judge failed"), "{}", e.ctx());
 }
 
+/// A baseline whose judge wrote its metrics and then blew its budget is no evidence: its
+/// metrics are not the baseline's, and the task is NEEDS_REVISION naming that, never an
+/// APPROVE on a comparison with them. (The judge sees no FORK_SIDE: the subject tells it
+/// which tree it runs, the patch's comment being in the patched one only; the two sides'
+/// metrics are equal, so a comparison with the failed judge's would approve.)
+#[test]
+fn a_baseline_whose_judge_failed_gives_no_metrics() {
+    need_root!();
+    let env = Env::new("judge-baseline-fails");
+    let rt = env.runtime(
+        "baseline-judge",
+        r#"
+[tasks.j]
+command = ["sh", "-c", "if grep -q 'raised for any manifest' hermes/registry.py; then echo patched; else echo baseline; fi"]
+judge = ["python3", "-c", "import json, os, sys, time; side = os.fdopen(3).readline().strip(); open(os.path.join(os.environ['FORK_REPORTS'], 'm.json'), 'w').write(json.dumps({'x': 1.0})); time.sleep(0 if side == 'patched' else 30)"]
+metrics = "m.json"
+baseline = true
+budget = { wall = "3s" }
+"#,
+    );
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &rt,
+        "baseline-judge",
+        &["--task", "j", "--no-ledger"],
+    );
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert!(
+        e.summary()
+            .starts_with("The baseline (unpatched) run is no evidence")
+            && e.summary()
+                .contains("the judge failed: it exceeded its wall budget"),
+        "{}",
+        e.ctx()
+    );
+    // The patched side's judge did not fail: its metric is reported, with no baseline value.
+    let m = &e.verdict["metrics"][0];
+    assert_eq!(
+        (m["name"].as_str(), m["patched"].as_f64()),
+        (Some("x"), Some(1.0)),
+        "{}",
+        e.ctx()
+    );
+    assert!(m["baseline"].is_null(), "{}", e.ctx());
+}
+
 /// Every file of `dir` (relative path -> content), recursively.
 fn tree_files(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();

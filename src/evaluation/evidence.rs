@@ -9,6 +9,12 @@ use crate::verdict::decide::Evidence;
 
 /// Metric samples across runs: name -> values.
 pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
+    samples_of(runs)
+}
+
+fn samples_of<'a>(
+    runs: impl IntoIterator<Item = &'a RunResult>,
+) -> std::collections::BTreeMap<String, Vec<f64>> {
     let mut out: std::collections::BTreeMap<String, Vec<f64>> = std::collections::BTreeMap::new();
     for r in runs {
         if let Some(m) = &r.metrics {
@@ -18,6 +24,29 @@ pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64
         }
     }
     out
+}
+
+/// Why a baseline run is no evidence, or None when it is: it blew a budget, could not
+/// start, or its test report (or its judge) failed. Such a run gives no metric samples
+/// ([`baseline_samples`]), and a task that declares metrics is not approved on what is left
+/// (the decision names the failure).
+pub fn baseline_failure(r: &RunResult) -> Option<String> {
+    if let Some(b) = r.outcome.budget_exceeded {
+        return Some(if r.over_evaluation_wall {
+            "the evaluation's wall budget ran out during it".into()
+        } else {
+            format!("it exceeded its {} budget", b.as_str())
+        });
+    }
+    if let Some(e) = &r.outcome.exec_error {
+        return Some(format!("it could not start: {e}"));
+    }
+    r.results_error.clone()
+}
+
+/// The baseline's metric samples: those of its runs that are evidence ([`baseline_failure`]).
+pub fn baseline_samples(baseline: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
+    samples_of(baseline.iter().filter(|r| baseline_failure(r).is_none()))
 }
 
 /// The run that speaks for a replica's runs: the first that blew a budget or could not
@@ -43,7 +72,7 @@ fn speaking_run(runs: &[RunResult]) -> usize {
 }
 
 /// The evidence of one replica's runs: the run that speaks ([`speaking_run`]), metric
-/// medians and their statistics.
+/// medians and their statistics. `baseline_samples` are [`baseline_samples`]'s.
 pub fn evidence_for(
     t: &TaskPlan,
     runs: &[RunResult],
@@ -94,6 +123,12 @@ pub fn evidence_for(
             .iter()
             .flat_map(|r| r.protected_changes.iter().cloned())
             .collect(),
+        // The metrics are compared with the baseline's: a baseline run that is no evidence
+        // leaves that comparison incomplete, whatever the others gave.
+        baseline_error: baseline
+            .iter()
+            .find_map(baseline_failure)
+            .filter(|_| t.spec.metrics.is_some()),
         ..Default::default()
     };
     let patched_samples = samples(runs);
@@ -266,6 +301,63 @@ mod tests {
         let (e, _) = evidence_for(&t, &some, &baseline, &samples(&baseline), &rules, 0);
         assert_eq!(e.metrics.as_ref().map(|m| m.len()), Some(4));
         assert_eq!(e.baseline_metrics.as_ref().map(|m| m.len()), Some(4));
+    }
+
+    /// A baseline run that is no evidence (its judge failed after writing metrics, it blew
+    /// a budget, it could not start) gives no samples, and a task that declares metrics is
+    /// not approved on what is left: NEEDS_REVISION naming the baseline's failure. A task
+    /// that declares none compares nothing with the baseline: its failure decides nothing.
+    #[test]
+    fn a_failed_baseline_run_gives_no_samples_and_no_approval() {
+        use crate::sandbox::BudgetKind;
+        let t = task("metrics = \"metrics.json\"\nbaseline = true\n");
+        let patched = [with_metrics(&DEMO)];
+        let failed = |results_error: Option<&str>, budget, exec_error: Option<&str>| {
+            let mut r = with_metrics(&DEMO);
+            r.results_error = results_error.map(str::to_string);
+            r.outcome.budget_exceeded = budget;
+            r.outcome.exec_error = exec_error.map(str::to_string);
+            r
+        };
+        let judge = "the judge failed: it exceeded its wall budget; its reports are not evidence";
+        let cases = [
+            (failed(Some(judge), None, None), "the judge failed"),
+            (
+                failed(None, Some(BudgetKind::Wall), None),
+                "it exceeded its wall budget",
+            ),
+            (
+                failed(None, None, Some("exec: sh")),
+                "it could not start: exec: sh",
+            ),
+        ];
+        for (b, said) in cases {
+            // A good baseline run beside it does not make up for it.
+            let baseline = [b, with_metrics(&DEMO)];
+            let bs = baseline_samples(&baseline);
+            assert!(bs.values().all(|v| v.len() == 1), "{bs:?}");
+            let (e, _) = evidence_for(&t, &patched, &baseline, &bs, &human(), 0);
+            let d = decide(&e, &human());
+            assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{d:?}");
+            assert!(
+                d.summary
+                    .starts_with("The baseline (unpatched) run is no evidence")
+                    && d.summary.contains(said),
+                "{}",
+                d.summary
+            );
+            assert!(baseline_samples(&baseline[..1]).is_empty());
+        }
+        // The control: a baseline that is evidence approves the same patched run.
+        let good = [with_metrics(&DEMO)];
+        let (e, _) = evidence_for(&t, &patched, &good, &baseline_samples(&good), &human(), 0);
+        assert_eq!(decide(&e, &human()).verdict, VerdictKind::Approve);
+        // No metrics declared: the baseline's failure decides nothing.
+        let t = task("baseline = true\n");
+        let baseline = [failed(Some(judge), None, None)];
+        let (e, _) = evidence_for(&t, &[run()], &baseline, &Default::default(), &human(), 0);
+        assert_eq!(e.baseline_error, None);
+        assert_eq!(decide(&e, &human()).verdict, VerdictKind::Approve);
     }
 
     /// A task that declares no metrics has none in its evidence, and no baseline metrics to

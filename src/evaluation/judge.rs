@@ -13,7 +13,7 @@
 //! judge gets a per-run secret seed (`FORK_SEED`) the subject never sees. When the judge
 //! ends, the subject is stopped. The subject's environment holds no `FORK_*` variable.
 
-use super::collect::{collect, Reading, RunResult, Stager};
+use super::collect::{collect, Collected, Reading, RunResult, Stager};
 use super::plan::{Plan, TaskPlan};
 use super::prepare::{doors_for, prepare_side, Prepared};
 use super::{internal, EvaluateError};
@@ -143,7 +143,7 @@ pub fn run_judged(
         &p.manifest.runtime.exclude,
     )?;
     // Evidence: the judge's reports alone. The subject's reports and log: artifacts.
-    let judged = collect(
+    let mut judged = collect(
         p,
         &t.spec,
         &judge_sb.disk(),
@@ -165,7 +165,7 @@ pub fn run_judged(
         Reading::ArtifactsOnly,
     )?;
     judge_sb.destroy()?;
-    let mut artifacts = judged.artifacts;
+    let mut artifacts = std::mem::take(&mut judged.artifacts);
     artifacts.extend(own.artifacts);
     for (name, o) in [("judge.json", &judge_out), ("sandbox.json", &subject_out)] {
         let json = serde_json::to_vec_pretty(o).map_err(|e| internal("staging")(e.to_string()))?;
@@ -173,18 +173,35 @@ pub fn run_judged(
     }
     let (outcome, over_evaluation_wall, judge_failed) =
         speaking_outcome(t, subject, subject_out, judge_out);
+    let judged = believed(judged, judge_failed);
     Ok(RunResult {
         over_evaluation_wall,
         outcome,
         tests: judged.tests,
-        // A judge that failed leaves no evidence: its reports, if any, are not believed.
-        results_error: judge_failed.or(judged.results_error),
+        results_error: judged.results_error,
         notes: Vec::new(),
         protected_changes,
         metrics: judged.metrics,
         metrics_error: judged.metrics_error,
         artifacts,
     })
+}
+
+/// What a judge's reports are evidence of: all of it, or nothing when the judge failed
+/// (`judge_failed` says how): then its reports, if any, are not believed, its tests and
+/// metrics are dropped (a baseline's samples would otherwise take them in) and the
+/// failure is the results' error. The artifacts are kept either way.
+fn believed(judged: Collected, judge_failed: Option<String>) -> Collected {
+    match judge_failed {
+        None => judged,
+        Some(failure) => Collected {
+            tests: None,
+            results_error: Some(failure),
+            metrics: None,
+            metrics_error: None,
+            artifacts: judged.artifacts,
+        },
+    }
 }
 
 /// The outcome that speaks for a judged run: the subject's when it blew a budget or could
@@ -226,4 +243,37 @@ fn speaking_outcome(
     speaking.usage = subject.usage;
     speaking.isolation = subject.isolation;
     (speaking, o, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A judge that failed after writing its reports leaves none of them as evidence: not
+    /// its metrics (which a baseline's samples took in), not its tests; its failure is the
+    /// results' error. A judge that did not fail is believed.
+    #[test]
+    fn a_failed_judges_reports_are_not_believed() {
+        let judged = || Collected {
+            tests: Some(Default::default()),
+            results_error: None,
+            metrics: Some([("x".to_string(), 1.0)].into_iter().collect()),
+            metrics_error: Some("m.json: bad".into()),
+            artifacts: vec![(ArtifactType::Metrics, PathBuf::from("metrics.json"))],
+        };
+        let failure = "the judge failed: it exceeded its wall budget; its reports are not evidence";
+        let c = believed(judged(), Some(failure.into()));
+        assert_eq!(c.tests, None);
+        assert_eq!(c.metrics, None);
+        assert_eq!(c.metrics_error, None);
+        assert_eq!(c.results_error.as_deref(), Some(failure));
+        assert_eq!(
+            c.artifacts.len(),
+            1,
+            "its reports are still kept as artifacts"
+        );
+        let c = believed(judged(), None);
+        assert!(c.tests.is_some() && c.metrics.is_some() && c.metrics_error.is_some());
+        assert_eq!(c.results_error, None);
+    }
 }

@@ -237,7 +237,7 @@ pub fn run_task(
         .any(|x| x.alpha > 0.0);
 
     // A decision per replica, then agreement.
-    let baseline_samples = evidence::samples(&baseline);
+    let baseline_samples = evidence::baseline_samples(&baseline);
     let mut decisions: Vec<(Decision, usize, Option<Exceeded>)> = Vec::new();
     for (r, runs) in patched.iter().enumerate() {
         let (mut evidence, chosen) =
@@ -460,7 +460,7 @@ fn look_at(
     assessed: &mut BTreeMap<String, Assessed>,
 ) -> Settled {
     let ps = evidence::samples(runs);
-    let bs = evidence::samples(baseline);
+    let bs = evidence::baseline_samples(baseline);
     let pairs: Vec<(&String, &Vec<f64>, &Vec<f64>)> = ps
         .iter()
         .filter_map(|(k, p)| bs.get(k).map(|b| (k, b, p)))

@@ -18,7 +18,7 @@
 //! * death by signal: `0.7`; unexplained non-zero exit: `0.6`; exit status not recorded: `0.3`;
 //! * results or metrics file missing/unparsable: `0.4`; no test ran: `0.4`;
 //!   a metric missing from the patched run, or no metric at all in a declared metrics
-//!   file: `0.4`;
+//!   file: `0.4`; a baseline run that is no evidence (metrics declared): `0.4`;
 //! * a regression by `x` noise bands beyond the band, `x = (|change| − band) / band`:
 //!   `0.3 + 0.5 · x / (x + 1)` (just beyond the band → 0.3, far beyond → 0.8; the same 0.8
 //!   when the change is unbounded or the band is 0), combined over metrics like the others.
@@ -46,6 +46,7 @@ pub(super) const S_NO_EXIT: f64 = 0.3;
 pub(super) const S_MISSING_FILE: f64 = 0.4;
 pub(super) const S_NO_TESTS_RAN: f64 = 0.4;
 pub(super) const S_METRIC_MISSING: f64 = 0.4;
+pub(super) const S_BASELINE_FAILED: f64 = 0.4;
 /// A metric the evidence could not decide: weak support for NEEDS_REVISION (the patch may
 /// well be fine; the data could not show it).
 pub(super) const S_INCONCLUSIVE: f64 = 0.2;

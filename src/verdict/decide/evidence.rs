@@ -34,6 +34,10 @@ pub struct Evidence {
     pub baseline_metrics: Option<BTreeMap<String, f64>>,
     /// The declared metrics file was missing or unparsable.
     pub metrics_error: Option<String>,
+    /// Why a baseline run is no evidence (it blew a budget, could not start, or its report
+    /// or its judge failed), when the task declares metrics: its samples were left out, so
+    /// the comparison is incomplete and the task is not approved.
+    pub baseline_error: Option<String>,
     /// Usage to quote when a budget blew, e.g. `"wall 2.0 s of 2 s"`.
     pub usage_summary: Option<String>,
     /// Per-metric statistics over repeated runs (baseline vs patched samples), when the

@@ -26,6 +26,9 @@
 //!      wrote `{}`): never an approval, whatever `regression_is` says, and REJECT when the
 //!      baseline reported metrics and `regression_is` is REJECT (at least as strict as the
 //!      missing metrics it stands for);
+//!    * a baseline run that is no evidence (it blew a budget, could not start, or its report
+//!      or judge failed) in a task that declares metrics: its samples are left out and the
+//!      comparison is incomplete;
 //!    * a metric that regressed beyond the noise band, or one the baseline reported and the
 //!      patched run did not. These take the verdict [`DecisionRules::regression_is`]
 //!      (NEEDS_REVISION by default; APPROVE there turns them into caveats).
@@ -57,9 +60,9 @@ use crate::verdict::kind::VerdictKind;
 
 use confidence::{
     combine, confidence, p_flaky, p_skipped, s_failing, s_passing, s_regression,
-    P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_EXIT_ZERO,
-    S_INCONCLUSIVE, S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT, S_NO_EXIT,
-    S_NO_TESTS_RAN, S_SELF_REPORTED, S_SIGNAL,
+    P_ACCEPTED_REGRESSION, P_NO_BASELINE, P_SELF_REPORTED, P_SINGLE_SAMPLE, S_BASELINE_FAILED,
+    S_EXIT_ZERO, S_INCONCLUSIVE, S_METRICS_OK, S_METRIC_MISSING, S_MISSING_FILE, S_NONZERO_EXIT,
+    S_NO_EXIT, S_NO_TESTS_RAN, S_SELF_REPORTED, S_SIGNAL,
 };
 pub use evidence::{Assessed, ChangeKind, Evidence, ProtectedChange};
 pub(in crate::verdict) use rules::MetricClass;
@@ -312,6 +315,13 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     }
 
     // Metrics.
+    if let Some(why) = &e.baseline_error {
+        problems.push(Problem {
+            sentence: wording::baseline_failed(why),
+            strength: S_BASELINE_FAILED,
+            verdict: needs,
+        });
+    }
     if let Some(err) = &e.metrics_error {
         problems.push(Problem {
             sentence: wording::metrics_unusable(err),

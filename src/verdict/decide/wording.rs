@@ -321,6 +321,13 @@ pub(super) const EXIT_STATUS_ONLY: &str =
 // Metrics.
 // ---------------------------------------------------------------------------------------
 
+pub(super) fn baseline_failed(why: &str) -> String {
+    format!(
+        "The baseline (unpatched) run is no evidence, so the metrics could not be compared with it: {}.",
+        quote(why)
+    )
+}
+
 pub(super) fn metrics_unusable(err: &str) -> String {
     format!("The declared metrics could not be used: {}.", quote(err))
 }
