@@ -5,6 +5,7 @@
 //! replaced its workspace or reports directory with one.
 
 use super::plan::Plan;
+use super::redact::Redactor;
 use super::{internal, EvaluateError};
 use crate::sandbox::Outcome;
 use crate::task::results;
@@ -42,8 +43,13 @@ const MAX_STAGED_NAME: usize = 96;
 
 /// A staging file name for a report file the successor named: only `[A-Za-z0-9._-]` (as
 /// the bundle names artifacts), at most [`MAX_STAGED_NAME`] bytes (a longer name is cut and
-/// keeps a digest of the whole, so two long names stay apart).
-fn staged_report_name(name: &str) -> String {
+/// keeps a digest of the whole, so two long names stay apart). A name that holds one of
+/// the run's secrets becomes `report-redacted` (the stager numbers a second one): neither
+/// the name nor a digest of it is kept.
+fn staged_report_name(name: &str, redactor: &Redactor) -> String {
+    if redactor.appears_in(name) {
+        return "report-redacted".into();
+    }
     let safe = crate::verdict::bundle::sanitize_name(name);
     let full = format!("report-{safe}");
     if full.len() <= MAX_STAGED_NAME {
@@ -51,52 +57,6 @@ fn staged_report_name(name: &str) -> String {
     }
     let digest = &super::sha256_hex(name.as_bytes())[..16];
     format!("{}-{digest}", &full[..MAX_STAGED_NAME - 17])
-}
-
-/// What replaces a secret in the artifacts fork stores.
-pub const REDACTED: &[u8] = b"[redacted by fork]";
-
-/// The values scrubbed from a run's artifacts: the policy's ([`Policy::secret_values`])
-/// and the model gateway's credentials, longest first.
-///
-/// [`Policy::secret_values`]: crate::policy::Policy::secret_values
-fn secrets(p: &Plan) -> Vec<zeroize::Zeroizing<Vec<u8>>> {
-    let mut out: Vec<zeroize::Zeroizing<Vec<u8>>> = p
-        .policy
-        .secret_values()
-        .into_iter()
-        .map(|v| zeroize::Zeroizing::new(v.into_bytes()))
-        .collect();
-    if let Some(c) = p.gateway.as_ref().and_then(|g| g.credentials.as_ref()) {
-        if c.len() >= crate::policy::MIN_SECRET_LEN {
-            out.push(zeroize::Zeroizing::new(c.as_bytes().to_vec()));
-        }
-    }
-    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    out
-}
-
-/// `bytes` with every occurrence of every secret replaced by [`REDACTED`].
-fn redact(bytes: &[u8], secrets: &[zeroize::Zeroizing<Vec<u8>>]) -> Vec<u8> {
-    let mut cur = bytes.to_vec();
-    for s in secrets {
-        if !cur.windows(s.len()).any(|w| w == s.as_slice()) {
-            continue;
-        }
-        let mut out = Vec::with_capacity(cur.len());
-        let mut i = 0;
-        while i < cur.len() {
-            if cur[i..].starts_with(s) {
-                out.extend_from_slice(REDACTED);
-                i += s.len();
-            } else {
-                out.push(cur[i]);
-                i += 1;
-            }
-        }
-        cur = out;
-    }
-    cur
 }
 
 /// Where a run's artifacts are staged: `<dir>/<prefix><name>`.
@@ -148,9 +108,9 @@ pub fn collect(
     reading: Reading,
 ) -> Result<Collected, EvaluateError> {
     let in_reports = |rel: &str| format!("successor/reports/{rel}");
-    // What the policy passed in (tokens, credentials) never reaches the bundle.
-    let secrets = secrets(p);
-    let stage = |name: String, bytes: &[u8]| stage.put(&name, &redact(bytes, &secrets));
+    // What the policy passed in (tokens, credentials) never reaches the bundle (the
+    // evidence parsed here is redacted as it leaves `run_side`).
+    let stage = |name: String, bytes: &[u8]| stage.put(&name, &p.redactor.bytes(bytes));
     let mut artifacts = Vec::new();
     let mut tests = None;
     let mut results_error = None;
@@ -223,7 +183,7 @@ pub fn collect(
                 }
                 if let Ok(bytes) = results::read_report_file(disk, &in_reports(&name), room) {
                     room = room.saturating_sub(bytes.len() as u64);
-                    let dest = stage(staged_report_name(&name), &bytes)?;
+                    let dest = stage(staged_report_name(&name, &p.redactor), &bytes)?;
                     artifacts.push((ArtifactType::Other, dest));
                 }
             }
@@ -253,16 +213,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_occurrence_of_every_secret_is_redacted_longest_first() {
-        let secrets: Vec<zeroize::Zeroizing<Vec<u8>>> = ["token-long-1", "token"]
-            .iter()
-            .map(|s| zeroize::Zeroizing::new(s.as_bytes().to_vec()))
-            .collect();
-        let out = redact(b"a token-long-1 b token c token-long-1", &secrets);
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "a [redacted by fork] b [redacted by fork] c [redacted by fork]"
-        );
-        assert_eq!(redact(b"nothing here", &secrets), b"nothing here");
+    fn a_report_name_holding_a_secret_is_replaced_whole() {
+        let r = Redactor::new(["sk-live-0123"]);
+        assert_eq!(staged_report_name("a.json", &r), "report-a.json");
+        for name in [
+            "report-sk-live-0123",
+            &format!("{}sk-live-0123", "x".repeat(200)),
+            "sk live sk-live-0123.txt",
+        ] {
+            assert_eq!(staged_report_name(name, &r), "report-redacted", "{name}");
+        }
     }
 }

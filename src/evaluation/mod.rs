@@ -22,6 +22,7 @@ pub mod plan;
 pub mod prepare;
 pub mod progress;
 pub mod protect;
+pub mod redact;
 pub mod request;
 pub mod reverify;
 pub mod side;
@@ -366,6 +367,8 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
                 text = text.replace(k.as_str(), crate::gateway::REDACTED);
             }
         }
+        // The endpoints and models the task asked for are the successor's text.
+        let text = p.redactor.bytes(text.as_bytes());
         std::fs::write(&path, text).map_err(|e| internal("gateway log")(e.to_string()))?;
         artifacts.push((ArtifactType::Log, path));
     }

@@ -49,6 +49,9 @@ pub struct Plan {
     /// configuration and credentials, and the meter every run of this evaluation shares
     /// (the API-cost budget is the evaluation's).
     pub gateway: Option<GatewayPlan>,
+    /// What the policy passes into the sandbox and the gateway's credentials, kept out of
+    /// everything the evaluation keeps from its runs (see `redact`).
+    pub redactor: super::redact::Redactor,
     /// The sandbox teardowns under way (each joined before the next sandbox, before the
     /// bundle is published, and when the plan drops).
     pub teardowns: super::teardowns::Teardowns,
@@ -258,7 +261,12 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
                 "the evaluation's wall ({evaluation_wall:?}) is past the clock's range"
             ))
         })?;
+    let redactor = super::redact::Redactor::for_run(
+        &policy,
+        gateway.as_ref().and_then(|g| g.credentials.as_ref()),
+    );
     Ok(Plan {
+        redactor,
         use_cache: a.use_cache,
         replicas: a.replicas.max(1) as usize,
         ci: a.ci.clone(),

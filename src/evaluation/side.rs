@@ -123,6 +123,10 @@ pub fn run_side(
     p.teardowns.destroy(sb)?;
     let mut merged = merge_attempts(attempts);
     merged.notes.extend(notes);
+    // The evidence leaves here, redacted once (its artifacts were as they were staged):
+    // after the attempts are merged, which matches failures by the names as reported.
+    let metrics_path = t.spec.metrics.as_deref().unwrap_or("metrics");
+    p.redactor.run(&mut merged, metrics_path);
     Ok(merged)
 }
 

@@ -229,7 +229,9 @@ pub(super) fn clean_message(s: &str) -> Option<String> {
     }
 }
 
-/// Append to a bounded buffer (used while collecting element text).
+/// Append to a bounded buffer (used while collecting element text). A cut is marked with
+/// `…`, as [`clean`] marks its own (what fork redacts from report text relies on it: the
+/// beginning of a secret cut short stands right before a `…`).
 pub(super) fn push_bounded(buf: &mut String, s: &str) {
     // Four bytes per char at most: enough to hold MAX_MESSAGE_CHARS characters plus one.
     let cap = (MAX_MESSAGE_CHARS + 1) * 4;
@@ -245,6 +247,9 @@ pub(super) fn push_bounded(buf: &mut String, s: &str) {
             end -= 1;
         }
         buf.push_str(&s[..end]);
+        // At least `cap` bytes now (`end` is at most three below `room`): nothing more is
+        // added.
+        buf.push('…');
     }
 }
 
@@ -260,6 +265,23 @@ pub(super) fn outcomes(r: &TestReport) -> Vec<(&str, TestOutcome)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_buffer_marks_its_cut() {
+        // Leading whitespace the message's trim removes leaves fewer characters than
+        // `clean` cuts at: the buffer's own cut is still marked.
+        let mut buf = " ".repeat(1000);
+        push_bounded(&mut buf, &format!("{}sk-live", "\u{1D11E}".repeat(1000)));
+        assert!(buf.ends_with('…'), "{}", &buf[buf.len() - 8..]);
+        let kept = buf.len();
+        push_bounded(&mut buf, "more");
+        assert_eq!(buf.len(), kept);
+        let m = clean_message(&buf).unwrap();
+        assert!(m.chars().count() <= MAX_MESSAGE_CHARS + 1 && m.ends_with('…'));
+        let mut small = String::new();
+        push_bounded(&mut small, "short");
+        assert_eq!(small, "short");
+    }
 
     #[test]
     fn dispatches_by_declared_format() {
