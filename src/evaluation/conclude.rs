@@ -84,17 +84,52 @@ pub fn cached(
         verdict: verified.verdict,
         ci_error: None,
     };
-    // The CI outputs, as for a fresh verdict (the tests from the bundle's own report).
-    let tests = ev
-        .verdict
-        .artifacts
-        .iter()
-        .find(|art| art.kind == ArtifactType::TestReport)
-        .and_then(|art| std::fs::read(ev.out_dir.join(&art.path)).ok())
-        .and_then(|b| results::parse_junit(&b).ok());
+    // The CI outputs, as for a fresh verdict: the tests it listed, kept in the bundle
+    // (a bundle from before that file: its first JUnit report, as fork read it then).
+    let tests = cached_ci_tests(&ev);
     let rules = plan_rules(p);
     ev.ci_error = write_ci(p, &ev, &rules, tests.as_ref());
     Ok(Some(ev))
+}
+
+/// The artifact that keeps the tests a fresh verdict's CI outputs list (every task's
+/// speaking run, its reruns merged, redacted), so that a cache hit lists the same.
+pub const CI_TESTS_FILE: &str = "ci-tests.json";
+
+/// Writes [`CI_TESTS_FILE`] into `dir` when the plan has tests to list, and says which
+/// artifact it is.
+pub fn stage_ci_tests(
+    c: &Conclusion<'_>,
+    dir: &std::path::Path,
+) -> Result<Option<(ArtifactType, PathBuf)>, EvaluateError> {
+    let Some(tests) = plan_tests(c) else {
+        return Ok(None);
+    };
+    let path = dir.join(CI_TESTS_FILE);
+    let doc = serde_json::to_vec(&tests).map_err(|e| internal("ci tests")(e.to_string()))?;
+    std::fs::write(&path, doc).map_err(|e| internal("ci tests")(e.to_string()))?;
+    Ok(Some((ArtifactType::Other, path)))
+}
+
+/// The tests a cached verdict's CI outputs list: its [`CI_TESTS_FILE`] (the bundle was
+/// verified, artifacts and all, before this), else, for a bundle written before that file
+/// existed, its first test report read as JUnit.
+fn cached_ci_tests(ev: &Evaluation) -> Option<results::TestReport> {
+    let arts = &ev.verdict.artifacts;
+    let kept = arts.iter().find(|a| {
+        a.kind == ArtifactType::Other
+            && std::path::Path::new(&a.path).file_name() == Some(CI_TESTS_FILE.as_ref())
+    });
+    match kept {
+        Some(a) => std::fs::read(ev.out_dir.join(&a.path))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok()),
+        None => arts
+            .iter()
+            .find(|a| a.kind == ArtifactType::TestReport)
+            .and_then(|a| std::fs::read(ev.out_dir.join(&a.path)).ok())
+            .and_then(|b| results::parse_junit(&b).ok()),
+    }
 }
 
 /// Whether the verified bundle a ledger row points to holds the verdict that row recorded

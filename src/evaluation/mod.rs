@@ -372,7 +372,7 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
         std::fs::write(&path, text).map_err(|e| internal("gateway log")(e.to_string()))?;
         artifacts.push((ArtifactType::Log, path));
     }
-    let c = Conclusion {
+    let mut c = Conclusion {
         decision,
         state_hash,
         source_hash,
@@ -389,6 +389,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
             .map(|(t, r)| (t, r.as_ref().map_err(|e| e.clone())))
             .collect(),
     };
+    // The tests the CI outputs list, kept in the bundle so that a cache hit lists the same.
+    if let Some(art) = conclude::stage_ci_tests(&c, staging.path())? {
+        c.artifacts.push(art);
+    }
     // 6 DESTROY: sandboxes are gone (run_side); the staging directory goes on a thread of
     // its own once the bundle has copied the artifacts out of it (or in line, on a path
     // that ends before); the ephemeral secret is zeroized as soon as the verdict is

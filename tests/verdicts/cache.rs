@@ -231,3 +231,59 @@ results = { format = "exit_status" }
         changed.ctx()
     );
 }
+
+#[test]
+fn cache_hit_lists_the_same_tests_as_the_fresh_verdict() {
+    need_root!();
+    // A TAP task with a test that fails once then passes on its rerun (flaky), in a plan
+    // of two tasks: a cache hit rebuilt the JUnit from the first report it found, read as
+    // JUnit (none of these tests, and the first attempt's failure, and one task's).
+    let env = Env::new("vd-cache-ci-same");
+    let rt = env.runtime(
+        "rt",
+        r#"
+[tasks.tapped]
+command = ["sh", "-c", "if [ -e /tmp/once ]; then b='ok 2 - beta'; else touch /tmp/once; b='not ok 2 - beta'; fi; printf 'TAP version 13\n1..3\nok 1 - alpha\n%s\nok 3 - gamma\n' \"$b\" > \"$FORK_REPORTS/tests.tap\""]
+results = { format = "tap", path = "tests.tap" }
+gate = true
+
+[tasks.exits]
+command = ["true"]
+results = { format = "exit_status" }
+gate = true
+"#,
+    );
+    let human = human_policy();
+    let cases = |j: &Path| -> BTreeSet<(String, String)> {
+        let r = parse_junit(&std::fs::read(j).unwrap()).unwrap();
+        r.cases
+            .iter()
+            .map(|c| (c.name.clone(), format!("{:?}", c.outcome)))
+            .collect()
+    };
+    let mut listed = Vec::new();
+    for name in ["f1", "f2"] {
+        let j = env.dir.join(format!("{name}.xml"));
+        let e = evaluate(
+            &env,
+            &patch("swap-compressor"),
+            &rt,
+            name,
+            &[
+                "--policy",
+                human.to_str().unwrap(),
+                "--junit",
+                j.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(e.reused(), name == "f2", "{}", e.ctx());
+        listed.push(cases(&j));
+    }
+    let names: Vec<&str> = listed[0].iter().map(|(n, _)| n.as_str()).collect();
+    assert!(
+        names.iter().any(|n| n.contains("beta")) && names.iter().any(|n| n.contains("gamma")),
+        "{:?}",
+        listed[0]
+    );
+    assert_eq!(listed[0], listed[1], "the cache hit lists other tests");
+}
