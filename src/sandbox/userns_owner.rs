@@ -22,6 +22,10 @@ use caps::{CapSet, CapsHashSet};
 
 use super::sys::thread_seteuid;
 
+/// One switch at a time in the process: the dumpable flag a switch changes is the
+/// process's, so two at once would each save what the other set.
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What the thread had before: given back when dropped (also when the call panics).
 struct Own {
     effective: CapsHashSet,
@@ -51,6 +55,7 @@ impl Drop for Own {
 /// to `owner`, the rest of its credentials kept, so the user namespace the clone creates
 /// is owned by `owner`. Only for a root supervisor (the real uid must be 0).
 pub(super) fn owned_by<R>(owner: u32, clone: impl FnOnce() -> R) -> Result<R, String> {
+    let _one = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let effective = caps::read(None, CapSet::Effective)
         .map_err(|e| format!("read this thread's effective capabilities: {e}"))?;
     let permitted = caps::read(None, CapSet::Permitted)
