@@ -130,7 +130,7 @@ pub(super) fn compute_row_hash(e: &Entry) -> String {
     hex::encode(h.finalize())
 }
 
-fn seq_range(from: i64, to: i64) -> String {
+pub(super) fn seq_range(from: i64, to: i64) -> String {
     if from == to {
         format!("seq {from}")
     } else {
@@ -388,7 +388,7 @@ mod tests {
     #[test]
     fn deleted_last_two_rows_with_one_anchor_edited() {
         // Head table edited to match, sidecar not.
-        let (_d, l, entries) = ledger_with(5);
+        let (_d, mut l, entries) = ledger_with(5);
         let c = raw(&l);
         c.execute("DELETE FROM entries WHERE seq >= 4", []).unwrap();
         c.execute(
@@ -403,6 +403,25 @@ mod tests {
             "{:?}",
             r.problems
         );
+        // The next append would overwrite the sidecar, the only evidence left: refused,
+        // naming both records, and the sidecar (and so verify's finding) is kept.
+        let side_before = fs::read(l.head_path()).unwrap();
+        let err = l.append(&new_entry(6)).unwrap_err();
+        assert!(matches!(err, LedgerError::Tampered { .. }), "{err}");
+        let msg = err.to_string();
+        for needle in [
+            "refusing to append",
+            "head table records 3 rows",
+            "records 5 rows",
+            "seq 4..5 were deleted",
+            "ledger.db.head",
+            "aside",
+        ] {
+            assert!(msg.contains(needle), "{needle}: {msg}");
+        }
+        assert_eq!(fs::read(l.head_path()).unwrap(), side_before);
+        assert_eq!(l.verify().unwrap().rows, 3);
+        assert_problem(&l.verify().unwrap(), &[".head", "seq 4..5", "deleted"]);
 
         // Sidecar rewritten to match, head table not.
         let (_d, l, entries) = ledger_with(5);

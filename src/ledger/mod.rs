@@ -62,8 +62,21 @@
 //! lock (briefly blocking appenders) so that the database and the sidecar it reads are
 //! from the same moment.
 //!
-//! A crash between the sidecar's rename and the commit leaves the sidecar one row ahead of
-//! the database; `verify` then reports the sidecar as disagreeing (naming the row), which
+//! Before it writes anything, an append reads the sidecar (under the write lock) and
+//! refuses ([`LedgerError::Tampered`]) unless it agrees with the head table: a sidecar that
+//! records more rows than the database (rows deleted from the end, head table edited to
+//! match), fewer, another head hash, or none at all is evidence the append would erase by
+//! rewriting it. An unreadable sidecar, or one of another format version (written by a
+//! newer fork), is refused by name and never overwritten, by an append and by an open alike.
+//!
+//! The sidecar is written before the commit. So a crash between the sidecar's rename and
+//! the commit leaves the sidecar one row ahead of the database, which is exactly what
+//! deleting the newest row (and editing the head table to match) leaves: nothing tells the
+//! two apart, so it is never repaired automatically (that would let anyone who can write
+//! the database delete its newest row). `verify` reports it (naming the row and the
+//! crash); the next append refuses and names the repair: re-anchor the sidecar by hand
+//! (the error gives the exact command) if the user knows an evaluation was killed while
+//! recording, else restore a backup or move both files aside.
 
 mod cache;
 mod chain;
@@ -156,6 +169,30 @@ pub enum LedgerError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error(
+        "ledger head record {} (the anchor of {} outside the database) cannot be read: {why}; \
+         fix it (its permissions, its type), restore it from a backup, or move it aside \
+         together with the database (keep both for inspection) to start a new ledger",
+        head_path.display(),
+        path.display()
+    )]
+    HeadUnreadable {
+        path: PathBuf,
+        head_path: PathBuf,
+        why: String,
+    },
+    #[error(
+        "ledger head record {} (beside {}) starts `{line}`, a format this fork does not read \
+         (it reads `fork-ledger-head v1`): it was written by a newer fork; upgrade fork, or \
+         point this one at another ledger (--ledger FILE); the record is left as it is",
+        head_path.display(),
+        path.display()
+    )]
+    HeadVersion {
+        path: PathBuf,
+        head_path: PathBuf,
+        line: String,
+    },
     #[error("ledger entry: `{field}` {reason}")]
     InvalidEntry { field: &'static str, reason: String },
     #[error("ledger {}: {detail}; run `fork ledger verify` to see what changed", path.display())]
@@ -226,14 +263,16 @@ impl Ledger {
             Err(e) => return Err(IoError::new("inspect the database file", &path, e).into()),
         };
         if !exists {
-            if let Some(rec) = read_head_file(&head_path).ok().flatten() {
-                if rec.count > 0 {
+            match read_head_file(&head_path) {
+                Ok(Some(rec)) if rec.count > 0 => {
                     return Err(LedgerError::Missing {
                         path,
                         head_path,
                         count: rec.count,
                     });
                 }
+                Ok(_) => {}
+                Err(e) => return Err(head::unreadable(&path, &head_path, e)),
             }
             if !create {
                 return Err(LedgerError::NotFound { path });
@@ -305,9 +344,11 @@ impl Ledger {
     }
 
     /// Appends `e` as the next row and returns it with its seq and hashes. One IMMEDIATE
-    /// transaction: read the head, check it against the last row, insert, update the head,
-    /// rewrite the sidecar, commit. Refuses ([`LedgerError::Tampered`]) when the head table
-    /// and the last row disagree (a tail deletion): appending would bury the evidence.
+    /// transaction: read the head, check it against the last row and the sidecar, insert,
+    /// update the head, rewrite the sidecar, commit. Refuses ([`LedgerError::Tampered`])
+    /// when the head table disagrees with the last row or with the sidecar (a tail
+    /// deletion, or a crash between the sidecar's rename and the commit, see the module
+    /// docs), or the sidecar is missing: appending would bury the evidence.
     pub fn append(&mut self, e: &NewEntry) -> Result<Entry, LedgerError> {
         validate_entry(e)?;
         let path = self.path.clone();
@@ -347,6 +388,7 @@ impl Ledger {
                 ),
             });
         }
+        head::check_sidecar(&path, &head_path, &head)?;
         let mut entry = Entry {
             seq: head.count + 1,
             run_id: e.run_id.clone(),

@@ -98,14 +98,17 @@ pub(super) fn init_schema(
             detail: format!("it holds {tables} other schema objects and no ledger ids"),
         });
     }
-    if let Ok(Some(rec)) = read_head_file(head_path) {
-        if rec.count > 0 {
+    // A sidecar that cannot be read, or of another version, is refused, never overwritten.
+    match read_head_file(head_path) {
+        Ok(Some(rec)) if rec.count > 0 => {
             return Err(LedgerError::Missing {
                 path: path.to_path_buf(),
                 head_path: head_path.to_path_buf(),
                 count: rec.count,
             });
         }
+        Ok(_) => {}
+        Err(e) => return Err(super::head::unreadable(path, head_path, e)),
     }
     tx.execute_batch(SCHEMA)
         .map_err(|s| sql_err(path, "create the schema", s))?;

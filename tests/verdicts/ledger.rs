@@ -180,4 +180,37 @@ fn ledger_lists_verdicts_and_catches_tampering() {
         problems.contains("seq 3") && problems.contains("deleted"),
         "{problems}"
     );
+
+    // Edit the head table to match as well: only the sidecar still shows the deletion, and
+    // the next evaluation must not overwrite it (it did: `ledger verify` then said ok).
+    let o = sql(
+        &ledger,
+        false,
+        "UPDATE head SET count = 2, head_hash = (SELECT row_hash FROM entries WHERE seq = 2)",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(rep["problems"].to_string().contains(".head"), "{rep}");
+    let e = evaluate(
+        &env,
+        &patch("noop-comment"),
+        &demo(),
+        "after-deletion",
+        &["--task", "tests", "--ledger", l],
+    );
+    assert_eq!(e.code, 0, "{}", e.ctx());
+    assert!(
+        e.stderr.contains("not recorded in the ledger") && e.stderr.contains("refusing to append"),
+        "{}",
+        e.ctx()
+    );
+    let (o, rep) = ledger_verify(&env, &ledger);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(rep["rows"], 2);
+    let problems = rep["problems"].to_string();
+    assert!(
+        problems.contains(".head") && problems.contains("seq 3") && problems.contains("deleted"),
+        "{problems}"
+    );
 }
