@@ -239,7 +239,9 @@ impl Ledger {
     }
 
     /// Opens an existing ledger; [`LedgerError::NotFound`] when there is none (for `fork
-    /// history` and `fork ledger verify`, which should not create one).
+    /// history` and `fork ledger verify`, which should not create one). A database without
+    /// fork's ids (an empty file) is refused ([`LedgerError::NotALedger`]) and left as it
+    /// is: no schema, no WAL, no head record.
     pub fn open_existing(path: &Path) -> Result<Ledger, LedgerError> {
         Ledger::open_inner(path, false)
     }
@@ -327,6 +329,10 @@ impl Ledger {
         // The first read of the file: garbage fails here with "file is not a database".
         let (app_id, version) = read_ids(&conn).map_err(open_err)?;
         if app_id == 0 && version == 0 {
+            if !create {
+                // `fork history` and `ledger verify` never turn a file into a ledger.
+                return Err(not_created(path, head_path));
+            }
             init_schema(&conn, &path, &head_path)?;
         } else {
             check_ids(&path, app_id, version)?;
@@ -458,6 +464,26 @@ fn default_path_from(xdg_data_home: Option<OsString>, home: Option<PathBuf>) -> 
         None => home.unwrap_or_default().join(".local").join("share"),
     };
     base.join("fork").join("ledger.db")
+}
+
+/// [`Ledger::open_existing`] on a database without fork's ids (an empty file, or a ledger
+/// being created at this moment): left as it is, and said so.
+fn not_created(path: PathBuf, head_path: PathBuf) -> LedgerError {
+    match read_head_file(&head_path) {
+        Ok(Some(rec)) if rec.count > 0 => LedgerError::Missing {
+            path,
+            head_path,
+            count: rec.count,
+        },
+        Err(e) => head::unreadable(&path, &head_path, e),
+        Ok(_) => LedgerError::NotALedger {
+            path,
+            detail: "it has no fork ledger ids (application_id and user_version are 0: an \
+                     empty file, or a ledger being created right now), and reading it never \
+                     makes it one; left as it is"
+                .to_string(),
+        },
+    }
 }
 
 pub(super) fn sql_err(path: &Path, action: &'static str, source: rusqlite::Error) -> LedgerError {
@@ -669,6 +695,23 @@ mod tests {
             "{err}"
         );
         assert!(!path.exists());
+
+        // An empty file is not made a ledger by reading it (history, ledger verify).
+        let empty = dir.path().join("empty.db");
+        fs::write(&empty, b"").unwrap();
+        let err = Ledger::open_existing(&empty).unwrap_err();
+        assert!(matches!(err, LedgerError::NotALedger { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&empty.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(fs::metadata(&empty).unwrap().len(), 0);
+        let beside: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("empty.db"))
+            .collect();
+        assert_eq!(beside, ["empty.db"]);
 
         let foreign = dir.path().join("foreign.db");
         Connection::open(&foreign)

@@ -214,3 +214,34 @@ fn ledger_lists_verdicts_and_catches_tampering() {
         "{problems}"
     );
 }
+
+/// `fork history` and `fork ledger verify` read a ledger; an empty file at the path is
+/// refused and left as it was (they made it a ledger: schema, WAL, a `.head` beside it).
+#[test]
+fn reading_commands_never_make_an_empty_file_a_ledger() {
+    let env = Env::new("vd-ledger-empty");
+    let ledger = env.dir.join("empty.db");
+    std::fs::write(&ledger, b"").unwrap();
+    for args in [&["history"][..], &["ledger", "verify"]] {
+        let o = env
+            .cmd()
+            .args(args)
+            .arg("--ledger")
+            .arg(&ledger)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(65), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("empty.db") && err.contains("no fork ledger ids"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(std::fs::metadata(&ledger).unwrap().len(), 0, "{args:?}");
+        let beside: Vec<_> = std::fs::read_dir(&env.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("empty.db"))
+            .collect();
+        assert_eq!(beside, ["empty.db"], "{args:?}");
+    }
+}
