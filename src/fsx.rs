@@ -405,7 +405,7 @@ fn not_a_directory(component: String) -> FsxError {
 /// reads what it needs, bounded.
 pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
     let shown = path.display().to_string();
-    let (fd, st) = open_nonblocking(path).map_err(|(op, e)| match (op, e) {
+    let (fd, st) = open_nonblocking(path, OFlag::empty()).map_err(|(op, e)| match (op, e) {
         ("open", Errno::ENOENT) => FsxError::Missing {
             component: shown.clone(),
         },
@@ -422,9 +422,12 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), FsxError> {
 
 /// `path` opened to read without waiting for a FIFO's writer (`O_NONBLOCK`) or taking a
 /// terminal, and its `fstat`: what [`open_regular`] and [`open_input`] check the kind of.
-/// The error names the step that failed.
-fn open_nonblocking(path: &Path) -> Result<(OwnedFd, FileStat), (&'static str, Errno)> {
-    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+/// `extra` adds flags (`O_NOFOLLOW`). The error names the step that failed.
+fn open_nonblocking(
+    path: &Path,
+    extra: OFlag,
+) -> Result<(OwnedFd, FileStat), (&'static str, Errno)> {
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | extra;
     let fd = nix::fcntl::open(path, flags, Mode::empty()).map_err(|e| ("open", e))?;
     let st = nix::sys::stat::fstat(&fd).map_err(|e| ("fstat", e))?;
     Ok((fd, st))
@@ -435,7 +438,18 @@ fn open_nonblocking(path: &Path) -> Result<(OwnedFd, FileStat), (&'static str, E
 /// refused unless it is a regular file, so no input can hang a command. The errors are
 /// plain I/O errors (`NotFound` kept), for the caller's own error type.
 pub fn open_input(path: &Path) -> std::io::Result<File> {
-    let (fd, st) = open_nonblocking(path).map_err(|(_, e)| std::io::Error::from(e))?;
+    open_input_with(path, OFlag::empty())
+}
+
+/// [`open_input`] for a file fork keeps itself (a ledger's head record), whose last
+/// component fork never makes a symbolic link: one is refused, not followed
+/// (`O_NOFOLLOW`: the error is `ELOOP`).
+pub fn open_own_input(path: &Path) -> std::io::Result<File> {
+    open_input_with(path, OFlag::O_NOFOLLOW)
+}
+
+fn open_input_with(path: &Path, extra: OFlag) -> std::io::Result<File> {
+    let (fd, st) = open_nonblocking(path, extra).map_err(|(_, e)| std::io::Error::from(e))?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,8 @@ use super::LedgerError;
 
 /// First line of the sidecar head record.
 const HEAD_MAGIC: &str = "fork-ledger-head v1";
+/// The largest head record read (a real one is about 110 bytes).
+const MAX_HEAD_BYTES: u64 = 4096;
 /// What the first line of every version of the head record starts with.
 const HEAD_FAMILY: &str = "fork-ledger-head ";
 
@@ -57,13 +59,33 @@ impl fmt::Display for HeadReadError {
 }
 
 /// `Ok(None)` when the file does not exist; `Err(why)` when it is unreadable, malformed or
-/// of another format version.
+/// of another format version. Opened without waiting for a FIFO's writer and without
+/// following a symbolic link, checked to be a regular file on its descriptor, and read
+/// bounded ([`MAX_HEAD_BYTES`]): it is read while the ledger's write lock is held, where a
+/// hang would stall every appender.
 pub(super) fn read_head_file(path: &Path) -> Result<Option<HeadRecord>, HeadReadError> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
+    let file = match crate::fsx::open_own_input(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(HeadReadError::Io(io::Error::new(
+                e.kind(),
+                "it is a symbolic link (fork writes a regular file there and never follows one)",
+            )))
+        }
         Err(e) => return Err(HeadReadError::Io(e)),
     };
+    let mut raw = Vec::new();
+    file.take(MAX_HEAD_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(HeadReadError::Io)?;
+    if raw.len() as u64 > MAX_HEAD_BYTES {
+        return Err(HeadReadError::Malformed(format!(
+            "it is larger than {MAX_HEAD_BYTES} bytes, far more than a head record holds"
+        )));
+    }
+    let text = String::from_utf8(raw)
+        .map_err(|_| HeadReadError::Malformed("it is not text".to_string()))?;
     let bad = |why: &str| HeadReadError::Malformed(why.to_string());
     let mut lines = text.lines();
     match lines.next() {
@@ -345,5 +367,63 @@ mod tests {
         let err = l.append(&new_entry(2)).unwrap_err();
         assert!(matches!(err, LedgerError::HeadUnreadable { .. }), "{err}");
         assert_eq!(l.history(None).unwrap().len(), 1);
+    }
+
+    /// A FIFO, a symbolic link, a huge file at the sidecar's path: refused at once by
+    /// name. A FIFO hung `ledger verify` while it held the write lock (every appender then
+    /// waited and gave up), and an append or an open the same way.
+    #[test]
+    fn a_sidecar_that_is_no_regular_file_is_refused_at_once() {
+        let (_d, mut l, _) = ledger_with(1);
+        let head = l.head_path().to_path_buf();
+        let good = fs::read(&head).unwrap();
+        fs::remove_file(&head).unwrap();
+        nix::unistd::mkfifo(&head, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Run on a thread, so a hang fails the test instead of stalling it: a writer
+        // opened after the deadline releases a reader stuck on the FIFO.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = l.path().to_path_buf();
+        std::thread::spawn(move || {
+            let l = Ledger::open_existing(&path).unwrap();
+            let _ = tx.send(l.verify().map(|r| r.problems));
+        });
+        let problems = match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(r) => r.unwrap(),
+            Err(_) => {
+                let _ = fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&head);
+                panic!("verify hung on a FIFO head record");
+            }
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains(".head") && p.contains("not a regular file")),
+            "{problems:?}"
+        );
+        let err = l.append(&new_entry(2)).unwrap_err();
+        assert!(matches!(err, LedgerError::HeadUnreadable { .. }), "{err}");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+
+        // A symbolic link, even to a good record, is not followed.
+        fs::remove_file(&head).unwrap();
+        let elsewhere = head.with_extension("elsewhere");
+        fs::write(&elsewhere, &good).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &head).unwrap();
+        let err = l.append(&new_entry(2)).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(fs::symlink_metadata(&head).unwrap().is_symlink());
+
+        // A huge file is read only as far as the bound.
+        fs::remove_file(&head).unwrap();
+        let mut big = good.clone();
+        big.resize(1 << 20, b'\n');
+        fs::write(&head, &big).unwrap();
+        let err = l.append(&new_entry(2)).unwrap_err();
+        assert!(err.to_string().contains("larger than 4096 bytes"), "{err}");
+        fs::write(&head, &good).unwrap();
+        assert_eq!(l.append(&new_entry(2)).unwrap().seq, 2);
     }
 }

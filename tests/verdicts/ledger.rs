@@ -245,3 +245,42 @@ fn reading_commands_never_make_an_empty_file_a_ledger() {
         assert_eq!(beside, ["empty.db"], "{args:?}");
     }
 }
+
+/// A FIFO at `<ledger>.head` made `fork ledger verify` wait for a writer forever, holding the
+/// ledger's write lock meanwhile (evaluations then waited and dropped their rows). It is
+/// refused at once, by name.
+#[test]
+fn a_fifo_head_record_is_refused_at_once() {
+    let env = Env::new("vd-ledger-fifo");
+    let ledger = env.dir.join("fifo.db");
+    drop(fork::ledger::Ledger::open(&ledger).unwrap());
+    let head = env.dir.join("fifo.db.head");
+    std::fs::remove_file(&head).unwrap();
+    let made = Command::new("mkfifo").arg(&head).status().unwrap();
+    assert!(made.success());
+    let mut child = env
+        .cmd()
+        .args(["ledger", "verify", "--ledger"])
+        .arg(&ledger)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`fork ledger verify` hung on a FIFO head record");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("fifo.db.head") && out.contains("not a regular file"),
+        "{}",
+        text(&o)
+    );
+}
