@@ -40,12 +40,15 @@ use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use thiserror::Error;
 use zeroize::Zeroizing;
+
+mod keygen;
+pub use keygen::generate_node_key;
 
 /// The prefix of every public key spelling.
 pub const PUBLIC_KEY_PREFIX: &str = "ed25519:";
@@ -61,6 +64,12 @@ const MAX_KEY_FILE_BYTES: u64 = 4096;
 pub enum IdentityError {
     #[error("a node key already exists at {path}: pass --force to replace it (the old identity is then lost for good)")]
     KeyExists { path: PathBuf },
+    #[error("{public} is not the public half of the key {key} ({reason}), so it is not replaced, even with --force (the key it belongs to would be left without it): give the new key another name (its public half goes to NAME.pub), or remove {public} yourself if no key needs it")]
+    PublicOfAnotherKey {
+        key: PathBuf,
+        public: PathBuf,
+        reason: String,
+    },
     #[error("{path} ends in .pub, where its public half would be written: give the key another name (the public half goes to NAME.pub)")]
     KeyIsPublicPath { path: PathBuf },
     #[error("no node key at {path}: create one with `fork keygen` (or pass --key FILE)")]
@@ -467,94 +476,6 @@ fn decode_key_file(path: &Path, text: &str) -> Result<SigningKey, IdentityError>
     Ok(signing)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
-    Ok(fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("sync directory", dir)?)
-}
-
-/// Creates the node key at `path` (mode 0600; parent directories created 0700) and its
-/// public half beside it ([`public_key_path`], mode 0644). Both are written whole to
-/// temporary names and synced first; then the key takes its name, then the public half
-/// (without `force`, a failure there removes the key again), so another process that finds
-/// the key finds all of it. Without `force` neither may exist (the moves refuse to replace
-/// one, atomically, like `O_EXCL`); a key path that is its own public path (`X.pub`) is
-/// refused, since the public half would replace the key.
-pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, IdentityError> {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let pub_path = public_key_path(path);
-    if pub_path == path {
-        return Err(IdentityError::KeyIsPublicPath {
-            path: path.to_path_buf(),
-        });
-    }
-    if !force {
-        for p in [path, pub_path.as_path()] {
-            if fs::symlink_metadata(p).is_ok() {
-                return Err(IdentityError::KeyExists {
-                    path: p.to_path_buf(),
-                });
-            }
-        }
-    }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&parent)
-        .ctx("create directory", &parent)?;
-
-    let signing = SigningKey::generate(&mut rand::rngs::OsRng);
-    let public = PublicKey(signing.verifying_key());
-    let text = crate::keyformat::encode_private_pkcs8(&signing)
-        .map_err(|e| IoError::new("encode", path, io::Error::other(e)))?;
-
-    let mut key_tmp = tempfile::Builder::new()
-        .prefix(".node-key-")
-        .permissions(fs::Permissions::from_mode(0o600))
-        .tempfile_in(&parent)
-        .ctx("create a temporary file in", &parent)?;
-    key_tmp
-        .write_all(text.as_bytes())
-        .and_then(|_| key_tmp.as_file().sync_all())
-        .ctx("write", key_tmp.path())?;
-    let mut pub_tmp = tempfile::Builder::new()
-        .prefix(".node-pub-")
-        .permissions(fs::Permissions::from_mode(0o644))
-        .tempfile_in(&parent)
-        .ctx("create a temporary file in", &parent)?;
-    write!(pub_tmp, "{}", public.to_spki_pem())
-        .and_then(|_| pub_tmp.as_file().sync_all())
-        .ctx("write", pub_tmp.path())?;
-
-    let placed = |r: Result<fs::File, tempfile::PersistError>, to: &Path| {
-        r.map(drop).map_err(|e| {
-            if e.error.kind() == io::ErrorKind::AlreadyExists {
-                IdentityError::KeyExists {
-                    path: to.to_path_buf(),
-                }
-            } else {
-                IoError::new("write", to, e.error).into()
-            }
-        })
-    };
-    if force {
-        placed(key_tmp.persist(path), path)?;
-        placed(pub_tmp.persist(&pub_path), &pub_path)?;
-    } else {
-        placed(key_tmp.persist_noclobber(path), path)?;
-        if let Err(e) = placed(pub_tmp.persist_noclobber(&pub_path), &pub_path) {
-            // Ours, made just now: no key is left without its public half.
-            let _ = fs::remove_file(path);
-            return Err(e);
-        }
-    }
-    sync_dir(&parent)?;
-    Ok(public)
-}
-
 /// Opens a key file without waiting for a FIFO's writer (`O_NONBLOCK`; a regular file reads
 /// as usual).
 fn open_key(path: &Path) -> io::Result<fs::File> {
@@ -823,6 +744,75 @@ mod tests {
         }
     }
 
+    /// `keygen --out node.steward --force` beside the node's key replaced the node's
+    /// `node.pub` (the public path is the key's name with `.pub`): refused, naming both,
+    /// and so is replacing a key whose public file holds another key.
+    #[test]
+    fn force_never_replaces_another_keys_public_half() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.key");
+        let node_pub = dir.path().join("node.pub");
+        let public = generate_node_key(&node, false).unwrap();
+        let before = fs::read(&node_pub).unwrap();
+        let steward = dir.path().join("node.steward");
+        for force in [false, true] {
+            let err = generate_node_key(&steward, force).unwrap_err();
+            assert!(
+                matches!(err, IdentityError::PublicOfAnotherKey { .. }),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains("node.pub") && msg.contains("node.steward"),
+                "{msg}"
+            );
+            assert!(!msg.contains("pass --force"), "{msg}");
+            assert!(!steward.exists());
+            assert_eq!(fs::read(&node_pub).unwrap(), before);
+        }
+        assert_eq!(read_public_key(&node_pub).unwrap(), public);
+
+        // A key whose public file holds some other key: not replaced either.
+        let stray = EphemeralKey::generate().public();
+        fs::write(&node_pub, stray.to_spki_pem()).unwrap();
+        let err = generate_node_key(&node, true).unwrap_err();
+        assert!(err.to_string().contains("the key there is"), "{err}");
+        assert_eq!(load_node_key(&node).unwrap().public(), public);
+        // Its own public half (in either spelling) is replaced with it.
+        fs::write(&node_pub, format!("{public}\n")).unwrap();
+        let new_public = generate_node_key(&node, true).unwrap();
+        assert_eq!(read_public_key(&node_pub).unwrap(), new_public);
+        assert_eq!(load_node_key(&node).unwrap().public(), new_public);
+    }
+
+    /// Two `--force` generations at once, round after round: they take turns, so the key
+    /// and its public half left are always one pair (without the directory's lock they
+    /// interleaved: one's key beside the other's public half).
+    #[test]
+    fn concurrent_forced_keygens_leave_a_matching_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.key");
+        generate_node_key(&path, false).unwrap();
+        for round in 0..20 {
+            let gate = std::sync::Barrier::new(2);
+            let made: Vec<_> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..2)
+                    .map(|_| {
+                        s.spawn(|| {
+                            gate.wait();
+                            generate_node_key(&path, true)
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let key = load_node_key(&path).unwrap().public();
+            let public = read_public_key(&public_key_path(&path)).unwrap();
+            assert_eq!(key, public, "round {round}: {made:?}");
+            assert!(made.iter().all(|m| m.is_ok()), "round {round}: {made:?}");
+        }
+    }
+
     #[test]
     fn keygen_load_and_refusals() {
         let dir = tempfile::tempdir().unwrap();
@@ -863,14 +853,19 @@ mod tests {
         );
         assert!(generate_node_key(&steward, true).is_err());
         assert!(!steward.exists());
-        // Someone's existing public key beside a new key's path is not replaced without
-        // force, and no key is left without its public half.
+        // Someone's existing public key beside a new key's path is not replaced, with
+        // force or without, and no key is left without its public half.
         let other = dir.path().join("other.key");
         fs::write(dir.path().join("other.pub"), "theirs").unwrap();
-        let err = generate_node_key(&other, false).unwrap_err();
-        assert!(matches!(err, IdentityError::KeyExists { .. }), "{err}");
-        assert!(!other.exists());
-        assert_eq!(fs::read(dir.path().join("other.pub")).unwrap(), b"theirs");
+        for force in [false, true] {
+            let err = generate_node_key(&other, force).unwrap_err();
+            assert!(
+                matches!(err, IdentityError::PublicOfAnotherKey { .. }),
+                "{err}"
+            );
+            assert!(!other.exists());
+            assert_eq!(fs::read(dir.path().join("other.pub")).unwrap(), b"theirs");
+        }
         // A public path that cannot be written: no key is left behind either.
         let third = dir.path().join("third.key");
         fs::create_dir(dir.path().join("third.pub")).unwrap();

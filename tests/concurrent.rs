@@ -6,7 +6,7 @@
 mod common;
 use common::gc_report;
 use common::lifecycle::*;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -91,4 +91,65 @@ fn four_evaluations_at_once_with_gc_beside_them() {
     // One node key, made once.
     assert!(env.xdg.join("fork/node.key").is_file());
     assert_run_root_clean(&env.run_root, &ids, &[]);
+}
+
+/// `fork keygen --force` twice at once, ten rounds: the node key and `node.pub` left are
+/// always one pair (the two renames of each run interleaved: 14 of 30 rounds mismatched).
+/// And `keygen --out DIR/node.steward --force` beside the node key never replaces the
+/// node's `node.pub` (it did: the public path is the key's name with `.pub`).
+#[test]
+fn forced_keygens_at_once_leave_one_pair_and_no_other_keys_public_half() {
+    let env = Env::new("concurrent-keygen");
+    let key = env.xdg.join("fork/node.key");
+    let o = env.cmd().arg("keygen").output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for round in 0..10 {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                env.cmd()
+                    .args(["keygen", "--force"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for r in runs {
+            let o = r.wait_with_output().unwrap();
+            assert!(o.status.success(), "round {round}: {}", text(&o));
+        }
+        let secret = fork::identity::load_node_key(&key).unwrap().public();
+        let public = fork::identity::read_public_key(&env.node_pub()).unwrap();
+        assert_eq!(
+            secret, public,
+            "round {round}: node.key and node.pub differ"
+        );
+    }
+
+    let node_pub = std::fs::read(env.node_pub()).unwrap();
+    let steward = env.xdg.join("fork/node.steward");
+    let o = env
+        .cmd()
+        .args(["keygen", "--force", "--out"])
+        .arg(&steward)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("node.pub") && err.contains("node.steward") && err.contains("another name"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(env.node_pub()).unwrap(), node_pub);
+    assert!(!steward.exists());
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

@@ -186,7 +186,9 @@ pub fn ledger(e: &LedgerError) -> i32 {
 /// Reading or creating the node key (`fork keygen`: an existing key is a usage error).
 pub fn identity(e: &IdentityError) -> i32 {
     match e {
-        IdentityError::KeyExists { .. } | IdentityError::KeyIsPublicPath { .. } => USAGE,
+        IdentityError::KeyExists { .. }
+        | IdentityError::KeyIsPublicPath { .. }
+        | IdentityError::PublicOfAnotherKey { .. } => USAGE,
         _ => INTERNAL,
     }
 }
