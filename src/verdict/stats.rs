@@ -168,10 +168,13 @@ pub fn median(xs: &[f64]) -> Option<f64> {
     Some(median_sorted(&v))
 }
 
-/// Relative change of `p` against `b`, with the project's zero convention.
+/// Relative change of `p` against `b`, with the project's zero convention: `None` when it
+/// is unbounded, for a baseline of 0 and a patched value that is not, and for a change too
+/// large for a finite number (a huge value against a small or opposite one), so that every
+/// change that is a number is a finite one.
 pub(crate) fn relative_change(b: f64, p: f64) -> Option<f64> {
     if b != 0.0 {
-        Some((p - b) / b.abs())
+        Some((p - b) / b.abs()).filter(|c| c.is_finite())
     } else if p == 0.0 {
         Some(0.0)
     } else {
@@ -406,7 +409,9 @@ pub fn bootstrap_ci(
         let mp = resample_median(&mut rng, &p, &mut buf);
         let c = match relative_change(mb, mp) {
             Some(c) => c,
-            // Baseline median 0, patched not: an unbounded change in the patched direction.
+            // Baseline median 0, patched not, or a change too large to be finite (the
+            // patched median then dwarfs the baseline's): unbounded, in the patched
+            // median's direction.
             None => f64::INFINITY.copysign(mp),
         };
         changes.push(c);
@@ -506,10 +511,13 @@ pub fn compare(name: &str, baseline: &[f64], patched: &[f64], cfg: &CompareConfi
         caveats.push(format!("no finite sample from {side}; nothing to compare"));
         None
     } else if change.is_none() {
-        caveats.push(
+        caveats.push(if baseline_median == 0.0 {
             "the baseline median is 0, so the relative change is undefined; significance not tested"
-                .to_string(),
-        );
+                .to_string()
+        } else {
+            "the relative change is too large to be a finite number (unbounded); significance not tested"
+                .to_string()
+        });
         None
     } else {
         match cfg.method {

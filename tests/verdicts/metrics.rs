@@ -260,3 +260,66 @@ fn a_patch_that_empties_its_metrics_is_never_approved() {
     };
     assert_eq!(staged("metrics.json"), 10, "5 pairs: {}", e.ctx());
 }
+
+/// A runtime whose one task reports `p99_ms` (0.5 unpatched, the value of `patched.txt`
+/// once a patch adds it), with a baseline and a single pair.
+fn one_metric_runtime(env: &Env) -> PathBuf {
+    let rt = env.dir.join("one-metric");
+    std::fs::create_dir_all(&rt).unwrap();
+    std::fs::write(
+        rt.join("fork.toml"),
+        "[runtime]\nname = \"one-metric\"\nsource = \".\"\nprotected = [\"fork.toml\", \"run.sh\"]\n\n\
+         [tasks.bench]\ncommand = [\"sh\", \"run.sh\"]\nmetrics = \"metrics.json\"\nbaseline = true\nrepeat = 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        rt.join("run.sh"),
+        "if [ -f patched.txt ]; then v=$(cat patched.txt); else v=0.5; fi\n\
+         printf '{\"p99_ms\": %s}' \"$v\" > \"$FORK_REPORTS/metrics.json\"\n",
+    )
+    .unwrap();
+    rt
+}
+
+/// A huge but finite metric value (the relative change overflows at 1.7e308; at 1e307 it
+/// is finite, but its distance beyond the band is not) is an unbounded regression with a
+/// recorded, signed NEEDS_REVISION and a ledger row. Before: the confidence came out NaN,
+/// the bundle writer refused the verdict, and `evaluate` exited 70 with no verdict and no
+/// row, so a regressing patch left no record at all.
+#[test]
+fn a_huge_metric_value_is_a_recorded_regression() {
+    need_root!();
+    let env = Env::new("vd-huge-metric");
+    let rt = one_metric_runtime(&env);
+    for (name, value, shown) in [
+        ("overflow", "1.7e308", "1.7e308"),
+        ("huge", "1e307", "1e307"),
+    ] {
+        let diff = env.dir.join(format!("{name}.diff"));
+        std::fs::write(
+            &diff,
+            format!("diff --git a/patched.txt b/patched.txt\nnew file mode 100644\n--- /dev/null\n+++ b/patched.txt\n@@ -0,0 +1 @@\n+{value}\n"),
+        )
+        .unwrap();
+        // `evaluate` (this crate's) demands a verdict and checks that the bundle verifies.
+        let e = evaluate(&env, &diff, &rt, name, &[]);
+        assert_eq!(e.code, 2, "{}", e.ctx());
+        assert_eq!(e.verdict["verdict"], "NEEDS_REVISION", "{}", e.ctx());
+        let c = f(&e.verdict["confidence"]);
+        assert!((0.5..=1.0).contains(&c), "{}", e.ctx());
+        let m = e.metric("p99_ms");
+        assert!(m["change"].is_null() || f(&m["change"]).is_finite(), "{m}");
+        assert!(
+            e.summary().contains("p99_ms regressed") && e.summary().contains(shown),
+            "{}",
+            e.ctx()
+        );
+        let o = env.cmd().args(["history", "--json"]).output().unwrap();
+        let rows: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        assert!(
+            rows.as_array()
+                .is_some_and(|r| r.iter().any(|row| row["run_id"] == e.verdict["run_id"])),
+            "no ledger row for {name}: {rows}"
+        );
+    }
+}

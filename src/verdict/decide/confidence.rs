@@ -75,21 +75,31 @@ pub(super) fn s_failing(f: usize) -> f64 {
 }
 
 /// Strength of one regression of relative size `change` beyond a noise band of `band`.
+/// `x / (x + 1)` is written `1 − 1 / (x + 1)`, which is 1 (not NaN) when `x` is infinite
+/// (a change of 1e307 beyond a 5% band), and an unbounded or non-finite change is the
+/// strongest regression.
 pub(super) fn s_regression(change: Option<f64>, band: f64) -> f64 {
     match change {
-        Some(c) if band > 0.0 => {
+        Some(c) if band > 0.0 && c.is_finite() => {
             let x = ((c.abs() - band) / band).max(0.0);
-            0.3 + 0.5 * x / (x + 1.0)
+            0.3 + 0.5 * (1.0 - 1.0 / (x + 1.0))
         }
         _ => 0.8,
     }
 }
 
-/// Independent strengths combined: `1 − Π(1 − sᵢ)`.
+/// Independent strengths combined: `1 − Π(1 − sᵢ)`. A strength that is not a number
+/// supports nothing (it counts as 0, never as certainty).
 pub(super) fn combine(strengths: impl IntoIterator<Item = f64>) -> f64 {
     1.0 - strengths
         .into_iter()
-        .map(|s| 1.0 - s.clamp(0.0, 1.0))
+        .map(|s| {
+            if s.is_nan() {
+                1.0
+            } else {
+                1.0 - s.clamp(0.0, 1.0)
+            }
+        })
         .product::<f64>()
 }
 
@@ -106,9 +116,14 @@ pub(super) fn p_skipped(skipped: usize, total: usize) -> f64 {
     1.0 - P_SKIPPED_WEIGHT * skipped as f64 / total as f64
 }
 
-/// `0.5 + 0.5·S` times the penalties, clamped to `[0.5, 0.99]`, to three decimals.
+/// `0.5 + 0.5·S` times the penalties, clamped to `[0.5, 0.99]`, to three decimals. Never
+/// NaN: a result that is not a number (a penalty that is not one) is the floor, 0.5, the
+/// least any verdict claims, so it can never raise an approval's confidence.
 pub(super) fn confidence(strengths: &[f64], penalties: &[f64]) -> f64 {
     let c = (0.5 + 0.5 * combine(strengths.iter().copied())) * penalties.iter().product::<f64>();
+    if c.is_nan() {
+        return 0.5;
+    }
     (c.clamp(0.5, CONFIDENCE_CAP) * 1000.0).round() / 1000.0
 }
 
@@ -189,5 +204,88 @@ mod tests {
         for c in [one.confidence, two.confidence] {
             assert!((0.5..=1.0).contains(&c));
         }
+    }
+
+    /// A verdict carrying `d`, as the bundle writer validates it.
+    fn validated(d: &crate::verdict::decide::Decision) -> Result<(), Vec<String>> {
+        let key = crate::identity::EphemeralKey::generate();
+        let mut v = crate::verdict::tests::sample_verdict(&key.public());
+        v.verdict = d.verdict;
+        v.confidence = d.confidence;
+        v.evaluation_summary = d.summary.clone();
+        v.caveats = d.caveats.clone();
+        v.metrics = d.metrics.clone();
+        v.validate()
+    }
+
+    /// A huge finite patched value against a small baseline: the relative change overflows
+    /// (1.7e308) or its distance beyond the band does (1e307), and neither may leave the
+    /// decision without a finite confidence (the bundle writer refused it: no verdict, no
+    /// ledger row). Single samples, repeated samples and a sequential assessment alike.
+    #[test]
+    fn huge_metric_values_still_give_a_recordable_regression() {
+        use crate::verdict::decide::Assessed;
+        use crate::verdict::sequential::Outcome;
+        for patched in [1.7e308, 1e307, f64::MAX] {
+            let single = Evidence {
+                metrics: m(&[("p99_ms", patched)]),
+                baseline_metrics: m(&[("p99_ms", 0.5)]),
+                ..ok_run(None)
+            };
+            let stats = crate::verdict::stats::compare(
+                "p99_ms",
+                &[0.5, 0.5, 0.6, 0.4, 0.5],
+                &[patched; 5],
+                &Default::default(),
+            );
+            let repeated = Evidence {
+                metric_stats: [("p99_ms".to_string(), stats)].into(),
+                ..single.clone()
+            };
+            let assessed = Evidence {
+                assessments: [(
+                    "p99_ms".to_string(),
+                    Assessed {
+                        outcome: Outcome::Higher,
+                        ci: Some((f64::INFINITY, f64::INFINITY)),
+                        band: 0.05,
+                        alpha: 0.05,
+                        stopped: "every metric decided".into(),
+                        order_seed: 1,
+                    },
+                )]
+                .into(),
+                ..repeated.clone()
+            };
+            for (what, e) in [
+                ("single", single),
+                ("repeated", repeated),
+                ("assessed", assessed),
+            ] {
+                let d = decide(&e, &rules());
+                assert!(d.confidence.is_finite(), "{patched} {what}: {d:?}");
+                assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{patched} {what}");
+                assert!(
+                    d.summary.contains("p99_ms regressed"),
+                    "{patched} {what}: {}",
+                    d.summary
+                );
+                let metric = &d.metrics[0];
+                assert!(
+                    metric.change.is_none_or(f64::is_finite),
+                    "{patched} {what}: {metric:?}"
+                );
+                validated(&d).unwrap_or_else(|e| panic!("{patched} {what}: {e:?}"));
+            }
+        }
+        // The formula itself: finite and at most the unbounded strength.
+        for c in [1e307, 1.7e308, f64::MAX, f64::INFINITY, f64::NAN] {
+            let s = s_regression(Some(c), 0.05);
+            assert!((0.3..=0.8).contains(&s), "{c}: {s}");
+        }
+        // A strength or penalty that is not a number never raises a confidence.
+        assert_eq!(confidence(&[f64::NAN], &[]), 0.5);
+        assert_eq!(confidence(&[0.9], &[f64::NAN]), 0.5);
+        assert_eq!(confidence(&[f64::NAN, 0.4], &[]), confidence(&[0.4], &[]));
     }
 }

@@ -38,7 +38,8 @@
 //!    passes count, as caveats), and no metric regressed.
 //!
 //! A metric's `change` is relative, `(patched - baseline) / |baseline|` (negative means it went
-//! down), `None` without a baseline or when the baseline is 0 and the patched value is not. It
+//! down), `None` without a baseline, and `None` (unbounded) when the baseline is 0 and the
+//! patched value is not or the change is too large to be a finite number. It
 //! regressed when it moved in the bad direction by more than `noise_band` (strictly); the bad
 //! direction is up for names matching [`DecisionRules::lower_is_better`], down otherwise.
 //! With single samples (the task's `repeat = 1`) `significant` is `None` and a caveat says the
@@ -116,21 +117,22 @@ fn compare_metrics(e: &Evidence, rules: &DecisionRules) -> Vec<MetricChange> {
                 .and_then(|b| b.get(name))
                 .copied();
             let stats = e.metric_stats.get(name);
+            // `None` when unbounded: a baseline of 0, or a change too large to be finite.
             let change = match (stats, base) {
-                (Some(st), _) => st.change,
-                (None, Some(b)) if b != 0.0 => Some((value - b) / b.abs()),
-                (None, Some(_)) if value == 0.0 => Some(0.0),
-                _ => None,
+                (Some(st), _) => st.change.filter(|c| c.is_finite()),
+                (None, Some(b)) => crate::verdict::stats::relative_change(b, value),
+                (None, None) => None,
             };
+            let finite = |x: Option<f64>| x.filter(|x| x.is_finite());
             let mut m = MetricChange {
                 name: name.clone(),
                 baseline: base,
                 patched: value,
                 change,
                 significant: stats.and_then(|st| st.significant),
-                ci_low: stats.and_then(|st| st.ci_low),
-                ci_high: stats.and_then(|st| st.ci_high),
-                p_value: stats.and_then(|st| st.p_value),
+                ci_low: finite(stats.and_then(|st| st.ci_low)),
+                ci_high: finite(stats.and_then(|st| st.ci_high)),
+                p_value: finite(stats.and_then(|st| st.p_value)),
                 samples: Some(stats.map(|st| st.n_patched.min(st.n_baseline)).unwrap_or(1)),
                 ..MetricChange::default()
             };
@@ -149,7 +151,9 @@ fn compare_metrics(e: &Evidence, rules: &DecisionRules) -> Vec<MetricChange> {
                     class,
                     MetricVerdict::Improved | MetricVerdict::Regressed
                 ));
-                (m.ci_low, m.ci_high) = (a.ci.map(|c| c.0), a.ci.map(|c| c.1));
+                // An interval is recorded only with both ends finite numbers.
+                let ci = a.ci.filter(|c| c.0.is_finite() && c.1.is_finite());
+                (m.ci_low, m.ci_high) = (ci.map(|c| c.0), ci.map(|c| c.1));
                 m.class = Some(class);
                 m.band = Some(a.band);
                 m.alpha = Some(a.alpha);

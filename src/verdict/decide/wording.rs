@@ -9,9 +9,13 @@ use crate::verdict::Metric;
 // Formats.
 // ---------------------------------------------------------------------------------------
 
-/// A number as people write it: integers without decimals, others with up to 4 decimals.
+/// A number as people write it: integers without decimals, others with up to 4 decimals,
+/// and magnitudes from 1e15 on in exponent form (`1.7e308`, not 309 digits).
 pub(in crate::verdict) fn num(x: f64) -> String {
-    if x.fract() == 0.0 && x.abs() < 1e15 {
+    if x.abs() >= 1e15 && x.is_finite() {
+        return format!("{x:e}");
+    }
+    if x.fract() == 0.0 {
         return format!("{x:.0}");
     }
     let s = format!("{x:.4}");
