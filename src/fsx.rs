@@ -466,6 +466,22 @@ pub fn read_input_to_string(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// [`read_input_to_string`], refusing a file of more than `max` bytes (an `InvalidData`
+/// error saying so) after reading at most `max + 1` of them, however large it is or grows.
+pub fn read_input_to_string_capped(path: &Path, max: u64) -> std::io::Result<String> {
+    let mut text = String::new();
+    open_input(path)?
+        .take(max.saturating_add(1))
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes, more than any such file needs"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Writes `bytes` as the file at `path`, whole or not at all: into a temporary file beside
 /// it (with the old file's mode bits, else 0644 less the umask), synced, then renamed over
 /// it, so a reader (a CI step parsing a report) never sees it half written and a failure

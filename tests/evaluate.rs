@@ -125,3 +125,5 @@ mod results;
 mod signature;
 #[path = "evaluate/state_digest.rs"]
 mod state_digest;
+#[path = "evaluate/verify_inputs.rs"]
+mod verify_inputs;

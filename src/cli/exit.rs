@@ -124,6 +124,7 @@ pub fn deployed(e: &DeployedError) -> i32 {
     match e {
         _ if e.is_mismatch() => INVALID,
         DeployedError::ReadPatch { .. }
+        | DeployedError::PatchTooLarge { .. }
         | DeployedError::Manifest(_)
         | DeployedError::NoSource { .. }
         | DeployedError::MalformedPatch { .. } => BAD_INPUT,

@@ -16,10 +16,17 @@
 use crate::fork::workspace::{copy_tree, deploy_tree_hash, WorkspaceError};
 use crate::manifest::{Manifest, ManifestError, MANIFEST_FILE};
 use crate::patch::{self, ApplyError, PatchError};
-use crate::verdict::{sha256_digest, Verdict};
+use crate::verdict::Verdict;
 use std::io;
 use std::path::PathBuf;
 use thiserror::Error;
+
+/// The largest patch `--tree` applies: far above any size gate a patch passes to be
+/// evaluated (1 MiB by default), and bounded, so that no input can fill the memory.
+pub const MAX_APPLIED_PATCH_BYTES: u64 = 64 << 20;
+
+/// The largest `fork.toml` read from `--tree`.
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 /// What to check a verdict against.
 #[derive(Debug, Clone, Default)]
@@ -43,11 +50,18 @@ pub struct DeployedMatch {
 /// checked.
 #[derive(Debug, Error)]
 pub enum DeployedError {
-    #[error("cannot read the patch {path}: {source}")]
+    /// Names the patch (an open that refused a FIFO or a device, a read that failed).
+    #[error("{source}")]
     ReadPatch {
         path: PathBuf,
         #[source]
-        source: io::Error,
+        source: crate::patch::PatchFileError,
+    },
+    #[error("the patch {path} is {size} bytes, more than the {limit} bytes `fork verify --tree` applies: no evaluated patch is that large (a larger one was rejected by the size gate, with no patched tree to check)")]
+    PatchTooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
     },
     #[error("the patch {path} has hash {actual}, but the verdict is for the patch {signed}")]
     PatchHash {
@@ -112,11 +126,19 @@ pub fn check_deployed(
         tree_hash: None,
     };
     if let Some(path) = &check.patch {
-        let raw = std::fs::read(path).map_err(|source| DeployedError::ReadPatch {
-            path: path.clone(),
-            source,
-        })?;
-        let actual = sha256_digest(&raw);
+        // Opened without blocking (a FIFO or a device is refused at once), hashed whole
+        // as `evaluate` hashes it, and kept only as far as a tree check can apply it.
+        let keep = if check.tree.is_some() {
+            MAX_APPLIED_PATCH_BYTES
+        } else {
+            0
+        };
+        let read =
+            patch::read_patch_file(path, keep).map_err(|source| DeployedError::ReadPatch {
+                path: path.clone(),
+                source,
+            })?;
+        let actual = read.hash();
         if actual != verdict.patch_hash {
             return Err(DeployedError::PatchHash {
                 path: path.clone(),
@@ -125,7 +147,14 @@ pub fn check_deployed(
             });
         }
         out.patch_hash = Some(actual);
-        raw_patch = Some((path, raw));
+        if check.tree.is_some() && read.size > MAX_APPLIED_PATCH_BYTES {
+            return Err(DeployedError::PatchTooLarge {
+                path: path.clone(),
+                size: read.size,
+                limit: MAX_APPLIED_PATCH_BYTES,
+            });
+        }
+        raw_patch = Some((path, read.bytes));
     }
     let Some(dir) = &check.tree else {
         return Ok(out);
@@ -135,18 +164,21 @@ pub fn check_deployed(
         .clone()
         .ok_or(DeployedError::NoTreeHash)?;
     let manifest_path = dir.join(MANIFEST_FILE);
-    let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            ManifestError::Missing {
-                path: manifest_path.clone(),
+    // Opened without blocking, as `evaluate` opens the manifest, and read bounded: a FIFO,
+    // a device or a link to one is refused at once, never waited on or read without end.
+    let text = crate::fsx::read_input_to_string_capped(&manifest_path, MAX_MANIFEST_BYTES)
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                ManifestError::Missing {
+                    path: manifest_path.clone(),
+                }
+            } else {
+                ManifestError::Read {
+                    path: manifest_path.clone(),
+                    source: e,
+                }
             }
-        } else {
-            ManifestError::Read {
-                path: manifest_path.clone(),
-                source: e,
-            }
-        }
-    })?;
+        })?;
     let manifest = Manifest::from_toml(&text, &manifest_path)?;
     let source = dir.join(&manifest.runtime.source);
     if !source.is_dir() {
@@ -197,6 +229,7 @@ pub fn check_deployed(
 mod tests {
     use super::*;
     use crate::identity::EphemeralKey;
+    use crate::verdict::sha256_digest;
 
     fn demo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-demo")
