@@ -432,18 +432,18 @@ pub fn decide(e: &Evidence, rules: &DecisionRules) -> Decision {
     if compared > 0 && regressed.is_empty() && inconclusive.is_empty() {
         support.push(S_METRICS_OK);
     }
-    let untested = metrics
+    let untested: Vec<&MetricChange> = metrics
         .iter()
         .filter(|m| m.baseline.is_some() && m.significant.is_none())
-        .count();
+        .collect();
     for st in e.metric_stats.values() {
         if let Some(c) = &st.caveat {
             caveats.push(c.clone());
         }
     }
-    if compared > 0 && untested > 0 {
+    if compared > 0 && !untested.is_empty() {
         caveats.push(wording::significance_untested(
-            untested,
+            &untested,
             !e.metric_stats.is_empty(),
             band,
         ));

@@ -77,18 +77,53 @@ pub(super) fn noise_band(band: f64) -> String {
     format!("the {} noise band", pct(band))
 }
 
-/// `the 1.0% noise band` when every metric has that band, else `their noise bands (…)`.
+/// `the 1.0% noise band` when every metric has that band, else `their noise bands (…)`,
+/// naming the first five metrics with theirs.
 fn bands_of(metrics: &[&Metric], band: f64) -> String {
     let of = |m: &&Metric| m.band.unwrap_or(band);
     match metrics.first().map(of) {
         Some(first) if metrics.iter().all(|m| of(m) == first) => noise_band(first),
         _ => {
+            const SHOWN: usize = 5;
             let items: Vec<String> = metrics
                 .iter()
+                .take(SHOWN)
                 .map(|m| format!("{} {}", m.name, pct(of(m))))
                 .collect();
-            format!("their noise bands ({})", items.join(", "))
+            let more = match metrics.len().saturating_sub(SHOWN) {
+                0 => String::new(),
+                rest => format!(" and {rest} more"),
+            };
+            format!("their noise bands ({}{more})", items.join(", "))
         }
+    }
+}
+
+/// Whether a metric within its band may be called "unchanged": only when it was shown
+/// equivalent (its interval inside the band, by the sequential test). Any other metric
+/// within its band (one pair, or a change not tested) is only "within" it,
+/// [`NOT_TESTED_FOR_EQUIVALENCE`]. The summary and the JUnit report both ask this.
+pub(in crate::verdict) fn shown_unchanged(m: &Metric) -> bool {
+    m.class == Some(crate::verdict::MetricVerdict::Equivalent)
+}
+
+/// What is said of a metric within its band that was not shown equivalent.
+pub(in crate::verdict) const NOT_TESTED_FOR_EQUIVALENCE: &str = "not tested for equivalence";
+
+/// Why the evidence could not decide metric `m` (judged against its band, else `band`):
+/// an interval across an edge of the band, or (wholly inside or beyond it, or none) too
+/// few pairs for the rank test to reach its level, or a zero baseline that gives the band
+/// no scale. The summary and the JUnit report both say this.
+pub(in crate::verdict) fn inconclusive_reason(m: &Metric, band: f64) -> &'static str {
+    let b = m.band.unwrap_or(band);
+    let across = matches!((m.ci_low, m.ci_high), (Some(lo), Some(hi))
+        if (lo < -b && hi > -b) || (lo < b && hi > b));
+    if m.baseline == Some(0.0) && m.ci_low.is_none() {
+        "a baseline of 0 gives the band no scale: give the metric band 0 or list it as informational"
+    } else if across {
+        "the interval reaches across an edge of the band"
+    } else {
+        "too few pairs for the test to reach its level"
     }
 }
 
@@ -115,17 +150,7 @@ pub(super) fn inconclusive(metrics: &[&Metric], band: f64) -> String {
                 .samples
                 .map(|n| format!(", {}", plural(n, "pair", "pairs")))
                 .unwrap_or_default();
-            // Why: an interval across an edge of the band, or (wholly inside or beyond
-            // it, or none) too few pairs for the rank test to reach its level.
-            let across = matches!((m.ci_low, m.ci_high), (Some(lo), Some(hi))
-                if (lo < -b && hi > -b) || (lo < b && hi > b));
-            let why = if m.baseline == Some(0.0) && m.ci_low.is_none() {
-                "a baseline of 0 gives the band no scale: give the metric band 0 or list it as informational"
-            } else if across {
-                "the interval reaches across an edge of the band"
-            } else {
-                "too few pairs for the test to reach its level"
-            };
+            let why = inconclusive_reason(m, band);
             format!(
                 "{} (change {change}, {interval}{pairs}, band ±{}: {why})",
                 m.name,
@@ -411,13 +436,11 @@ pub(super) fn improvements(improved_metrics: &[&Metric], noise: &[&Metric], band
 /// every one of them was shown equivalent; a change measured without a test (one pair) is
 /// only "within" the band.
 pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
-    let tested = noise
-        .iter()
-        .all(|m| m.class == Some(crate::verdict::MetricVerdict::Equivalent));
+    let tested = noise.iter().all(|m| shown_unchanged(m));
     match (noise, tested) {
         ([m], true) => format!("{} unchanged within {}.", m.name, bands_of(noise, band)),
         ([m], false) => format!(
-            "{} within {} (not tested for equivalence).",
+            "{} within {} ({NOT_TESTED_FOR_EQUIVALENCE}).",
             m.name,
             bands_of(noise, band)
         ),
@@ -427,7 +450,7 @@ pub(super) fn unchanged(noise: &[&Metric], band: f64) -> String {
             bands_of(noise, band)
         ),
         (_, false) => format!(
-            "All {} metrics within {} (not tested for equivalence).",
+            "All {} metrics within {} ({NOT_TESTED_FOR_EQUIVALENCE}).",
             noise.len(),
             bands_of(noise, band)
         ),
@@ -461,20 +484,22 @@ pub(super) fn missing_from_patched(missing: &[String]) -> String {
     )
 }
 
-/// Why compared metric changes were judged against the band alone.
-pub(super) fn significance_untested(untested: usize, repeated: bool, band: f64) -> String {
+/// Why compared metric changes (`untested`, at least one) were judged against their bands
+/// alone: each metric's own band (its kind's), as it was judged, else `band`.
+pub(super) fn significance_untested(untested: &[&Metric], repeated: bool, band: f64) -> String {
     if repeated {
         format!(
-            "{untested} metric change(s) could not be tested for significance (too few samples); \
+            "{} metric change(s) could not be tested for significance (too few samples); \
              they are judged against {} alone.",
-            noise_band(band)
+            untested.len(),
+            bands_of(untested, band)
         )
     } else {
         format!(
             "Metric changes come from a single run of the patched and the baseline task \
              (repeat = 1); they were not tested for significance, so changes within run-to-run \
              noise larger than {} cannot be told apart.",
-            noise_band(band)
+            bands_of(untested, band)
         )
     }
 }

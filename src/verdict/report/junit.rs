@@ -14,7 +14,7 @@ use std::io;
 
 use super::{change_pct, num, CLASS_METRICS, CLASS_TESTS, CLASS_VERDICT, VERDICT_CASE};
 use crate::task::results::{TestOutcome, TestReport};
-use crate::verdict::decide::{DecisionRules, MetricClass};
+use crate::verdict::decide::{wording, DecisionRules, MetricClass};
 use crate::verdict::kind::VerdictKind;
 use crate::verdict::{Metric, Verdict};
 
@@ -222,11 +222,12 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
             )),
         ),
         MetricClass::Inconclusive => {
+            // Why, as the verdict's summary says it.
             let message = format!(
-                "{} inconclusive: {}; its interval reaches beyond the {:.1}% noise band ({direction})",
+                "{} inconclusive: {}, against {band_text}: {} ({direction})",
                 m.name,
                 movement(m),
-                m.band.unwrap_or_else(|| rules.band()) * 100.0
+                wording::inconclusive_reason(m, rules.band_for(&m.name))
             );
             if rules.is_informational(&m.name) {
                 (Status::Passed, Some(format!("{message}; informational")))
@@ -241,11 +242,21 @@ fn metric_case(m: &Metric, rules: &DecisionRules) -> Case {
                 )
             }
         }
-        MetricClass::Noise => (
+        // "Unchanged" only for a metric shown equivalent, as in the verdict's summary.
+        MetricClass::Noise if wording::shown_unchanged(m) => (
             Status::Passed,
             Some(format!(
                 "{} unchanged: {}, within {band_text} ({direction})",
                 m.name,
+                movement(m)
+            )),
+        ),
+        MetricClass::Noise => (
+            Status::Passed,
+            Some(format!(
+                "{} within {band_text} ({}): {} ({direction})",
+                m.name,
+                wording::NOT_TESTED_FOR_EQUIVALENCE,
                 movement(m)
             )),
         ),
@@ -372,10 +383,12 @@ fn write_case<W: io::Write>(w: &mut Writer<W>, c: &Case) -> io::Result<()> {
 ///   `<failure>` for Failed, `<error>` for Error, `<skipped/>` for Skipped; Flaky passes,
 ///   with a `<system-out>` note of the failed attempts;
 /// * one `<testcase classname="metrics">` per verdict metric: `<failure type="regression">`
-///   when it moved in the bad direction beyond `rules.noise_band` (direction from
+///   when it moved in the bad direction beyond its noise band (direction from
 ///   `rules.is_lower_better`, the same rule as `decide`), the message giving
-///   `baseline → patched (change %)`; `<skipped/>` when there is no baseline; passed
-///   otherwise, with a `<system-out>` note;
+///   `baseline → patched (change %)`; `<failure type="inconclusive">` when the evidence
+///   could not decide it, saying why as the summary does; `<skipped/>` when there is no
+///   baseline; passed otherwise, with a `<system-out>` note ("unchanged" only for a metric
+///   shown equivalent, as in the summary; else "within" its band, not tested);
 /// * one `<testcase classname="fork" name="verdict">` that fails (type = the verdict) unless
 ///   the verdict is APPROVE, message = the evaluation summary, the body listing caveats,
 ///   gate violations and a blown budget.
@@ -449,6 +462,10 @@ fn write_report<W: io::Write>(w: &mut Writer<W>, v: &Verdict, cases: &[Case]) ->
     w.write_event(Event::End(BytesEnd::new("testsuite")))?;
     w.write_event(Event::End(BytesEnd::new("testsuites")))
 }
+
+#[cfg(test)]
+#[path = "junit_wording_tests.rs"]
+mod wording_tests;
 
 #[cfg(test)]
 mod tests {
