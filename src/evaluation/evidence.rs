@@ -7,7 +7,9 @@ use super::plan::TaskPlan;
 use crate::budget::Exceeded;
 use crate::verdict::decide::Evidence;
 
-/// Metric samples across runs: name -> values.
+/// Metric samples across runs: name -> values. Every name of every run is kept: the runs
+/// were admitted through [`MetricNames`], so there are at most
+/// [`MAX_METRICS`](crate::task::results::MAX_METRICS) of them.
 pub fn samples(runs: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
     samples_of(runs)
 }
@@ -47,6 +49,47 @@ pub fn baseline_failure(r: &RunResult) -> Option<String> {
 /// The baseline's metric samples: those of its runs that are evidence ([`baseline_failure`]).
 pub fn baseline_samples(baseline: &[RunResult]) -> std::collections::BTreeMap<String, Vec<f64>> {
     samples_of(baseline.iter().filter(|r| baseline_failure(r).is_none()))
+}
+
+/// The distinct metric names one side of a task reported so far (the patched side over
+/// every replica, or the baseline), capped at [`MAX_METRICS`](crate::task::results::MAX_METRICS)
+/// across its runs as one metrics file is within itself: names that change from run to
+/// run (a run id in the name) would otherwise add up without bound, in memory and in the
+/// verdict. A run whose new names would pass the cap has its metrics refused whole, as an
+/// unusable metrics file (never a truncated set: a decision on some of the names could
+/// approve what the others would not).
+#[derive(Debug, Default)]
+pub struct MetricNames {
+    names: std::collections::BTreeSet<String>,
+    /// The first refusal, for the baseline's side (its runs' metrics errors are not the
+    /// patched side's evidence otherwise).
+    pub refused: Option<String>,
+}
+
+impl MetricNames {
+    /// Admits `run`'s metrics, or refuses them (see [`MetricNames`]); `file` is the task's
+    /// declared metrics file and `side` names the side in the message.
+    pub fn admit(&mut self, run: &mut RunResult, file: &str, side: &str) {
+        use crate::task::results::MAX_METRICS;
+        let Some(metrics) = &run.metrics else {
+            return;
+        };
+        let new = metrics.keys().filter(|k| !self.names.contains(*k)).count();
+        if self.names.len() + new <= MAX_METRICS {
+            self.names.extend(metrics.keys().cloned());
+            return;
+        }
+        let why = format!(
+            "{file}: this {side} run reported {new} metric names that no earlier run of the task \
+             did, beyond the {MAX_METRICS} distinct names a task may report across its runs and \
+             replicas ({} already); its metrics were not used. Report the same names in every \
+             run: a run id or a time belongs in a value or a log, not in a metric's name",
+            self.names.len()
+        );
+        run.metrics = None;
+        run.metrics_error = Some(why.clone());
+        self.refused.get_or_insert(why);
+    }
 }
 
 /// The run that speaks for a replica's runs: the first that blew a budget or could not

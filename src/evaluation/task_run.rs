@@ -116,6 +116,8 @@ pub fn run_task(
     let order_seed: u64 = rand::random();
     let mut patched: Vec<Vec<RunResult>> = (0..replicas).map(|_| Vec::new()).collect();
     let mut baseline: Vec<RunResult> = Vec::new();
+    // The distinct metric names of each side, capped across its runs (and replicas).
+    let mut names = Names::default();
     let mut assessed: Vec<BTreeMap<String, Assessed>> = vec![BTreeMap::new(); replicas];
     // The most severe replica's decision stands (below), and a plan is approved whole or
     // not at all, so any replica's or any task's false finding would be the verdict's:
@@ -158,25 +160,27 @@ pub fn run_task(
             if let Some(prepared) = first.take() {
                 prepared.into_sandbox().destroy()?;
             }
-            run_baseline(p, t, s, round, &mut baseline)?;
+            run_baseline(p, t, s, round, &mut baseline, &mut names)?;
         }
         for (r, runs) in patched.iter_mut().enumerate() {
             let prepared = match first.take() {
                 Some(f) => f,
                 None => prepare_patched(p, t, s)?,
             };
-            runs.push(side::run_side(
+            let mut run = side::run_side(
                 p,
                 t,
                 *prepared,
                 s.staging,
                 s.source,
                 &side::side_label("patched", r, round, replicas),
-            )?);
+            )?;
+            names.patched.admit(&mut run, metrics_file(t), "patched");
+            runs.push(run);
             check_interrupt()?;
         }
         if t.spec.baseline && !baseline_first && !decided(&patched) {
-            run_baseline(p, t, s, round, &mut baseline)?;
+            run_baseline(p, t, s, round, &mut baseline, &mut names)?;
         }
         // A run that blew a budget or could not start ends the repeats: the answer is known.
         if decided(&patched) {
@@ -243,6 +247,11 @@ pub fn run_task(
         let (mut evidence, chosen) =
             evidence::evidence_for(t, runs, &baseline, &baseline_samples, &rules, r as u64);
         evidence.assessments = std::mem::take(&mut assessed[r]);
+        // Baseline metrics refused for too many names leave nothing whole to compare
+        // with: the patched side's metrics are then no evidence either (fail closed).
+        if evidence.metrics_error.is_none() {
+            evidence.metrics_error = names.baseline.refused.clone();
+        }
         // The API-cost budget is the evaluation's: blown by any run (the baseline's too),
         // it is blown for the verdict.
         if let Some(g) = p.gateway.as_ref().filter(|g| g.meter.exceeded()) {
@@ -332,20 +341,36 @@ fn run_baseline(
     s: &Sources<'_>,
     round: usize,
     baseline: &mut Vec<RunResult>,
+    names: &mut Names,
 ) -> Result<(), EvaluateError> {
     if let prepare::Prepared::Ready(side) =
         prepare::prepare_side(p, t, s.source_dir, s.snap_dir, None, s.source)?
     {
-        baseline.push(side::run_side(
+        let mut run = side::run_side(
             p,
             t,
             *side,
             s.staging,
             s.source,
             &side::side_label("baseline", 0, round, 1),
-        )?);
+        )?;
+        names.baseline.admit(&mut run, metrics_file(t), "baseline");
+        baseline.push(run);
     }
     check_interrupt()
+}
+
+/// The distinct metric names of a task's two sides, each capped across its runs
+/// ([`evidence::MetricNames`]).
+#[derive(Default)]
+struct Names {
+    patched: evidence::MetricNames,
+    baseline: evidence::MetricNames,
+}
+
+/// The task's declared metrics file, as its messages name it.
+fn metrics_file(t: &TaskPlan) -> &str {
+    t.spec.metrics.as_deref().unwrap_or("metrics")
 }
 
 /// Where a look stands in the sequential design.
@@ -630,5 +655,55 @@ mod tests {
         let bare: Vec<RunResult> = (0..3).map(|_| super::evidence::testing::run()).collect();
         assert_eq!(looked(&info, &nothing, &nothing), Settled::Open);
         assert_eq!(look_declared(&info, &bare, &bare, false), Settled::Decided);
+    }
+
+    /// Names that differ from run to run add up to the cap across the side's runs, and
+    /// not past it: a run that would pass it is refused whole, as an unusable metrics
+    /// file, and the side's evidence is never a decision on a truncated set.
+    #[test]
+    fn metric_names_are_capped_across_a_sides_runs() {
+        use crate::task::results::MAX_METRICS;
+        let run_of = |run: usize, n: usize| {
+            let names: Vec<(String, f64)> = (0..n).map(|i| (format!("r{run}_m{i}"), 1.0)).collect();
+            let refs: Vec<(&str, f64)> = names.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            with_metrics(&refs)
+        };
+        let mut names = evidence::MetricNames::default();
+        let mut runs = Vec::new();
+        for r in 0..3 {
+            let mut run = run_of(r, MAX_METRICS / 2 + 1);
+            names.admit(&mut run, "metrics.json", "patched");
+            runs.push(run);
+        }
+        assert!(runs[0].metrics.is_some() && runs[0].metrics_error.is_none());
+        for run in &runs[1..] {
+            assert!(run.metrics.is_none(), "refused whole");
+            let e = run.metrics_error.as_deref().unwrap();
+            assert!(
+                e.starts_with("metrics.json: this patched run reported 5001 metric names")
+                    && e.contains(&format!("the {MAX_METRICS} distinct names")),
+                "{e}"
+            );
+        }
+        assert!(evidence::samples(&runs).len() <= MAX_METRICS);
+        assert!(names.refused.is_some());
+        // The same names in every run are never refused, however many runs.
+        let mut names = evidence::MetricNames::default();
+        for _ in 0..5 {
+            let mut run = run_of(0, MAX_METRICS);
+            names.admit(&mut run, "metrics.json", "baseline");
+            assert!(run.metrics_error.is_none());
+        }
+        assert!(names.refused.is_none());
+        // A refused run makes the decision NEEDS_REVISION, naming why.
+        let t = super::evidence::testing::task("metrics = \"metrics.json\"\nrepeat = 3\n");
+        let rules = DecisionRules {
+            self_reported: crate::verdict::decide::SelfReported::Accept,
+            ..DecisionRules::default()
+        };
+        let (e, _) = evidence::evidence_for(&t, &runs, &[], &Default::default(), &rules, 0);
+        let d = decide(&e, &rules);
+        assert_eq!(d.verdict, VerdictKind::NeedsRevision, "{}", d.summary);
+        assert!(d.summary.contains("distinct names"), "{}", d.summary);
     }
 }

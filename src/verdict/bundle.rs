@@ -24,6 +24,7 @@
 
 use crate::identity::{EphemeralKey, NodeKey, PublicKey, SigningIdentity};
 use crate::ioerr::{IoContext, IoError};
+use crate::verdict::bundle_limit;
 use crate::verdict::sign::{self, Endorsement, SignError};
 use crate::verdict::{Artifact, ArtifactType, Verdict};
 use sha2::{Digest, Sha256};
@@ -63,6 +64,12 @@ pub enum BundleError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Io(#[from] IoError),
+    #[error("the verdict's signed files would be {bytes} bytes, and {without_metrics} bytes with its metrics left out, over the {limit} bytes `fork verify` reads from a bundle: nothing was written; report fewer metrics, with shorter names")]
+    TooLarge {
+        bytes: u64,
+        without_metrics: u64,
+        limit: u64,
+    },
 }
 
 /// A bundle that was written.
@@ -314,16 +321,16 @@ pub fn write_bundle_then<E>(
     let mut verdict = verdict.clone();
     verdict.artifacts = listed;
     verdict.successor_key = ephemeral.public().to_string();
-    verdict.validate().map_err(BundleError::Invalid)?;
-
-    let document = verdict.to_json_pretty()?;
-    let (envelope, payload) = sign::sign_verdict(&verdict, &document, ephemeral)?;
+    // Validated and signed; never larger than `fork verify` reads (a verdict that would be
+    // is recorded without its metrics, never as an approval).
+    let signed = bundle_limit::sign_within(verdict, ephemeral, bundle_limit::MAX_JSON_BYTES)?;
+    let verdict = signed.verdict;
     let (endorsement, endorsement_env) =
-        sign::endorse(&verdict, &payload, &ephemeral.public(), node)?;
+        sign::endorse(&verdict, &signed.payload, &ephemeral.public(), node)?;
 
     for (file, bytes) in [
-        (VERDICT_FILE, document),
-        (VERDICT_ENVELOPE_FILE, envelope.to_json_pretty()?),
+        (VERDICT_FILE, signed.document),
+        (VERDICT_ENVELOPE_FILE, signed.envelope),
         (ENDORSEMENT_FILE, endorsement_env.to_json_pretty()?),
     ] {
         let path = staging.join(file);

@@ -38,8 +38,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Largest JSON file of a bundle that is read.
-const MAX_JSON_BYTES: u64 = 64 << 20;
+// The largest JSON file of a bundle that is read: the writer's limit too.
+use super::bundle_limit::MAX_JSON_BYTES;
 
 /// A bundle that passed every check.
 #[derive(Debug, Clone)]

@@ -323,3 +323,56 @@ fn a_huge_metric_value_is_a_recorded_regression() {
         );
     }
 }
+
+/// Every run reports 10,000 metrics whose long names change from run to run (a run id in
+/// the name): the names no longer add up across the runs (before: three runs made a 101 MB
+/// verdict.json, 733 MB of memory, and a bundle `fork verify` refused as larger than 64
+/// MiB). The first run's names count; the later runs' metrics are refused as unusable, the
+/// verdict is a NEEDS_REVISION saying why, and its bundle verifies.
+#[test]
+fn metric_names_that_change_every_run_do_not_add_up() {
+    need_root!();
+    let env = Env::new("vd-many-names");
+    let rt = env.dir.join("many-names");
+    std::fs::create_dir_all(&rt).unwrap();
+    std::fs::write(
+        rt.join("fork.toml"),
+        "[runtime]\nname = \"many-names\"\nsource = \".\"\nprotected = [\"fork.toml\", \"gen.py\"]\n\n\
+         [tasks.bench]\ncommand = [\"python3\", \"gen.py\"]\nmetrics = \"metrics.json\"\nrepeat = 3\n",
+    )
+    .unwrap();
+    std::fs::write(
+        rt.join("gen.py"),
+        "import json, os, uuid\n\
+         run = uuid.uuid4().hex[:8]\n\
+         body = '\\U0001F600' * 380\n\
+         m = {f'{run}{i:05d}{body}': 1.0 for i in range(10000)}\n\
+         with open(os.path.join(os.environ['FORK_REPORTS'], 'metrics.json'), 'w', encoding='utf-8') as f:\n\
+         \x20   json.dump(m, f, ensure_ascii=False)\n",
+    )
+    .unwrap();
+    let diff = env.dir.join("note.diff");
+    std::fs::write(
+        &diff,
+        "diff --git a/note.txt b/note.txt\nnew file mode 100644\n--- /dev/null\n+++ b/note.txt\n@@ -0,0 +1 @@\n+a note\n",
+    )
+    .unwrap();
+    // `evaluate` (this crate's) demands a verdict and that `fork verify` accepts its bundle.
+    let e = evaluate(&env, &diff, &rt, "names", &[]);
+    assert_eq!(e.code, 2, "{}", e.ctx());
+    assert!(
+        e.summary().contains("distinct names a task may report"),
+        "{}",
+        e.ctx()
+    );
+    let metrics = e.verdict["metrics"].as_array().unwrap().len();
+    assert!(metrics <= fork::task::results::MAX_METRICS, "{metrics}");
+    let size = std::fs::metadata(e.out.join("verdict.json")).unwrap().len();
+    assert!(size < 64 << 20, "verdict.json is {size} bytes");
+    // The evaluation's memory stayed bounded (the largest child this test waited for).
+    let peak = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .unwrap()
+        .max_rss(); // KiB
+    eprintln!("peak RSS of a child: {peak} KiB, verdict.json {size} bytes");
+    assert!(peak < 600 << 10, "peak RSS {peak} KiB");
+}
