@@ -273,8 +273,17 @@ impl RunDir {
         evaluation: bool,
         fast: bool,
     ) -> Result<RunDir, RunDirError> {
-        let mut live = live();
         let base = if fast { sandbox_base_dir() } else { base_dir() };
+        Self::create_in(&base, id, name, evaluation)
+    }
+
+    fn create_in(
+        base: &Path,
+        id: &str,
+        name: String,
+        evaluation: bool,
+    ) -> Result<RunDir, RunDirError> {
+        let mut live = live();
         let path = base.join(&name);
         // Made under a name `fork gc` does not take for a run's (`.fork-<id>.new`), locked
         // there, then moved into place: a run directory is never seen by another process's
@@ -724,9 +733,25 @@ mod tests {
             let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
             assert!(!ids.iter().any(|i| i == "00000000000000a5"), "{ids:?}");
         }
+        std::env::remove_var("FORK_RUN_ROOT");
+    }
+
+    /// The run root given, not `FORK_RUN_ROOT` (other tests of this process use the
+    /// default one meanwhile).
+    fn listed(base: &std::path::Path) -> Vec<FoundRun> {
+        let mut out = Vec::new();
+        list_runs_in(base, &mut out);
+        out
+    }
+
+    #[test]
+    fn gc_sees_only_fork_names_and_never_a_run_being_made() {
+        let tmp = tempfile::tempdir().unwrap();
         // A name fork never gives (not 16 hex digits) is someone else's.
-        plant("cafe");
-        let ids: Vec<String> = list_runs().into_iter().map(|r| r.id).collect();
+        let d = tmp.path().join("fork-cafe");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("lock"), b"").unwrap();
+        let ids: Vec<String> = listed(tmp.path()).into_iter().map(|r| r.id).collect();
         assert!(!ids.iter().any(|i| i == "cafe"), "{ids:?}");
 
         // A directory left being made: live while young (another process may be between
@@ -734,7 +759,7 @@ mod tests {
         let pending = tmp.path().join(".fork-00000000000000b1.new");
         std::fs::create_dir(&pending).unwrap();
         std::fs::write(pending.join("lock"), b"").unwrap();
-        let found = |id: &str| list_runs().into_iter().find(|r| r.id == id).unwrap();
+        let found = |id: &str| listed(tmp.path()).into_iter().find(|r| r.id == id).unwrap();
         assert!(!found("00000000000000b1").stale);
         let old = std::time::SystemTime::now() - PENDING_GRACE * 2;
         std::fs::File::open(&pending)
@@ -751,28 +776,30 @@ mod tests {
             let lister = s.spawn(|| {
                 let mut seen_stale = Vec::new();
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    for r in list_runs() {
+                    for r in listed(tmp.path()) {
                         let named = r.path.file_name().is_some_and(|n| {
                             n.to_string_lossy().starts_with("fork-")
                                 && is_run_dir_name(&n.to_string_lossy())
                         });
-                        if named && r.stale && r.id.starts_with("c") {
+                        if named && r.stale {
                             seen_stale.push(r.id);
                         }
                     }
                 }
                 seen_stale
             });
-            let made: Vec<RunDir> = (0..300)
-                .map(|i| RunDir::create(&format!("c{i:015x}"), true).unwrap())
+            let made: Vec<RunDir> = (0..1000)
+                .map(|i| {
+                    let id = format!("c{i:015x}");
+                    RunDir::create_in(tmp.path(), &id, format!("fork-{id}"), false).unwrap()
+                })
                 .collect();
             done.store(true, std::sync::atomic::Ordering::Relaxed);
             let seen = lister.join().unwrap();
             assert!(seen.is_empty(), "live runs listed as stale: {seen:?}");
             made
         });
-        assert_eq!(made.len(), 300);
+        assert_eq!(made.len(), 1000);
         drop(made);
-        std::env::remove_var("FORK_RUN_ROOT");
     }
 }
