@@ -21,6 +21,8 @@ Options:
                               gateway lets back)
   --no-usage                  never include usage (to test the gateway's estimate)
   --chunk-delay-ms N          sleep between streamed chunks
+  --delay-ms N                sleep before answering a chat or embeddings call (the call
+                              is counted, and "billed", whether or not the client waits)
   --max-requests N / --max-seconds N   exit after that many requests / seconds
 
 Example: python3 scripts/fake-openai.py --port 0 --port-file /tmp/fake.port
@@ -166,6 +168,8 @@ def make_handler(state):
             req = self.read_json()
             if req is None:
                 return
+            if args.delay_ms and path in ("/v1/chat/completions", "/v1/embeddings"):
+                time.sleep(args.delay_ms / 1000.0)
             if path == "/v1/chat/completions":
                 self.chat(req)
             elif path == "/v1/embeddings":
@@ -256,6 +260,7 @@ def main():
     p.add_argument("--echo-headers", action="store_true")
     p.add_argument("--no-usage", action="store_true")
     p.add_argument("--chunk-delay-ms", type=int, default=0)
+    p.add_argument("--delay-ms", type=int, default=0)
     p.add_argument("--max-requests", type=int, default=10000)
     p.add_argument("--max-seconds", type=float, default=600)
     args = p.parse_args()
@@ -263,6 +268,8 @@ def main():
         sys.exit("fake-openai: refusing to listen on %r: loopback (127.0.0.1) only" % args.host)
     if args.max_requests < 1 or args.max_seconds <= 0:
         sys.exit("fake-openai: --max-requests and --max-seconds must be positive")
+    if not 0 <= args.delay_ms <= 60000 or not 0 <= args.chunk_delay_ms <= 60000:
+        sys.exit("fake-openai: --delay-ms and --chunk-delay-ms must be 0 to 60000")
 
     state = State(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))

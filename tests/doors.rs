@@ -12,7 +12,9 @@
 //!    prompt tokens for swap-compressor, REJECT naming `api_cost` under a tiny budget, with
 //!    the call log as a signed artifact;
 //! 6. localhost forwards through `fork evaluate`: a task-level forward reaches a host
-//!    loopback service, without it the task cannot, and a non-loopback entry is refused.
+//!    loopback service, without it the task cannot, and a non-loopback entry is refused;
+//! 7. calls the task does not wait for are charged: one it hangs up on before the answer,
+//!    ones still in flight when the run ends.
 //!
 //! Each test starts its own fake upstream (scripts/fake-openai.py, 127.0.0.1, a free port,
 //! bounded by --max-seconds) and kills it at the end; every address is loopback, every loop
@@ -273,5 +275,7 @@ mod credentials;
 mod evaluate_gateway;
 #[path = "doors/forwards.rs"]
 mod forwards;
+#[path = "doors/in_flight.rs"]
+mod in_flight;
 #[path = "doors/unknown_models.rs"]
 mod unknown_models;

@@ -32,9 +32,10 @@
 //! an estimate, `ceil(request bytes / 3)` prompt tokens and `ceil(response bytes / 3)`
 //! completion tokens, marked `"estimated"`. A non-2xx answer costs nothing but is logged.
 //! The charge is recorded before the response body ends, so a task that saw the end of a
-//! response and calls again sees the new spend. If the task hangs up mid-stream, the
-//! gateway keeps reading the upstream (within the call timeout) to meter what was really
-//! generated.
+//! response and calls again sees the new spend. Each admitted call runs on its own task,
+//! which outlives the task's connection: if the task hangs up (before the response head or
+//! mid-stream), the gateway keeps reading the upstream (within the call timeout) to meter
+//! what was really generated.
 //!
 //! Credentials: never in a response header, a log record or an error message. Response
 //! BODIES are scrubbed too: any occurrence of the key (when it is at least
@@ -44,9 +45,10 @@
 //! not a promise about what an upstream may disclose in other forms.
 //!
 //! Bounds (the gateway runs in the supervisor, outside the sandbox's cgroup): at most
-//! [`MAX_CONNECTIONS`] task connections at once, header and body read timeouts, the
-//! upstream call timeout, at most [`MAX_METER_BUFFER`] of a JSON response kept for
-//! metering (beyond it the call is estimated), at most [`MAX_LOG_RECORDS`] call records.
+//! [`MAX_CONNECTIONS`] task connections and [`MAX_IN_FLIGHT`] calls at once, header and
+//! body read timeouts, the upstream call timeout, at most [`MAX_METER_BUFFER`] of a JSON
+//! response kept for metering (beyond it the call is estimated), at most
+//! [`MAX_LOG_RECORDS`] call records.
 
 mod config;
 mod meter;
@@ -67,7 +69,7 @@ use zeroize::Zeroizing;
 
 pub use config::{GatewayConfig, Price, DEFAULT_PORT, DEFAULT_TIMEOUT};
 pub use meter::{CallRecord, Meter, MAX_LOG_RECORDS};
-pub use proxy::{MAX_CONNECTIONS, MAX_REQUEST_BYTES, RESPONSE_HEADERS};
+pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, RESPONSE_HEADERS};
 pub use scrub::{MIN_SCRUB_KEY_LEN, REDACTED};
 pub use usage::MAX_METER_BUFFER;
 
@@ -100,6 +102,8 @@ pub struct Gateway {
     credentials: ApiKey,
     meter: Arc<Meter>,
     client: reqwest::Client,
+    /// Turns for calls in flight (at most [`MAX_IN_FLIGHT`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -150,6 +154,7 @@ impl Gateway {
             credentials,
             meter,
             client,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }))
     }
 

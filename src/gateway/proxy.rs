@@ -17,7 +17,7 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::clip;
@@ -28,6 +28,9 @@ use super::{CallRecord, Gateway, Price};
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 /// The most task connections served at once (further ones wait in the listen backlog).
 pub const MAX_CONNECTIONS: usize = 32;
+/// The most calls forwarded at once (a call outlives its connection when the task hangs
+/// up; further calls wait for a turn).
+pub const MAX_IN_FLIGHT: usize = 32;
 /// The upstream response headers passed back to the task; every other one is dropped.
 pub const RESPONSE_HEADERS: &[&str] = &[
     "content-type",
@@ -277,13 +280,36 @@ impl Gateway {
             Ok(a) => a,
             Err(r) => return self.refuse(arrival, r),
         };
+        // At most MAX_IN_FLIGHT calls at once; a task that hangs up while waiting for a
+        // turn has made no call.
+        let Ok(turn) = self.in_flight.clone().acquire_owned().await else {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway_error",
+                "the gateway is closing",
+            );
+        };
         let ctx = CallCtx {
             call: arrival.into_call(&a.model, a.stream),
             price: a.price,
             request_bytes: a.body.len() as u64,
         };
-        self.forward(a.endpoint, &a.task_headers, a.body, ctx, shutdown)
-            .await
+        // The call runs on its own task, which outlives this handler: a task that hangs up
+        // before the response head (hyper then drops this future) is still charged for
+        // what the upstream generated.
+        let (head_tx, head_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let _turn = turn;
+            self.call(a.endpoint, a.task_headers, a.body, ctx, shutdown, head_tx)
+                .await
+        });
+        head_rx.await.unwrap_or_else(|_| {
+            error_response(
+                StatusCode::BAD_GATEWAY,
+                "gateway_error",
+                "the call ended without an answer",
+            )
+        })
     }
 
     /// Checks a request to `route` (the path called, less its optional `/v1`): a known
@@ -432,14 +458,17 @@ impl Gateway {
         })
     }
 
-    async fn forward(
+    /// Forwards an admitted call, hands the response head to the task's handler over
+    /// `head` (if it is still there), then passes the body on and meters it.
+    async fn call(
         self: Arc<Self>,
         endpoint: Endpoint,
-        task_headers: &HeaderMap,
+        task_headers: HeaderMap,
         body: Bytes,
         ctx: CallCtx,
         shutdown: watch::Receiver<()>,
-    ) -> Response<GwBody> {
+        head: oneshot::Sender<Response<GwBody>>,
+    ) {
         let url = format!("{}{}", self.upstream_base, endpoint.upstream_path());
         let mut headers = HeaderMap::new();
         for name in REQUEST_HEADERS {
@@ -455,11 +484,12 @@ impl Gateway {
             }
             // Checked in Gateway::new; never forward a call without its credentials.
             Some(Err(_)) => {
-                return error_response(
+                let _ = head.send(error_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "gateway_error",
                     "the gateway's credentials cannot go in a header",
-                );
+                ));
+                return;
             }
         }
         let sent = self
@@ -501,7 +531,8 @@ impl Gateway {
                     Some(note.clone()),
                 );
                 self.meter.charge(record, Some(ctx.price));
-                return error_response(status, "upstream_error", &note);
+                let _ = head.send(error_response(status, "upstream_error", &note));
+                return;
             }
         };
 
@@ -523,11 +554,13 @@ impl Gateway {
         let sse = content_type.starts_with("text/event-stream")
             || (ctx.call.stream && !content_type.starts_with("application/json"));
         let (tx, rx) = mpsc::channel::<Bytes>(16);
-        tokio::spawn(self.clone().pump(resp, tx, ctx, status, sse, shutdown));
         let mut response = Response::new(ChannelBody(rx).boxed_unsync());
         *response.status_mut() = status;
         *response.headers_mut() = out_headers;
-        response
+        // A task that has hung up drops the response (and its body's receiver): the pump
+        // sees it and keeps reading to meter.
+        let _ = head.send(response);
+        self.pump(resp, tx, ctx, status, sse, shutdown).await;
     }
 
     /// Passes the upstream body to the task chunk by chunk, meters it, and records the
