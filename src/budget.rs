@@ -455,6 +455,15 @@ fn human<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
 }
 
 /// A one-line account of a blown budget, e.g. "wall: used 2.0 s of 2.0 s".
+/// Why an API-cost budget not yet spent counts as exceeded: a call's worst case did not fit.
+pub fn api_cost_why(used_usd: f64, limit_usd: f64) -> &'static str {
+    if used_usd <= limit_usd {
+        " (a model call that could have cost more than was left was refused)"
+    } else {
+        ""
+    }
+}
+
 pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
     use crate::units::format_size;
     match kind {
@@ -492,8 +501,10 @@ pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
             format_size(limits.disk_bytes)
         ),
         BudgetKind::ApiCost => format!(
-            "api_cost: ${:.4} of ${:.4}",
-            used.api_cost_usd, limits.api_cost_usd
+            "api_cost: ${:.4} of ${:.4}{}",
+            used.api_cost_usd,
+            limits.api_cost_usd,
+            api_cost_why(used.api_cost_usd, limits.api_cost_usd)
         ),
     }
 }

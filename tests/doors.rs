@@ -2,9 +2,10 @@
 //!
 //! 1. model calls through the metered gateway are charged exactly (non-streaming, streaming
 //!    and embeddings, two models at different prices);
-//! 2. an API-cost budget blown by a calling loop kills the run promptly (`api_cost`, exit
-//!    137), the upstream sees no call beyond the one that crossed the budget, and any call
-//!    the task made after that got a 402;
+//! 2. an API-cost budget blown by a calling loop (or by parallel calls) kills the run
+//!    promptly (`api_cost`, exit 137): a call whose worst case does not fit in what is left
+//!    gets a 402 and never reaches the upstream, as does any call after it, and the spend
+//!    never goes over the budget;
 //! 3. the credentials never reach the sandbox (environment, readable files, response
 //!    headers and bodies), from `credentials_env` and from `credentials_file`;
 //! 4. a model the policy does not price is refused (403) and never forwarded;

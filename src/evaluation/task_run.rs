@@ -258,9 +258,10 @@ pub fn run_task(
             if evidence.budget_exceeded.is_none() {
                 evidence.budget_exceeded = Some(Exceeded::Run(BudgetKind::ApiCost));
                 evidence.usage_summary = Some(format!(
-                    "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs",
+                    "api_cost: ${:.4} of ${:.4} spent by this evaluation's runs{}",
                     g.meter.spent_usd(),
-                    g.meter.budget_usd()
+                    g.meter.budget_usd(),
+                    crate::budget::api_cost_why(g.meter.spent_usd(), g.meter.budget_usd())
                 ));
             }
         }

@@ -15,6 +15,11 @@ use super::GatewayError;
 pub const DEFAULT_PORT: u16 = 8089;
 /// The per-upstream-call timeout when the policy names none.
 pub const DEFAULT_TIMEOUT: &str = "120s";
+/// The completion tokens a chat call that sets no `max_tokens` is assumed to cost at most
+/// (held against the budget while it runs) when the policy names no `default_max_tokens`.
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+/// The largest `default_max_tokens` a policy may set.
+const MAX_DEFAULT_MAX_TOKENS: u64 = 1_000_000;
 const MAX_ECHOED_LEN: usize = 200;
 
 /// USD per million tokens.
@@ -53,6 +58,10 @@ pub struct GatewayConfig {
     /// Per upstream call, a human duration (default [`DEFAULT_TIMEOUT`]).
     #[serde(default)]
     pub timeout: Option<String>,
+    /// The completion tokens held against the budget for a chat call that sets no
+    /// `max_tokens` (default [`DEFAULT_MAX_TOKENS`]); not sent upstream.
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
 }
 
 impl GatewayConfig {
@@ -152,6 +161,14 @@ impl GatewayConfig {
                 "0 is not a port the task can be told: pick one like 8089 (or leave it out)".into(),
             ));
         }
+        if let Some(n) = self.default_max_tokens {
+            if !(1..=MAX_DEFAULT_MAX_TOKENS).contains(&n) {
+                return Err(err(
+                    "default_max_tokens",
+                    format!("{n} is not between 1 and {MAX_DEFAULT_MAX_TOKENS}: give the most completion tokens a call that sets no max_tokens may cost, like {DEFAULT_MAX_TOKENS}"),
+                ));
+            }
+        }
         if let Some(t) = &self.timeout {
             match crate::units::parse_duration(t) {
                 Ok(d) if !d.is_zero() => {}
@@ -179,6 +196,13 @@ impl GatewayConfig {
             .and_then(|t| crate::units::parse_duration(t).ok())
             .filter(|d| !d.is_zero())
             .unwrap_or(Duration::from_secs(120))
+    }
+
+    /// The completion tokens held for a chat call that sets no `max_tokens`.
+    pub fn default_max_tokens(&self) -> u64 {
+        self.default_max_tokens
+            .unwrap_or(DEFAULT_MAX_TOKENS)
+            .clamp(1, MAX_DEFAULT_MAX_TOKENS)
     }
 
     /// What the task is given as `FORK_MODEL_URL`.
@@ -276,6 +300,7 @@ mod tests {
         assert_eq!(ok.port(), DEFAULT_PORT);
         assert_eq!(ok.task_url(), "http://127.0.0.1:8089/v1");
         assert_eq!(ok.timeout(), Duration::from_secs(30));
+        assert_eq!(ok.default_max_tokens(), DEFAULT_MAX_TOKENS);
         type Breaker = Box<dyn Fn(&mut GatewayConfig)>;
         let cases: Vec<(&str, Breaker)> = vec![
             (
@@ -329,6 +354,14 @@ mod tests {
             (
                 "gateway.timeout",
                 Box::new(|c| c.timeout = Some("0s".into())),
+            ),
+            (
+                "gateway.default_max_tokens",
+                Box::new(|c| c.default_max_tokens = Some(0)),
+            ),
+            (
+                "gateway.default_max_tokens",
+                Box::new(|c| c.default_max_tokens = Some(MAX_DEFAULT_MAX_TOKENS + 1)),
             ),
         ];
         for (field, break_it) in cases {

@@ -1,8 +1,10 @@
 //! The API-cost meter shared by the gateway and the supervisor: per-model token totals,
-//! the spend against the budget, the signal once it is exceeded, and the call log.
+//! the spend against the budget, the worst cases held for calls in flight (a call is
+//! admitted only if it fits), the signal once the budget is exhausted, and the call log.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -22,7 +24,7 @@ pub struct CallRecord {
     /// The requested model ("" when none could be read).
     pub model: String,
     pub stream: bool,
-    /// The status the task got.
+    /// The status the task got (0: none, the call was cut off unanswered).
     pub status: u16,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -40,6 +42,15 @@ struct ModelTotals {
     price: Option<Price>,
 }
 
+/// A call admitted and not yet charged: its worst case, held against the budget.
+#[derive(Debug)]
+struct Held {
+    /// The record charged if the call is never settled: the worst-case tokens and cost.
+    worst: CallRecord,
+    price: Price,
+    started: Instant,
+}
+
 #[derive(Debug, Default)]
 struct MeterState {
     by_model: BTreeMap<String, ModelTotals>,
@@ -47,6 +58,51 @@ struct MeterState {
     calls: u64,
     log: Vec<CallRecord>,
     dropped: u64,
+    held: BTreeMap<u64, Held>,
+    next_ticket: u64,
+}
+
+impl MeterState {
+    fn held_usd(&self) -> f64 {
+        self.held.values().map(|h| h.worst.cost_usd).sum()
+    }
+}
+
+/// Why a call was not admitted: its worst case does not fit in what is left of the budget.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shortfall {
+    pub(super) budget_usd: f64,
+    pub(super) spent_usd: f64,
+    /// Held for the calls in flight.
+    pub(super) held_usd: f64,
+    /// This call's worst case.
+    pub(super) need_usd: f64,
+}
+
+/// An admitted call's claim on the budget: settled with the call's real record, or, if it
+/// is dropped unsettled (the call's task was cancelled), charged its worst case.
+#[derive(Debug)]
+pub(super) struct Ticket {
+    meter: Arc<Meter>,
+    id: u64,
+    settled: bool,
+}
+
+impl Ticket {
+    /// Releases the hold and charges the call's real `record` (at the price it was
+    /// admitted at). Returns the spend after the charge.
+    pub(super) fn settle(mut self, record: CallRecord) -> f64 {
+        self.settled = true;
+        self.meter.settle(self.id, Some(record))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.meter.settle(self.id, None);
+        }
+    }
 }
 
 /// The API-cost meter, shared by the gateway and the supervisor. Race-free (one mutex).
@@ -107,12 +163,13 @@ impl Meter {
         })
     }
 
-    /// True once the spend is over the budget.
+    /// True once the spend is over the budget, or once a call was refused because its
+    /// worst case did not fit in what was left (the budget is exhausted either way).
     pub fn exceeded(&self) -> bool {
         *self.exceeded.borrow()
     }
 
-    /// Resolves once the spend is over the budget (at once if it already is).
+    /// Resolves once [`Meter::exceeded`] (at once if it already is).
     pub async fn exceeded_signal(&self) {
         let mut rx = self.exceeded.subscribe();
         // The sender lives in `self`, so `wait_for` cannot fail while we are borrowed.
@@ -129,10 +186,76 @@ impl Meter {
         self.lock().dropped
     }
 
+    /// Admits a call whose worst case is `worst` (its tokens and `cost_usd`) at `price`,
+    /// if the spend, what calls in flight hold and this call's worst case fit in the
+    /// budget: the worst case is then held until the call is settled. Otherwise the
+    /// budget is exhausted: exceeded is signalled (no further call is admitted) and the
+    /// shortfall returned.
+    pub(super) fn reserve(
+        self: &Arc<Self>,
+        worst: CallRecord,
+        price: Price,
+        started: Instant,
+    ) -> Result<Ticket, Shortfall> {
+        let mut s = self.lock();
+        let held_usd = s.held_usd();
+        let need_usd = worst.cost_usd;
+        // NaN never fits.
+        let fits = s.spent_usd + held_usd + need_usd <= self.budget_usd;
+        if !fits {
+            self.exceeded.send_replace(true);
+            return Err(Shortfall {
+                budget_usd: self.budget_usd,
+                spent_usd: s.spent_usd,
+                held_usd,
+                need_usd,
+            });
+        }
+        s.next_ticket += 1;
+        let id = s.next_ticket;
+        s.held.insert(
+            id,
+            Held {
+                worst,
+                price,
+                started,
+            },
+        );
+        Ok(Ticket {
+            meter: self.clone(),
+            id,
+            settled: false,
+        })
+    }
+
+    /// USD held for calls in flight (their worst cases).
+    pub fn held_usd(&self) -> f64 {
+        self.lock().held_usd()
+    }
+
+    /// Releases ticket `id`'s hold and charges `record`, or its worst case when `None`
+    /// (nothing if it was settled already).
+    fn settle(&self, id: u64, record: Option<CallRecord>) -> f64 {
+        let mut s = self.lock();
+        let Some(held) = s.held.remove(&id) else {
+            return s.spent_usd;
+        };
+        let record = record.unwrap_or_else(|| {
+            let mut r = held.worst;
+            r.latency_ms = held.started.elapsed().as_secs_f64() * 1e3;
+            r
+        });
+        self.charge_locked(&mut s, record, Some(held.price))
+    }
+
     /// Charges a call's tokens at `price` and logs it; signals exceeded when the spend
     /// goes over the budget. Returns the spend after the charge.
     pub fn charge(&self, record: CallRecord, price: Option<Price>) -> f64 {
         let mut s = self.lock();
+        self.charge_locked(&mut s, record, price)
+    }
+
+    fn charge_locked(&self, s: &mut MeterState, record: CallRecord, price: Option<Price>) -> f64 {
         if let Some(price) = price {
             if record.prompt_tokens > 0 || record.completion_tokens > 0 {
                 let t = s.by_model.entry(record.model.clone()).or_default();

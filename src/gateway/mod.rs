@@ -16,7 +16,12 @@
 //!
 //! Before a call is forwarded: the body (at most [`MAX_REQUEST_BYTES`], else 413) must be a
 //! JSON object whose `model` is priced in the policy (else 403: a call that cannot be metered
-//! is never passed), and the budget must not be exhausted (else 402). A streamed chat
+//! is never passed), and the call's worst case must fit in the budget (else 402): the spend,
+//! plus the worst cases held for the calls in flight, plus this call's worst case (a prompt
+//! token per request byte, and for a chat call `n` times its `max_tokens`, or
+//! `default_max_tokens` when it sets none, completion tokens). A call that does not fit
+//! exhausts the budget: no further call is passed, and the supervisor ends the run. An
+//! admitted call's worst case is held until its real charge replaces it. A streamed chat
 //! completion gets `stream_options.include_usage = true` so its last chunk carries usage.
 //!
 //! Request headers forwarded: only `accept`, `user-agent` and `openai-beta` from the task,
@@ -67,7 +72,7 @@ use std::time::Duration;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
-pub use config::{GatewayConfig, Price, DEFAULT_PORT, DEFAULT_TIMEOUT};
+pub use config::{GatewayConfig, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT};
 pub use meter::{CallRecord, Meter, MAX_LOG_RECORDS};
 pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, RESPONSE_HEADERS};
 pub use scrub::{MIN_SCRUB_KEY_LEN, REDACTED};

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::clip;
+use super::meter::Ticket;
 use super::usage::{estimate_tokens, settle, UsageReader};
 use super::{CallRecord, Gateway, Price};
 
@@ -103,6 +104,7 @@ impl Arrival {
 }
 
 /// What every call record says about the call itself.
+#[derive(Clone)]
 struct Call {
     ts: String,
     endpoint: String,
@@ -142,6 +144,24 @@ struct CallCtx {
     call: Call,
     price: Price,
     request_bytes: u64,
+    /// The call's hold on the budget, settled with its charge.
+    ticket: Ticket,
+}
+
+impl CallCtx {
+    /// Charges the call `(prompt, completion)` tokens and logs it.
+    fn settle(
+        self,
+        status: StatusCode,
+        tokens: (u64, u64),
+        metered: &'static str,
+        note: Option<String>,
+    ) {
+        let record = self
+            .call
+            .record(status, tokens, Some(self.price), metered, note);
+        self.ticket.settle(record);
+    }
 }
 
 /// Why a request is not forwarded: the gateway answers it itself and logs it as refused.
@@ -182,6 +202,45 @@ struct Admitted {
     model: String,
     stream: bool,
     price: Price,
+    /// The most completion tokens the call asks for (`max_tokens` or
+    /// `max_completion_tokens`, the larger), if it says.
+    max_tokens: Option<u64>,
+    /// Completions asked for (`n`, at least 1).
+    choices: u64,
+}
+
+impl Admitted {
+    /// The call's worst case, held against the budget while it runs: a prompt token per
+    /// request byte (a token is at least a byte of text), and for a chat call `n` times
+    /// its `max_tokens` (or `default_max_tokens`) completion tokens; and what it is made of.
+    fn worst(&self, default_max_tokens: u64) -> ((u64, u64), String) {
+        let prompt = self.body.len() as u64;
+        if self.endpoint == Endpoint::Embeddings {
+            return (
+                (prompt, 0),
+                format!("{prompt} prompt tokens (one per request byte)"),
+            );
+        }
+        let (per_choice, whose) = match self.max_tokens {
+            Some(m) => (m, "its max_tokens"),
+            None => (
+                default_max_tokens,
+                "the gateway's default_max_tokens, as it sets no max_tokens",
+            ),
+        };
+        let completion = per_choice.saturating_mul(self.choices);
+        let times = if self.choices > 1 {
+            format!(" x n = {}", self.choices)
+        } else {
+            String::new()
+        };
+        (
+            (prompt, completion),
+            format!(
+                "{prompt} prompt tokens (one per request byte) and {completion} completion tokens ({whose}{times})"
+            ),
+        )
+    }
 }
 
 impl Gateway {
@@ -240,14 +299,13 @@ impl Gateway {
 
     /// Logs a refused call (free) and answers it with a JSON error.
     fn refuse(&self, arrival: Arrival, r: Refusal) -> Response<GwBody> {
+        let call = arrival.into_call(&r.model, r.stream);
+        self.refuse_call(call, r)
+    }
+
+    fn refuse_call(&self, call: Call, r: Refusal) -> Response<GwBody> {
         let message = self.credentials.redact(&r.message);
-        let record = arrival.into_call(&r.model, r.stream).record(
-            r.status,
-            (0, 0),
-            None,
-            "refused",
-            Some(message.clone()),
-        );
+        let record = call.record(r.status, (0, 0), None, "refused", Some(message.clone()));
         self.meter.charge(record, None);
         error_response(r.status, r.code, &message)
     }
@@ -289,10 +347,42 @@ impl Gateway {
                 "the gateway is closing",
             );
         };
+        // The call's worst case must fit in what is left of the budget, and is held
+        // against it until the call is charged (so parallel calls cannot overshoot).
+        let call = arrival.into_call(&a.model, a.stream);
+        let (worst, what) = a.worst(self.cfg.default_max_tokens());
+        let mut worst_record = call.clone().record(
+            StatusCode::OK,
+            worst,
+            Some(a.price),
+            "estimated",
+            Some(format!(
+                "charged its worst case, {what}: the call was cut off before its usage was known"
+            )),
+        );
+        // No status: the call was not answered.
+        worst_record.status = 0;
+        let ticket = match self.meter.reserve(worst_record, a.price, call.started) {
+            Ok(t) => t,
+            Err(sf) => {
+                let message = format!(
+                    "the API-cost budget ({:.6} USD) cannot cover this call: it may cost up to {:.6} USD ({what}), and {:.6} USD is spent and {:.6} USD held for calls in flight; refused, and no further model calls are passed. Ask for fewer tokens (max_tokens) or raise the budget (api_cost)",
+                    sf.budget_usd, sf.need_usd, sf.spent_usd, sf.held_usd
+                );
+                let r = Refusal::new(
+                    StatusCode::PAYMENT_REQUIRED,
+                    "api_cost_budget_exceeded",
+                    message,
+                )
+                .of(&a.model, a.stream);
+                return self.refuse_call(call, r);
+            }
+        };
         let ctx = CallCtx {
-            call: arrival.into_call(&a.model, a.stream),
+            call,
             price: a.price,
             request_bytes: a.body.len() as u64,
+            ticket,
         };
         // The call runs on its own task, which outlives this handler: a task that hangs up
         // before the response head (hyper then drops this future) is still charged for
@@ -400,6 +490,11 @@ impl Gateway {
             ));
         };
         let stream = endpoint == Endpoint::Chat && obj.get("stream") == Some(&Value::Bool(true));
+        let max_tokens = ["max_tokens", "max_completion_tokens"]
+            .iter()
+            .filter_map(|k| obj.get(*k).and_then(Value::as_u64))
+            .max();
+        let choices = obj.get("n").and_then(Value::as_u64).unwrap_or(1).max(1);
         let Some(price) = self.cfg.prices.get(&model).copied() else {
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
@@ -455,6 +550,8 @@ impl Gateway {
             model,
             stream,
             price,
+            max_tokens,
+            choices,
         })
     }
 
@@ -523,14 +620,7 @@ impl Gateway {
                 };
                 let note = self.credentials.redact(&note);
                 let metered = if prompt > 0 { "estimated" } else { "usage" };
-                let record = ctx.call.record(
-                    status,
-                    (prompt, 0),
-                    Some(ctx.price),
-                    metered,
-                    Some(note.clone()),
-                );
-                self.meter.charge(record, Some(ctx.price));
+                ctx.settle(status, (prompt, 0), metered, Some(note.clone()));
                 let _ = head.send(error_response(status, "upstream_error", &note));
                 return;
             }
@@ -633,14 +723,12 @@ impl Gateway {
             );
         }
         let note = charge.note.map(|n| self.credentials.redact(&n));
-        let record = ctx.call.record(
+        ctx.settle(
             status,
             (charge.prompt, charge.completion),
-            Some(ctx.price),
             charge.metered,
             note,
         );
-        self.meter.charge(record, Some(ctx.price));
         // `tx` drops here: the task sees the end of the body only after the charge.
         drop(tx);
     }

@@ -87,38 +87,58 @@ fn calls_are_charged_exactly_from_the_upstreams_usage() {
 }
 
 const LOOP_SCRIPT: &str = r#"
-body = {"model": "fake-small", "messages": [{"role": "user", "content": sys.argv[1]}]}
+body = {"model": "fake-small", "messages": [{"role": "user", "content": sys.argv[1]}],
+        "max_tokens": int(sys.argv[3])}
+assert len(json.dumps(body)) == int(sys.argv[4]), len(json.dumps(body))
 for i in range(int(sys.argv[2])):
     st, h, b = post("/chat/completions", body)
     print("CALL", i, st, flush=True)
 print("DONE", flush=True)
 "#;
 
+/// The body a script sends for `prompt` with `max_tokens` (as Python's json.dumps writes it).
+fn capped_body(prompt: &str, max_tokens: u64) -> String {
+    format!(
+        r#"{{"model": "fake-small", "messages": [{{"role": "user", "content": "{prompt}"}}], "max_tokens": {max_tokens}}}"#
+    )
+}
+
 #[test]
 fn a_blown_api_cost_budget_kills_the_run_promptly_and_later_calls_get_402() {
     need_root!();
     const MAX_CALLS: u64 = 500;
+    const MAX_TOKENS: u64 = 16;
     let dir = scratch("doors-overspend");
     let up = Upstream::start(&dir, &[]);
     let policy = gateway_policy(&dir, "policy", &up, "", "");
     let prompt = "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9";
     let per_call = cost("fake-small", words(prompt), words(&fake_reply(prompt)));
-    let budget = 0.0003;
-    // The first call whose charge takes the spend over the budget (sequential calls).
-    let crossing = (1..=MAX_CALLS)
-        .find(|k| *k as f64 * per_call > budget)
+    // A call is admitted only while the spend plus its worst case (a prompt token per
+    // request byte, MAX_TOKENS completion tokens) fits in the budget.
+    let len = capped_body(prompt, MAX_TOKENS).len() as u64;
+    let worst = cost("fake-small", len, MAX_TOKENS);
+    let budget = 0.0006;
+    // The first call (1-based, sequential) that is refused.
+    let refused = (1..=MAX_CALLS)
+        .find(|k| (*k - 1) as f64 * per_call + worst > budget)
         .unwrap();
     assert!(
-        crossing > 1 && crossing < 20,
-        "budget and prices chosen badly: {crossing}"
+        refused > 2 && refused < 20,
+        "budget and prices chosen badly: {refused}"
     );
+    let answered = refused - 1;
     let script = format!("{PY_PRELUDE}{LOOP_SCRIPT}");
     let (r, took) = run_py(
         &[],
         &policy,
         &["--api-cost", &budget.to_string()],
         &script,
-        &[prompt, &MAX_CALLS.to_string()],
+        &[
+            prompt,
+            &MAX_CALLS.to_string(),
+            &MAX_TOKENS.to_string(),
+            &len.to_string(),
+        ],
     );
     assert_eq!(r.code, 137, "{}", ctx(&r));
     assert_eq!(r.budget().as_deref(), Some("api_cost"), "{}", ctx(&r));
@@ -128,12 +148,13 @@ fn a_blown_api_cost_budget_kills_the_run_promptly_and_later_calls_get_402() {
         budget,
         "limits.api_cost_usd",
     );
+    // Never over the budget: the call that would have crossed it was refused.
     let charged = r.report["usage"]["api_cost_usd"].as_f64().unwrap();
-    assert!(charged > budget, "{}", ctx(&r));
-    assert_close(charged, crossing as f64 * per_call, "usage.api_cost_usd");
-    // Not one call beyond the crossing one reached the upstream.
-    assert_eq!(up.requests(), crossing, "{}", ctx(&r));
-    // The task's own record: 200 up to the crossing call, 402 for every one after; killed
+    assert!(charged <= budget, "{}", ctx(&r));
+    assert_close(charged, answered as f64 * per_call, "usage.api_cost_usd");
+    // Not one refused call reached the upstream.
+    assert_eq!(up.requests(), answered, "{}", ctx(&r));
+    // The task's own record: 200 for the answered calls, 402 for every one after; killed
     // long before its loop could end.
     let statuses: Vec<u64> = r
         .stdout
@@ -147,7 +168,7 @@ fn a_blown_api_cost_budget_kills_the_run_promptly_and_later_calls_get_402() {
         ctx(&r)
     );
     assert!(
-        statuses.len() + 1 >= crossing as usize,
+        statuses.len() as u64 >= answered,
         "fewer calls seen than reached the upstream: {}",
         ctx(&r)
     );
@@ -157,7 +178,7 @@ fn a_blown_api_cost_budget_kills_the_run_promptly_and_later_calls_get_402() {
         statuses.len()
     );
     for (i, s) in statuses.iter().enumerate() {
-        let want = if (i as u64) < crossing { 200 } else { 402 };
+        let want = if (i as u64) < answered { 200 } else { 402 };
         assert_eq!(*s, want, "call {i}: {}", ctx(&r));
     }
     assert!(took < Duration::from_secs(30), "took {took:?}");
@@ -167,5 +188,56 @@ fn a_blown_api_cost_budget_kills_the_run_promptly_and_later_calls_get_402() {
         statuses.iter().filter(|s| **s == 402).count(),
         r.report["usage"]["wall_s"].as_f64().unwrap_or(0.0)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `argv[1]` calls at once, each `{"content": argv[2], "max_tokens": argv[3]}`.
+const PARALLEL_SCRIPT: &str = r#"
+import threading
+body = {"model": "fake-small", "messages": [{"role": "user", "content": sys.argv[2]}],
+        "max_tokens": int(sys.argv[3])}
+assert len(json.dumps(body)) == int(sys.argv[4]), len(json.dumps(body))
+out = []
+def call():
+    out.append(post("/chat/completions", body)[0])
+ts = [threading.Thread(target=call) for _ in range(int(sys.argv[1]))]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("STATUSES", sorted(out), flush=True)
+"#;
+
+#[test]
+fn parallel_calls_cannot_overshoot_the_api_cost_budget() {
+    need_root!();
+    const CALLS: u64 = 6;
+    const MAX_TOKENS: u64 = 20;
+    let dir = scratch("doors-parallel");
+    // Each call takes a second upstream: all six are in flight together.
+    let up = Upstream::start(&dir, &["--delay-ms", "1000"]);
+    let policy = gateway_policy(&dir, "policy", &up, "", "");
+    let prompt = "x y z";
+    let len = capped_body(prompt, MAX_TOKENS).len() as u64;
+    let worst = cost("fake-small", len, MAX_TOKENS);
+    // Room for two calls' worst cases, not three.
+    let budget = 2.5 * worst;
+    let script = format!("{PY_PRELUDE}{PARALLEL_SCRIPT}");
+    let (r, _) = run_py(
+        &[],
+        &policy,
+        &["--api-cost", &format!("{budget:.9}")],
+        &script,
+        &[
+            &CALLS.to_string(),
+            prompt,
+            &MAX_TOKENS.to_string(),
+            &len.to_string(),
+        ],
+    );
+    // The refused calls exhaust the budget: the run is killed.
+    assert_eq!(r.code, 137, "{}", ctx(&r));
+    assert_eq!(r.budget().as_deref(), Some("api_cost"), "{}", ctx(&r));
+    assert_eq!(up.requests(), 2, "only two calls fit: {}", ctx(&r));
+    let charged = r.report["usage"]["api_cost_usd"].as_f64().unwrap();
+    assert!(charged <= budget, "{}", ctx(&r));
     let _ = std::fs::remove_dir_all(&dir);
 }
