@@ -55,6 +55,7 @@
 //! response kept for metering (beyond it the call is estimated), at most
 //! [`MAX_LOG_RECORDS`] call records.
 
+mod admit;
 mod config;
 mod meter;
 mod proxy;
@@ -72,9 +73,10 @@ use std::time::Duration;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
+pub use admit::MAX_REQUEST_BYTES;
 pub use config::{GatewayConfig, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT};
 pub use meter::{CallRecord, Meter, MAX_LOG_RECORDS};
-pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, MAX_REQUEST_BYTES, RESPONSE_HEADERS};
+pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, RESPONSE_HEADERS};
 pub use scrub::{MIN_SCRUB_KEY_LEN, REDACTED};
 pub use usage::MAX_METER_BUFFER;
 

@@ -1,7 +1,7 @@
 //! The door's HTTP work: the hyper server the task calls (accepting connections, routing,
-//! admitting or refusing each request, answering `/v1/models` locally) and the forwarding
-//! of admitted calls to the upstream with reqwest, each response streamed back chunk by
-//! chunk while it is metered.
+//! admitting (admit.rs) or refusing each request, answering `/v1/models` locally) and the
+//! forwarding of admitted calls to the upstream with reqwest, each on its own task, each
+//! response streamed back chunk by chunk while it is metered.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -11,22 +11,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
 
+use super::admit::{Endpoint, Refusal};
 use super::config::clip;
 use super::meter::Ticket;
 use super::usage::{estimate_tokens, settle, UsageReader};
 use super::{CallRecord, Gateway, Price};
 
-/// The largest request body the task may send (413 beyond).
-pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 /// The most task connections served at once (further ones wait in the listen backlog).
 pub const MAX_CONNECTIONS: usize = 32;
 /// The most calls forwarded at once (a call outlives its connection when the task hangs
@@ -50,7 +49,6 @@ pub const RESPONSE_HEADERS: &[&str] = &[
 /// The task's request headers forwarded upstream (besides the ones the gateway sets).
 const REQUEST_HEADERS: &[&str] = &["accept", "user-agent", "openai-beta"];
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 type GwBody = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -65,21 +63,6 @@ impl Body for ChannelBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Endpoint {
-    Chat,
-    Embeddings,
-}
-
-impl Endpoint {
-    fn upstream_path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/chat/completions",
-            Endpoint::Embeddings => "/embeddings",
-        }
     }
 }
 
@@ -161,85 +144,6 @@ impl CallCtx {
             .call
             .record(status, tokens, Some(self.price), metered, note);
         self.ticket.settle(record);
-    }
-}
-
-/// Why a request is not forwarded: the gateway answers it itself and logs it as refused.
-struct Refusal {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    model: String,
-    stream: bool,
-}
-
-impl Refusal {
-    /// A refusal before the request's model is known.
-    fn new(status: StatusCode, code: &'static str, message: String) -> Refusal {
-        Refusal {
-            status,
-            code,
-            message,
-            model: String::new(),
-            stream: false,
-        }
-    }
-
-    /// A refusal of a call for `model`.
-    fn of(mut self, model: &str, stream: bool) -> Refusal {
-        self.model = model.to_string();
-        self.stream = stream;
-        self
-    }
-}
-
-/// A request that passed every check, ready to forward.
-struct Admitted {
-    endpoint: Endpoint,
-    task_headers: HeaderMap,
-    /// The body as forwarded.
-    body: Bytes,
-    model: String,
-    stream: bool,
-    price: Price,
-    /// The most completion tokens the call asks for (`max_tokens` or
-    /// `max_completion_tokens`, the larger), if it says.
-    max_tokens: Option<u64>,
-    /// Completions asked for (`n`, at least 1).
-    choices: u64,
-}
-
-impl Admitted {
-    /// The call's worst case, held against the budget while it runs: a prompt token per
-    /// request byte (a token is at least a byte of text), and for a chat call `n` times
-    /// its `max_tokens` (or `default_max_tokens`) completion tokens; and what it is made of.
-    fn worst(&self, default_max_tokens: u64) -> ((u64, u64), String) {
-        let prompt = self.body.len() as u64;
-        if self.endpoint == Endpoint::Embeddings {
-            return (
-                (prompt, 0),
-                format!("{prompt} prompt tokens (one per request byte)"),
-            );
-        }
-        let (per_choice, whose) = match self.max_tokens {
-            Some(m) => (m, "its max_tokens"),
-            None => (
-                default_max_tokens,
-                "the gateway's default_max_tokens, as it sets no max_tokens",
-            ),
-        };
-        let completion = per_choice.saturating_mul(self.choices);
-        let times = if self.choices > 1 {
-            format!(" x n = {}", self.choices)
-        } else {
-            String::new()
-        };
-        (
-            (prompt, completion),
-            format!(
-                "{prompt} prompt tokens (one per request byte) and {completion} completion tokens ({whose}{times})"
-            ),
-        )
     }
 }
 
@@ -399,159 +303,6 @@ impl Gateway {
                 "gateway_error",
                 "the call ended without an answer",
             )
-        })
-    }
-
-    /// Checks a request to `route` (the path called, less its optional `/v1`): a known
-    /// endpoint, POST, a body within the limits that is a JSON object naming a priced
-    /// model, and a budget not yet exhausted. A stream is made to ask for its usage.
-    async fn admit(
-        &self,
-        path: &str,
-        route: &str,
-        req: Request<Incoming>,
-    ) -> Result<Admitted, Refusal> {
-        let endpoint = match route {
-            "/chat/completions" => Endpoint::Chat,
-            "/embeddings" => Endpoint::Embeddings,
-            _ => return Err(Refusal::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!(
-                    "the fork gateway has no endpoint {} {}: it serves POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models",
-                    req.method(),
-                    clip(path)
-                ),
-            )),
-        };
-        if req.method() != Method::POST {
-            return Err(Refusal::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                format!("{} takes POST, not {}", clip(path), req.method()),
-            ));
-        }
-
-        // The body: bounded in size and in time.
-        let too_large = || {
-            Refusal::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                format!(
-                    "the request body is over the gateway's limit of {} bytes",
-                    MAX_REQUEST_BYTES
-                ),
-            )
-        };
-        let bad_request =
-            |message: String| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", message);
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_REQUEST_BYTES as u64) {
-            return Err(too_large());
-        }
-        let task_headers = req.headers().clone();
-        let collected = tokio::time::timeout(
-            BODY_READ_TIMEOUT,
-            Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect(),
-        )
-        .await;
-        let body = match collected {
-            Ok(Ok(c)) => c.to_bytes(),
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
-            Ok(Err(e)) => {
-                return Err(bad_request(format!(
-                    "the request body could not be read: {e}"
-                )))
-            }
-            Err(_) => {
-                return Err(Refusal::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    format!(
-                        "the request body did not arrive within {}s",
-                        BODY_READ_TIMEOUT.as_secs()
-                    ),
-                ))
-            }
-        };
-        let mut obj = match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(o)) => o,
-            Ok(_) => return Err(bad_request("the request body is not a JSON object".into())),
-            Err(e) => return Err(bad_request(format!("the request body is not JSON: {e}"))),
-        };
-        let Some(model) = obj.get("model").and_then(Value::as_str).map(str::to_string) else {
-            return Err(bad_request(
-                "the request has no string `model`: name one of the priced models (GET /v1/models)"
-                    .into(),
-            ));
-        };
-        let stream = endpoint == Endpoint::Chat && obj.get("stream") == Some(&Value::Bool(true));
-        let max_tokens = ["max_tokens", "max_completion_tokens"]
-            .iter()
-            .filter_map(|k| obj.get(*k).and_then(Value::as_u64))
-            .max();
-        let choices = obj.get("n").and_then(Value::as_u64).unwrap_or(1).max(1);
-        let Some(price) = self.cfg.prices.get(&model).copied() else {
-            return Err(Refusal::new(
-                StatusCode::FORBIDDEN,
-                "model_not_priced",
-                format!(
-                    "model {} is not priced in the policy: refused (calls that cannot be metered are never passed); priced models: {}",
-                    clip(&model),
-                    self.cfg.prices.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )
-            .of(&model, stream));
-        };
-        if self.meter.exceeded() {
-            return Err(Refusal::new(
-                StatusCode::PAYMENT_REQUIRED,
-                "api_cost_budget_exceeded",
-                format!(
-                    "the API-cost budget ({:.6} USD) is exhausted: {:.6} USD spent; no further model calls are passed",
-                    self.meter.budget_usd(),
-                    self.meter.spent_usd()
-                ),
-            )
-            .of(&model, stream));
-        }
-
-        // The forwarded body: as sent, except a stream asks for its usage.
-        let body = if stream {
-            let opts = obj
-                .entry("stream_options")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if !opts.is_object() {
-                *opts = Value::Object(Default::default());
-            }
-            if let Some(o) = opts.as_object_mut() {
-                o.insert("include_usage".into(), Value::Bool(true));
-            }
-            match serde_json::to_vec(&obj) {
-                Ok(v) => Bytes::from(v),
-                Err(e) => {
-                    return Err(
-                        bad_request(format!("the request could not be re-encoded: {e}"))
-                            .of(&model, stream),
-                    )
-                }
-            }
-        } else {
-            body
-        };
-        Ok(Admitted {
-            endpoint,
-            task_headers,
-            body,
-            model,
-            stream,
-            price,
-            max_tokens,
-            choices,
         })
     }
 
