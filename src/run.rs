@@ -123,12 +123,12 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
             .map_err(|m| RunError::Input(format!("{}: network.forward: {m}", policy.origin)))?;
         doors.doors.push(Door::forward(addr));
     }
-    if let Some((gw, meter, _, port)) = gateway {
+    if let Some((gw, _, _, port)) = gateway {
+        doors.cost = Some(gw.clone());
         doors.doors.push(Door {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
             serve: Box::new(move |l| Box::pin(gw.serve(l))),
         });
-        doors.cost = Some(meter);
     }
     let outcome = sb.run(Command {
         argv: command,

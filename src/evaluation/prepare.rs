@@ -204,11 +204,11 @@ pub fn doors_for(p: &Plan, t: &TaskPlan) -> Result<crate::sandbox::Doors, Evalua
                 g.cfg.port()
             )));
         }
+        doors.cost = Some(gw.clone());
         doors.doors.push(crate::sandbox::Door {
             addr,
             serve: Box::new(move |l| Box::pin(gw.serve(l))),
         });
-        doors.cost = Some(g.meter.clone());
     }
     Ok(doors)
 }

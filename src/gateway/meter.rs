@@ -45,10 +45,38 @@ struct ModelTotals {
 /// A call admitted and not yet charged: its worst case, held against the budget.
 #[derive(Debug)]
 struct Held {
+    /// The gateway that admitted it (see [`Meter::new_owner`]).
+    owner: u64,
     /// The record charged if the call is never settled: the worst-case tokens and cost.
     worst: CallRecord,
+    /// What the worst case is made of (for the record's note).
+    what: String,
     price: Price,
     started: Instant,
+}
+
+/// Why a call is charged its worst case without a record of its own.
+#[derive(Debug, Clone, Copy)]
+enum Unsettled {
+    /// Its task was dropped (cancelled) before it was charged.
+    Dropped,
+    /// The run ended while it was in flight, and its grace ran out.
+    RunEnded,
+}
+
+impl Held {
+    fn into_record(self, why: Unsettled) -> (CallRecord, Price) {
+        let mut r = self.worst;
+        r.latency_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let when = match why {
+            Unsettled::Dropped => "the call was cut off before its usage was known",
+            Unsettled::RunEnded => {
+                "the run ended while the call was in flight, and it did not finish within its grace"
+            }
+        };
+        r.note = Some(format!("{when}: charged its worst case, {}", self.what));
+        (r, self.price)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +88,7 @@ struct MeterState {
     dropped: u64,
     held: BTreeMap<u64, Held>,
     next_ticket: u64,
+    next_owner: u64,
 }
 
 impl MeterState {
@@ -89,8 +118,17 @@ pub(super) struct Ticket {
 }
 
 impl Ticket {
+    /// The upstream answered `status`: what the call's worst-case record says if it is
+    /// never settled.
+    pub(super) fn answered(&self, status: u16) {
+        if let Some(h) = self.meter.lock().held.get_mut(&self.id) {
+            h.worst.status = status;
+        }
+    }
+
     /// Releases the hold and charges the call's real `record` (at the price it was
-    /// admitted at). Returns the spend after the charge.
+    /// admitted at); nothing if the call was charged its worst case already (the run
+    /// ended). Returns the spend after the charge.
     pub(super) fn settle(mut self, record: CallRecord) -> f64 {
         self.settled = true;
         self.meter.settle(self.id, Some(record))
@@ -193,7 +231,9 @@ impl Meter {
     /// shortfall returned.
     pub(super) fn reserve(
         self: &Arc<Self>,
+        owner: u64,
         worst: CallRecord,
+        what: String,
         price: Price,
         started: Instant,
     ) -> Result<Ticket, Shortfall> {
@@ -216,7 +256,9 @@ impl Meter {
         s.held.insert(
             id,
             Held {
+                owner,
                 worst,
+                what,
                 price,
                 started,
             },
@@ -240,12 +282,46 @@ impl Meter {
         let Some(held) = s.held.remove(&id) else {
             return s.spent_usd;
         };
-        let record = record.unwrap_or_else(|| {
-            let mut r = held.worst;
-            r.latency_ms = held.started.elapsed().as_secs_f64() * 1e3;
-            r
-        });
-        self.charge_locked(&mut s, record, Some(held.price))
+        let (record, price) = match record {
+            Some(r) => (r, held.price),
+            None => held.into_record(Unsettled::Dropped),
+        };
+        self.charge_locked(&mut s, record, Some(price))
+    }
+
+    /// A new owner for the calls one gateway admits (one per run).
+    pub(super) fn new_owner(&self) -> u64 {
+        let mut s = self.lock();
+        s.next_owner += 1;
+        s.next_owner
+    }
+
+    /// The calls `owner` admitted that are not charged yet.
+    pub(super) fn in_flight(&self, owner: u64) -> usize {
+        self.lock()
+            .held
+            .values()
+            .filter(|h| h.owner == owner)
+            .count()
+    }
+
+    /// Charges every call `owner` admitted that is not charged yet its worst case (its run
+    /// has ended; the record says so). Returns the spend after.
+    pub(super) fn settle_in_flight(&self, owner: u64) -> f64 {
+        let mut s = self.lock();
+        let ids: Vec<u64> = s
+            .held
+            .iter()
+            .filter(|(_, h)| h.owner == owner)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(held) = s.held.remove(&id) {
+                let (record, price) = held.into_record(Unsettled::RunEnded);
+                self.charge_locked(&mut s, record, Some(price));
+            }
+        }
+        s.spent_usd
     }
 
     /// Charges a call's tokens at `price` and logs it; signals exceeded when the spend
@@ -283,15 +359,6 @@ impl Meter {
             self.exceeded.send_replace(true);
         }
         spent
-    }
-}
-
-impl crate::sandbox::CostMeter for Meter {
-    fn spent_usd(&self) -> f64 {
-        Meter::spent_usd(self)
-    }
-    fn exceeded(&self) -> bool {
-        Meter::exceeded(self)
     }
 }
 
@@ -343,5 +410,81 @@ mod tests {
         let unlimited = Meter::new(f64::INFINITY);
         unlimited.charge(rec(1_000_000), price);
         assert!(!unlimited.exceeded());
+    }
+
+    /// A record of `tokens` prompt tokens at 1 USD per token (its cost filled in).
+    fn worst(tokens: u64) -> CallRecord {
+        CallRecord {
+            ts: String::new(),
+            endpoint: "/v1/chat/completions".into(),
+            model: "m".into(),
+            stream: false,
+            status: 0,
+            prompt_tokens: tokens,
+            completion_tokens: 0,
+            cost_usd: tokens as f64,
+            latency_ms: 0.0,
+            metered: "estimated",
+            note: None,
+        }
+    }
+
+    const DOLLAR_A_TOKEN: Price = Price {
+        input_per_mtok: 1e6,
+        output_per_mtok: 0.0,
+    };
+
+    #[test]
+    fn calls_in_flight_are_held_and_charged_their_worst_case_when_unsettled() {
+        let m = Meter::new(10.0);
+        let (a, b) = (m.new_owner(), m.new_owner());
+        let now = Instant::now();
+        let reserve = |owner, tokens| {
+            m.reserve(
+                owner,
+                worst(tokens),
+                format!("{tokens} tokens"),
+                DOLLAR_A_TOKEN,
+                now,
+            )
+        };
+        let t1 = reserve(a, 3).unwrap();
+        let t2 = reserve(b, 4).unwrap();
+        let t3 = reserve(b, 2).unwrap();
+        assert_eq!(m.held_usd(), 9.0);
+        assert_eq!((m.in_flight(a), m.in_flight(b)), (1, 2));
+        // 9 held + 2 more is over 10: refused, and the budget is exhausted.
+        let sf = reserve(a, 2).unwrap_err();
+        assert_eq!((sf.spent_usd, sf.held_usd, sf.need_usd), (0.0, 9.0, 2.0));
+        assert!(m.exceeded());
+        // Settled: the real record replaces the hold.
+        let mut real = worst(1);
+        real.status = 200;
+        real.metered = "usage";
+        assert_eq!(t1.settle(real), 1.0);
+        assert_eq!((m.held_usd(), m.in_flight(a)), (6.0, 0));
+        // Dropped unsettled (its task cancelled): charged its worst case.
+        drop(t2);
+        assert_eq!(m.spent_usd(), 5.0);
+        let log = m.log();
+        assert_eq!(log[1].prompt_tokens, 4);
+        assert!(
+            log[1].note.as_deref().unwrap().contains("cut off"),
+            "{log:?}"
+        );
+        // The run of owner b ends: its last call is charged its worst case, once.
+        t3.answered(200);
+        assert_eq!(m.settle_in_flight(a), 5.0, "owner a has nothing in flight");
+        assert_eq!(m.settle_in_flight(b), 7.0);
+        assert_eq!((m.held_usd(), m.in_flight(b)), (0.0, 0));
+        let last = m.log().pop().unwrap();
+        assert_eq!((last.status, last.metered), (200, "estimated"));
+        assert!(last.note.unwrap().contains("the run ended"));
+        assert_eq!(
+            t3.settle(worst(1)),
+            7.0,
+            "settled already: not charged again"
+        );
+        assert_eq!((m.calls(), m.log().len()), (3, 3));
     }
 }

@@ -40,7 +40,9 @@
 //! response and calls again sees the new spend. Each admitted call runs on its own task,
 //! which outlives the task's connection: if the task hangs up (before the response head or
 //! mid-stream), the gateway keeps reading the upstream (within the call timeout) to meter
-//! what was really generated.
+//! what was really generated. When the run ends, its gateway's calls still in flight get a
+//! short grace to finish (the supervisor drives them), then each is charged its worst case
+//! (`"estimated"`, its note says why) before the spend is read.
 //!
 //! Credentials: never in a response header, a log record or an error message. Response
 //! BODIES are scrubbed too: any occurrence of the key (when it is at least
@@ -111,6 +113,8 @@ pub struct Gateway {
     client: reqwest::Client,
     /// Turns for calls in flight (at most [`MAX_IN_FLIGHT`]).
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// This gateway's calls in the meter (which a whole evaluation shares).
+    owner: u64,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -155,7 +159,9 @@ impl Gateway {
                 problem: "it cannot go in an HTTP header".into(),
             });
         }
+        let owner = meter.new_owner();
         Ok(Arc::new(Gateway {
+            owner,
             cfg,
             upstream_base,
             credentials,
@@ -173,6 +179,11 @@ impl Gateway {
         &self.cfg
     }
 
+    /// The calls this gateway admitted that are not charged yet.
+    pub fn in_flight(&self) -> usize {
+        self.meter.in_flight(self.owner)
+    }
+
     /// Writes the call log as JSON lines, one per call, the key redacted.
     pub fn write_log(&self, path: &Path) -> std::io::Result<()> {
         let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -181,5 +192,22 @@ impl Gateway {
             writeln!(f, "{}", self.credentials.redact(&line))?;
         }
         f.flush()
+    }
+}
+
+/// The run's view of its gateway: the evaluation's spend, and this gateway's calls in
+/// flight, charged their worst case when the run ends before they do.
+impl crate::sandbox::CostMeter for Gateway {
+    fn spent_usd(&self) -> f64 {
+        self.meter.spent_usd()
+    }
+    fn exceeded(&self) -> bool {
+        self.meter.exceeded()
+    }
+    fn in_flight(&self) -> usize {
+        Gateway::in_flight(self)
+    }
+    fn settle_in_flight(&self) {
+        self.meter.settle_in_flight(self.owner);
     }
 }

@@ -17,7 +17,7 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use super::admit::{Endpoint, Refusal};
@@ -150,10 +150,11 @@ impl CallCtx {
 impl Gateway {
     /// Serves the task on `listener` until this future is dropped (abort its task):
     /// one hyper HTTP/1 connection per accept, spawned on the current runtime, and all
-    /// of them (and their in-flight streams) stopped when this future is dropped.
+    /// of them stopped when this future is dropped. The calls in flight are not: each
+    /// runs on its own task until it is charged (within the call timeout), or until its
+    /// owner charges it its worst case ([`crate::sandbox::CostMeter::settle_in_flight`])
+    /// or drops the runtime (a call dropped unsettled is charged its worst case).
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        // Dropping this future drops `_shutdown`: every pump sees it and stops.
-        let (_shutdown, shutdown_rx) = watch::channel(());
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let mut conns = JoinSet::new();
         loop {
@@ -177,21 +178,19 @@ impl Gateway {
                 Some(_) = conns.join_next() => continue,
             };
             let gw = self.clone();
-            let sd = shutdown_rx.clone();
             conns.spawn(async move {
                 let _permit = permit;
-                gw.serve_connection(stream, sd).await;
+                gw.serve_connection(stream).await;
             });
         }
     }
 
-    async fn serve_connection(self: Arc<Self>, stream: TcpStream, shutdown: watch::Receiver<()>) {
+    async fn serve_connection(self: Arc<Self>, stream: TcpStream) {
         let io = hyper_util::rt::TokioIo::new(stream);
         let gw = self.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let gw = gw.clone();
-            let sd = shutdown.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req, sd).await) }
+            async move { Ok::<_, Infallible>(gw.handle(req).await) }
         });
         let mut b = hyper::server::conn::http1::Builder::new();
         b.timer(hyper_util::rt::TokioTimer::new())
@@ -214,11 +213,7 @@ impl Gateway {
         error_response(r.status, r.code, &message)
     }
 
-    async fn handle(
-        self: Arc<Self>,
-        req: Request<Incoming>,
-        shutdown: watch::Receiver<()>,
-    ) -> Response<GwBody> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<GwBody> {
         let arrival = Arrival {
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             path: req.uri().path().to_string(),
@@ -255,18 +250,19 @@ impl Gateway {
         // against it until the call is charged (so parallel calls cannot overshoot).
         let call = arrival.into_call(&a.model, a.stream);
         let (worst, what) = a.worst(self.cfg.default_max_tokens());
-        let mut worst_record = call.clone().record(
-            StatusCode::OK,
-            worst,
-            Some(a.price),
-            "estimated",
-            Some(format!(
-                "charged its worst case, {what}: the call was cut off before its usage was known"
-            )),
-        );
-        // No status: the call was not answered.
+        let mut worst_record =
+            call.clone()
+                .record(StatusCode::OK, worst, Some(a.price), "estimated", None);
+        // No status until the upstream answers.
         worst_record.status = 0;
-        let ticket = match self.meter.reserve(worst_record, a.price, call.started) {
+        let reserved = self.meter.reserve(
+            self.owner,
+            worst_record,
+            what.clone(),
+            a.price,
+            call.started,
+        );
+        let ticket = match reserved {
             Ok(t) => t,
             Err(sf) => {
                 let message = format!(
@@ -294,7 +290,7 @@ impl Gateway {
         let (head_tx, head_rx) = oneshot::channel();
         tokio::spawn(async move {
             let _turn = turn;
-            self.call(a.endpoint, a.task_headers, a.body, ctx, shutdown, head_tx)
+            self.call(a.endpoint, a.task_headers, a.body, ctx, head_tx)
                 .await
         });
         head_rx.await.unwrap_or_else(|_| {
@@ -314,7 +310,6 @@ impl Gateway {
         task_headers: HeaderMap,
         body: Bytes,
         ctx: CallCtx,
-        shutdown: watch::Receiver<()>,
         head: oneshot::Sender<Response<GwBody>>,
     ) {
         let url = format!("{}{}", self.upstream_base, endpoint.upstream_path());
@@ -378,6 +373,7 @@ impl Gateway {
         };
 
         let status = resp.status();
+        ctx.ticket.answered(status.as_u16());
         let mut out_headers = HeaderMap::new();
         for name in RESPONSE_HEADERS {
             for v in resp.headers().get_all(*name) {
@@ -401,7 +397,7 @@ impl Gateway {
         // A task that has hung up drops the response (and its body's receiver): the pump
         // sees it and keeps reading to meter.
         let _ = head.send(response);
-        self.pump(resp, tx, ctx, status, sse, shutdown).await;
+        self.pump(resp, tx, ctx, status, sse).await;
     }
 
     /// Passes the upstream body to the task chunk by chunk, meters it, and records the
@@ -413,42 +409,30 @@ impl Gateway {
         ctx: CallCtx,
         status: StatusCode,
         sse: bool,
-        mut shutdown: watch::Receiver<()>,
     ) {
         let mut usage = UsageReader::new(sse);
         let mut scrub = self.credentials.scrubber();
         let mut response_bytes: u64 = 0;
         let mut client_gone = false;
         let mut trouble: Option<String> = None;
-        {
-            let relay = async {
-                loop {
-                    match resp.chunk().await {
-                        Ok(Some(chunk)) => {
-                            response_bytes += chunk.len() as u64;
-                            usage.feed(&chunk);
-                            if !client_gone {
-                                let out = scrub.feed(chunk);
-                                if !out.is_empty() && tx.send(out).await.is_err() {
-                                    // The task hung up: keep reading to meter what was generated.
-                                    client_gone = true;
-                                }
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            trouble = Some(format!("the upstream body failed midway: {e}"));
-                            break;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    response_bytes += chunk.len() as u64;
+                    usage.feed(&chunk);
+                    if !client_gone {
+                        let out = scrub.feed(chunk);
+                        if !out.is_empty() && tx.send(out).await.is_err() {
+                            // The task hung up: keep reading to meter what was generated.
+                            client_gone = true;
                         }
                     }
                 }
-            };
-            let stopped = tokio::select! {
-                _ = relay => false,
-                _ = shutdown.changed() => true,
-            };
-            if stopped {
-                trouble = Some("the gateway was stopped mid-response".into());
+                Ok(None) => break,
+                Err(e) => {
+                    trouble = Some(format!("the upstream body failed midway: {e}"));
+                    break;
+                }
             }
         }
         if !client_gone {

@@ -235,10 +235,17 @@ impl Door {
     }
 }
 
-/// What a metered door has spent; the watchdog kills the sandbox once `exceeded()`.
+/// What a metered door has spent; the watchdog kills the sandbox once `exceeded()`. When
+/// the run ends, the supervisor gives the door's calls still in flight a short grace to
+/// finish (driving its runtime while `in_flight()` is not 0), then has the rest charged
+/// (`settle_in_flight`) before it reads the spend.
 pub trait CostMeter {
     fn spent_usd(&self) -> f64;
     fn exceeded(&self) -> bool;
+    /// Calls admitted through the door and not charged yet.
+    fn in_flight(&self) -> usize;
+    /// Charges every call still in flight its worst case (the run is over).
+    fn settle_in_flight(&self);
 }
 
 /// The doors of one run (none by default: loopback only).

@@ -591,8 +591,18 @@ pub(super) fn supervise(
             tracing::warn!("emptying the sandbox cgroup: {e}");
         }
     }
+    // The doors close (the gateway admits no more calls); its calls still in flight get a
+    // short grace to finish and be charged what they used, then the rest are charged
+    // their worst case, before the spend is read.
     drop(local);
     if let Some(c) = &cost {
+        let until = Instant::now() + IN_FLIGHT_GRACE;
+        rt.block_on(async {
+            while c.in_flight() > 0 && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        c.settle_in_flight();
         wd.set_api_cost(c.spent_usd());
     }
     // The final usage, sampled once, after every member is gone.
@@ -616,6 +626,10 @@ pub(super) fn supervise(
         },
     ))
 }
+
+/// How long a metered door's calls still in flight when the run ends may take to finish
+/// (and be charged what they used) before they are charged their worst case.
+const IN_FLIGHT_GRACE: Duration = Duration::from_secs(2);
 
 /// At most this much is read from the status pipe.
 const STATUS_MAX: usize = 1 << 20;

@@ -237,7 +237,11 @@ fn parallel_calls_cannot_overshoot_the_api_cost_budget() {
     assert_eq!(r.code, 137, "{}", ctx(&r));
     assert_eq!(r.budget().as_deref(), Some("api_cost"), "{}", ctx(&r));
     assert_eq!(up.requests(), 2, "only two calls fit: {}", ctx(&r));
+    // The two admitted calls finish within the grace the run's end gives them: charged
+    // exactly what they used, within the budget.
     let charged = r.report["usage"]["api_cost_usd"].as_f64().unwrap();
     assert!(charged <= budget, "{}", ctx(&r));
+    let per_call = cost("fake-small", words(prompt), words(&fake_reply(prompt)));
+    assert_close(charged, 2.0 * per_call, "usage.api_cost_usd");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -49,3 +49,67 @@ fn a_call_the_task_hangs_up_on_before_the_response_head_is_charged() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_call_in_flight_when_the_run_ends_is_charged_what_it_used() {
+    need_root!();
+    let dir = scratch("doors-run-ends");
+    // The task exits 0.2 s into a call the upstream answers after 0.8 s: within the
+    // grace the supervisor gives calls in flight when the run ends.
+    let up = Upstream::start(&dir, &["--delay-ms", "800"]);
+    let policy = gateway_policy(&dir, "policy", &up, "", "");
+    let prompt = "the run ends before the answer";
+    let (r, _) = run_py(
+        &[],
+        &policy,
+        &[],
+        HANG_UP_SCRIPT,
+        &[prompt, "0", "0.2", "0"],
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert_eq!(up.requests(), 1, "{}", ctx(&r));
+    assert_close(
+        r.report["usage"]["api_cost_usd"].as_f64().unwrap(),
+        cost("fake-small", words(prompt), words(&fake_reply(prompt))),
+        "usage.api_cost_usd (the call in flight when the run ended)",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_call_still_running_after_the_grace_is_charged_its_worst_case() {
+    need_root!();
+    const MAX_TOKENS: u64 = 40;
+    let dir = scratch("doors-worst-case");
+    // The upstream takes 8 s, far beyond the grace: the call is charged its worst case,
+    // a prompt token per request byte and its max_tokens.
+    let up = Upstream::start(&dir, &["--delay-ms", "8000"]);
+    let policy = gateway_policy(&dir, "policy", &up, "", "");
+    let (r, took) = run_py(
+        &[],
+        &policy,
+        &[],
+        HANG_UP_SCRIPT,
+        &["still running", &MAX_TOKENS.to_string(), "0.2", "0"],
+    );
+    assert_eq!(r.code, 0, "{}", ctx(&r));
+    assert_eq!(up.requests(), 1, "{}", ctx(&r));
+    let len: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("BODY "))
+        .unwrap_or_else(|| panic!("no BODY line: {}", ctx(&r)))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_close(
+        r.report["usage"]["api_cost_usd"].as_f64().unwrap(),
+        cost("fake-small", len, MAX_TOKENS),
+        "usage.api_cost_usd (the call's worst case)",
+    );
+    assert!(
+        took < Duration::from_secs(7),
+        "the run waited for the call: {took:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
