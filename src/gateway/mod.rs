@@ -35,7 +35,11 @@
 //! `input_tokens`/`output_tokens`, or `total_tokens`), read from the JSON body or, for SSE,
 //! from the `data:` line that carries it. A 2xx answer without a usable `usage` is charged
 //! an estimate, `ceil(request bytes / 3)` prompt tokens and `ceil(response bytes / 3)`
-//! completion tokens, marked `"estimated"`. A non-2xx answer costs nothing but is logged.
+//! completion tokens, marked `"estimated"`. A call whose usage cannot be known (the upstream
+//! did not answer within the timeout or failed after the call was sent, or the response was
+//! cut off before its usage) is charged its worst case, marked `"estimated"` too. A call
+//! that never reached the upstream (no connection), or a non-2xx answer, costs nothing
+//! but is logged.
 //! The charge is recorded before the response body ends, so a task that saw the end of a
 //! response and calls again sees the new spend. Each admitted call runs on its own task,
 //! which outlives the task's connection: if the task hangs up (before the response head or

@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use super::admit::{Endpoint, Refusal};
 use super::config::clip;
 use super::meter::Ticket;
-use super::usage::{estimate_tokens, settle, UsageReader};
+use super::usage::{settle, UsageReader};
 use super::{CallRecord, Gateway, Price};
 
 /// The most task connections served at once (further ones wait in the listen backlog).
@@ -127,6 +127,9 @@ struct CallCtx {
     call: Call,
     price: Price,
     request_bytes: u64,
+    /// The call's worst case, (prompt, completion) tokens, and what it is made of: what
+    /// the call is charged when its usage cannot be known.
+    worst: ((u64, u64), String),
     /// The call's hold on the budget, settled with its charge.
     ticket: Ticket,
 }
@@ -282,6 +285,7 @@ impl Gateway {
             call,
             price: a.price,
             request_bytes: a.body.len() as u64,
+            worst: (worst, what),
             ticket,
         };
         // The call runs on its own task, which outlives this handler: a task that hangs up
@@ -345,28 +349,35 @@ impl Gateway {
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
-                let (status, prompt, note) = if e.is_connect() {
+                // Not connected: nothing reached the upstream, free. Otherwise the upstream
+                // may have generated (and billed) anything up to the call's worst case.
+                let (worst, what) = &ctx.worst;
+                let (status, tokens, note) = if e.is_connect() {
                     (
                         StatusCode::BAD_GATEWAY,
-                        0,
+                        (0, 0),
                         format!("the upstream could not be reached: {e}"),
                     )
                 } else if e.is_timeout() {
                     (
                         StatusCode::GATEWAY_TIMEOUT,
-                        estimate_tokens(ctx.request_bytes),
-                        format!("the upstream did not answer within {}: the request may have been billed, its bytes / 3 are charged as prompt tokens", humantime::format_duration(self.cfg.timeout())),
+                        *worst,
+                        format!("the upstream did not answer within {}: the call may have been billed, and its usage cannot be known: charged its worst case, {what}", humantime::format_duration(self.cfg.timeout())),
                     )
                 } else {
                     (
                         StatusCode::BAD_GATEWAY,
-                        estimate_tokens(ctx.request_bytes),
-                        format!("the upstream call failed: {e}; the request may have been billed, its bytes / 3 are charged as prompt tokens"),
+                        *worst,
+                        format!("the upstream call failed: {e}; the call may have been billed, and its usage cannot be known: charged its worst case, {what}"),
                     )
                 };
                 let note = self.credentials.redact(&note);
-                let metered = if prompt > 0 { "estimated" } else { "usage" };
-                ctx.settle(status, (prompt, 0), metered, Some(note.clone()));
+                let metered = if tokens == (0, 0) {
+                    "usage"
+                } else {
+                    "estimated"
+                };
+                ctx.settle(status, tokens, metered, Some(note.clone()));
                 let _ = head.send(error_response(status, "upstream_error", &note));
                 return;
             }
@@ -441,15 +452,19 @@ impl Gateway {
                 let _ = tx.send(tail).await;
             }
         }
+        let (worst, what) = &ctx.worst;
         let mut charge = settle(
             status,
             usage.finish(),
             trouble.is_some(),
-            ctx.request_bytes,
-            response_bytes,
+            (ctx.request_bytes, response_bytes),
+            (*worst, what),
         );
         if let Some(t) = trouble {
-            append_note(&mut charge.note, &t);
+            charge.note = Some(match charge.note.take() {
+                Some(n) => format!("{t}: {n}"),
+                None => t,
+            });
         }
         if client_gone {
             append_note(

@@ -167,13 +167,15 @@ pub(super) struct Charge {
 }
 
 /// The charge of a forwarded call: nothing for a non-2xx answer; the usage the response
-/// reported when it arrived whole; else the estimate for the bytes that went each way.
+/// reported (even if the response was then cut off: the usage comes last); for a response
+/// cut off before its usage, the call's `worst` case (`what` says what it is made of); for
+/// a whole response without usage, the estimate for the bytes that went each way.
 pub(super) fn settle(
     status: StatusCode,
     found: Option<Usage>,
     cut_off: bool,
-    request_bytes: u64,
-    response_bytes: u64,
+    (request_bytes, response_bytes): (u64, u64),
+    (worst, what): ((u64, u64), &str),
 ) -> Charge {
     if !status.is_success() {
         return Charge {
@@ -186,28 +188,30 @@ pub(super) fn settle(
             )),
         };
     }
-    match found {
-        Some(u) if !cut_off => Charge {
+    match (found, cut_off) {
+        (Some(u), _) => Charge {
             prompt: u.prompt,
             completion: u.completion,
             metered: "usage",
-            note: None,
+            note: cut_off.then(|| "the response was cut off after its usage".to_string()),
         },
-        _ => {
-            let why = if found.is_some() {
-                "the response was cut off"
-            } else {
-                "the upstream response carried no usable usage"
-            };
-            Charge {
-                prompt: estimate_tokens(request_bytes),
-                completion: estimate_tokens(response_bytes),
-                metered: "estimated",
-                note: Some(format!(
-                    "{why}: charged an estimate of request bytes / 3 prompt tokens and response bytes / 3 completion tokens"
-                )),
-            }
-        }
+        (None, true) => Charge {
+            prompt: worst.0,
+            completion: worst.1,
+            metered: "estimated",
+            note: Some(format!(
+                "the response was cut off before its usage, which cannot be known: charged its worst case, {what}"
+            )),
+        },
+        (None, false) => Charge {
+            prompt: estimate_tokens(request_bytes),
+            completion: estimate_tokens(response_bytes),
+            metered: "estimated",
+            note: Some(
+                "the upstream response carried no usable usage: charged an estimate of request bytes / 3 prompt tokens and response bytes / 3 completion tokens"
+                    .into(),
+            ),
+        },
     }
 }
 
@@ -308,5 +312,29 @@ mod tests {
         let mut r = UsageReader::new(true);
         r.feed(b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n");
         assert_eq!(r.finish(), None);
+    }
+
+    #[test]
+    fn a_call_cut_off_before_its_usage_is_charged_its_worst_case() {
+        let ok = StatusCode::OK;
+        let u = Some(Usage {
+            prompt: 5,
+            completion: 7,
+        });
+        let worst = ((300, 40), "w");
+        let c = settle(ok, u, false, (300, 900), worst);
+        assert_eq!((c.prompt, c.completion, c.metered), (5, 7, "usage"));
+        // The usage comes last: seen, it stands even if the stream then broke.
+        let c = settle(ok, u, true, (300, 900), worst);
+        assert_eq!((c.prompt, c.completion, c.metered), (5, 7, "usage"));
+        // Cut off before it: the worst case, whatever the bytes say.
+        let c = settle(ok, None, true, (300, 900), worst);
+        assert_eq!((c.prompt, c.completion, c.metered), (300, 40, "estimated"));
+        assert!(c.note.unwrap().contains("charged its worst case, w"));
+        // Whole, without usage: the estimate; an error status: free.
+        let c = settle(ok, None, false, (300, 900), worst);
+        assert_eq!((c.prompt, c.completion, c.metered), (100, 300, "estimated"));
+        let c = settle(StatusCode::BAD_REQUEST, None, true, (300, 900), worst);
+        assert_eq!((c.prompt, c.completion), (0, 0));
     }
 }

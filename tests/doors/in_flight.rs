@@ -1,5 +1,6 @@
 //! Calls the task does not wait for are charged all the same: a call it hangs up on before
-//! the response head, and calls still in flight when the run ends. The fake upstream
+//! the response head, and calls still in flight when the run ends; and a call whose usage
+//! cannot be known (the upstream timed out) is charged its worst case. The fake upstream
 //! answers after `--delay-ms` (and "bills" whether or not anyone still listens).
 
 use super::*;
@@ -111,5 +112,63 @@ fn a_call_still_running_after_the_grace_is_charged_its_worst_case() {
         took < Duration::from_secs(7),
         "the run waited for the call: {took:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One call, its body compact with sorted keys (so the gateway forwards the same bytes even
+/// when it rewrites a stream's `stream_options`): `argv[1]` "chat" or "stream",
+/// `argv[2]` max_tokens. Prints the status and the body's length.
+const TIMEOUT_SCRIPT: &str = r#"
+req = {"model": "fake-small", "messages": [{"role": "user", "content": "a slow answer"}],
+       "max_tokens": int(sys.argv[2])}
+if sys.argv[1] == "stream":
+    req["stream"] = True
+    req["stream_options"] = {"include_usage": True}
+body = json.dumps(req, separators=(",", ":"), sort_keys=True).encode()
+r = urllib.request.Request(U + "/chat/completions", data=body,
+                           headers={"Content-Type": "application/json"}, method="POST")
+try:
+    with urllib.request.urlopen(r, timeout=30) as resp:
+        st = resp.status
+        resp.read()
+except urllib.error.HTTPError as e:
+    st = e.code
+print("RESULT", st, len(body), flush=True)
+"#;
+
+#[test]
+fn a_call_the_upstream_does_not_finish_within_the_timeout_is_charged_its_worst_case() {
+    need_root!();
+    const MAX_TOKENS: u64 = 30;
+    let dir = scratch("doors-timeout");
+    // (the fake's options, the call's kind, the status the task gets): no answer within the
+    // 1 s call timeout; a stream whose chunks come 0.7 s apart, cut off by the timeout
+    // before its usage.
+    for (fake_args, kind, want) in [
+        (["--delay-ms", "3000"], "chat", 504),
+        (["--chunk-delay-ms", "700"], "stream", 200),
+    ] {
+        let up = Upstream::start(&dir, &fake_args);
+        let policy = gateway_policy(&dir, kind, &up, "timeout = \"1s\"", "");
+        let script = format!("{PY_PRELUDE}{TIMEOUT_SCRIPT}");
+        let (r, _) = run_py(&[], &policy, &[], &script, &[kind, &MAX_TOKENS.to_string()]);
+        assert_eq!(r.code, 0, "{kind}: {}", ctx(&r));
+        let result: Vec<u64> = r
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .unwrap_or_else(|| panic!("{kind}: no RESULT: {}", ctx(&r)))
+            .split_whitespace()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        assert_eq!(result[0], want, "{kind}: {}", ctx(&r));
+        assert_eq!(up.requests(), 1, "{kind}: {}", ctx(&r));
+        // A prompt token per request byte, and its max_tokens.
+        assert_close(
+            r.report["usage"]["api_cost_usd"].as_f64().unwrap(),
+            cost("fake-small", result[1], MAX_TOKENS),
+            &format!("{kind}: usage.api_cost_usd (the call's worst case)"),
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
