@@ -355,13 +355,10 @@ pub fn evaluate(a: &Request) -> Result<Evaluation, EvaluateError> {
     }
     if let Some(g) = &p.gateway {
         let path = staging.path().join("gateway-calls.jsonl");
-        let mut text = String::new();
-        for r in g.meter.log() {
-            text.push_str(
-                &serde_json::to_string(&r).map_err(|e| internal("gateway log")(e.to_string()))?,
-            );
-            text.push('\n');
-        }
+        let mut text = g
+            .meter
+            .log_jsonl()
+            .map_err(|e| internal("gateway log")(e.to_string()))?;
         if let Some(k) = &g.credentials {
             if k.len() >= crate::gateway::MIN_SCRUB_KEY_LEN {
                 text = text.replace(k.as_str(), crate::gateway::REDACTED);

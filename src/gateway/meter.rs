@@ -6,34 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use serde::Serialize;
 use tokio::sync::watch;
 
+use super::log::{CallLog, CallRecord};
 use super::Price;
-
-/// The most call records kept (further calls are still metered, their records counted).
-pub const MAX_LOG_RECORDS: usize = 100_000;
-
-/// One call through the gateway, as logged (JSON lines).
-#[derive(Debug, Clone, Serialize)]
-pub struct CallRecord {
-    /// RFC 3339, when the call arrived.
-    pub ts: String,
-    /// The path the task called.
-    pub endpoint: String,
-    /// The requested model ("" when none could be read).
-    pub model: String,
-    pub stream: bool,
-    /// The status the task got (0: none, the call was cut off unanswered).
-    pub status: u16,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cost_usd: f64,
-    pub latency_ms: f64,
-    /// `"usage"` (from the response), `"estimated"` (no usable usage) or `"refused"` (not forwarded).
-    pub metered: &'static str,
-    pub note: Option<String>,
-}
 
 #[derive(Debug, Default)]
 struct ModelTotals {
@@ -84,8 +60,7 @@ struct MeterState {
     by_model: BTreeMap<String, ModelTotals>,
     spent_usd: f64,
     calls: u64,
-    log: Vec<CallRecord>,
-    dropped: u64,
+    log: CallLog,
     held: BTreeMap<u64, Held>,
     next_ticket: u64,
     next_owner: u64,
@@ -214,14 +189,22 @@ impl Meter {
         let _ = rx.wait_for(|e| *e).await;
     }
 
-    /// The call records kept (at most [`MAX_LOG_RECORDS`]).
+    /// The call records kept (at most [`super::MAX_LOG_RECORDS`] of forwarded calls and
+    /// [`super::MAX_REFUSED_RECORDS`] of refused ones), in the order they were charged.
     pub fn log(&self) -> Vec<CallRecord> {
-        self.lock().log.clone()
+        self.lock().log.records().to_vec()
     }
 
     /// Calls whose record was not kept because the log was full.
     pub fn records_dropped(&self) -> u64 {
-        self.lock().dropped
+        self.lock().log.dropped()
+    }
+
+    /// The call log as JSON lines (the records kept, then, if any was dropped, a summary
+    /// line saying how many: see [`super::MAX_LOG_RECORDS`]).
+    pub fn log_jsonl(&self) -> serde_json::Result<String> {
+        let s = self.lock();
+        s.log.jsonl(s.calls, s.spent_usd)
     }
 
     /// Admits a call whose worst case is `worst` (its tokens and `cost_usd`) at `price`,
@@ -349,11 +332,7 @@ impl Meter {
             }
         }
         s.calls += 1;
-        if s.log.len() < MAX_LOG_RECORDS {
-            s.log.push(record);
-        } else {
-            s.dropped += 1;
-        }
+        s.log.push(record);
         let spent = s.spent_usd;
         if spent > self.budget_usd {
             self.exceeded.send_replace(true);

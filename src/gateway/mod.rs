@@ -59,10 +59,13 @@
 //! [`MAX_CONNECTIONS`] task connections and [`MAX_IN_FLIGHT`] calls at once, header and
 //! body read timeouts, the upstream call timeout, at most [`MAX_METER_BUFFER`] of a JSON
 //! response kept for metering (beyond it the call is estimated), at most
-//! [`MAX_LOG_RECORDS`] call records.
+//! [`MAX_LOG_RECORDS`] records of forwarded calls and [`MAX_REFUSED_RECORDS`] of refused
+//! ones (capped separately, so refusals never push out a charged call's record; what is
+//! dropped is counted in a summary line at the end of the log).
 
 mod admit;
 mod config;
+mod log;
 mod meter;
 mod proxy;
 mod scrub;
@@ -71,7 +74,6 @@ mod usage;
 #[cfg(test)]
 mod tests;
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +83,8 @@ use zeroize::Zeroizing;
 
 pub use admit::MAX_REQUEST_BYTES;
 pub use config::{GatewayConfig, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT};
-pub use meter::{CallRecord, Meter, MAX_LOG_RECORDS};
+pub use log::{CallRecord, MAX_LOG_RECORDS, MAX_REFUSED_RECORDS};
+pub use meter::Meter;
 pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, RESPONSE_HEADERS};
 pub use scrub::{MIN_SCRUB_KEY_LEN, REDACTED};
 pub use usage::MAX_METER_BUFFER;
@@ -188,14 +191,11 @@ impl Gateway {
         self.meter.in_flight(self.owner)
     }
 
-    /// Writes the call log as JSON lines, one per call, the key redacted.
+    /// Writes the call log as JSON lines, one per call (then a summary line if records
+    /// were dropped: see [`MAX_LOG_RECORDS`]), the key redacted.
     pub fn write_log(&self, path: &Path) -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-        for r in self.meter.log() {
-            let line = serde_json::to_string(&r).map_err(std::io::Error::other)?;
-            writeln!(f, "{}", self.credentials.redact(&line))?;
-        }
-        f.flush()
+        let text = self.meter.log_jsonl().map_err(std::io::Error::other)?;
+        std::fs::write(path, self.credentials.redact(&text))
     }
 }
 
