@@ -10,7 +10,9 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, CONTENT_LENGTH};
 use hyper::{Method, Request, StatusCode};
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use super::config::clip;
 use super::{Gateway, Price};
@@ -18,6 +20,90 @@ use super::{Gateway, Price};
 /// The largest request body the task may send (413 beyond).
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest `stream_options` object a streamed call may send (the gateway rewrites it).
+const MAX_STREAM_OPTIONS: usize = 4096;
+
+/// The fields of a request the gateway reads, borrowed from the body as they are written;
+/// every other field is skipped without being built. A field named twice is refused (the
+/// upstream might read the other one).
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    n: Option<&'a RawValue>,
+}
+
+/// A field that is there, `null` included (`None` is for a field that is not).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+impl<'a> Probe<'a> {
+    /// Reads `text`, which must be one JSON object.
+    fn read(text: &'a str) -> Result<Probe<'a>, String> {
+        // (A struct also deserializes from an array, positionally.)
+        if !text.trim_start().starts_with('{') {
+            return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                Ok(_) => "the request body is not a JSON object".into(),
+                Err(e) => format!("the request body is not JSON: {e}"),
+            });
+        }
+        serde_json::from_str(text).map_err(|e| format!("the request body is not JSON: {e}"))
+    }
+}
+
+/// `body` (a JSON object, as read by [`Probe::read`]) with `stream_options.include_usage`
+/// set to true, the rest byte for byte as sent: the object `stream_options` was (at most
+/// [`MAX_STREAM_OPTIONS`] bytes) is rewritten in place, or one is added first.
+fn ask_for_usage(body: &str, stream_options: Option<&RawValue>) -> Result<Vec<u8>, String> {
+    let raw = stream_options.map(RawValue::get);
+    let mut opts = match raw {
+        Some(r) if r.len() > MAX_STREAM_OPTIONS => {
+            return Err(format!(
+                "stream_options is over {MAX_STREAM_OPTIONS} bytes: send only the options (like include_usage)"
+            ))
+        }
+        Some(r) => serde_json::from_str::<Map<String, Value>>(r).unwrap_or_default(),
+        None => Map::new(),
+    };
+    opts.insert("include_usage".into(), Value::Bool(true));
+    let opts = serde_json::to_string(&opts).map_err(|e| e.to_string())?;
+    // Where the old value sits in `body`: `raw` is borrowed from it.
+    let (start, end) = match raw {
+        Some(r) => {
+            let start = (r.as_ptr() as usize)
+                .checked_sub(body.as_ptr() as usize)
+                .filter(|s| body.get(*s..*s + r.len()) == Some(r))
+                .ok_or("the request's stream_options could not be located")?;
+            (start, start + r.len())
+        }
+        None => {
+            let brace = body.len() - body.trim_start().len();
+            (brace + 1, brace + 1)
+        }
+    };
+    let mut out = Vec::with_capacity(body.len() + opts.len() + 20);
+    out.extend_from_slice(&body.as_bytes()[..start]);
+    if raw.is_none() {
+        // The object is not empty: it names its model.
+        out.extend_from_slice(b"\"stream_options\":");
+        out.extend_from_slice(opts.as_bytes());
+        out.push(b',');
+    } else {
+        out.extend_from_slice(opts.as_bytes());
+    }
+    out.extend_from_slice(&body.as_bytes()[end..]);
+    Ok(out)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Endpoint {
@@ -190,23 +276,25 @@ impl Gateway {
                 ))
             }
         };
-        let mut obj = match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(o)) => o,
-            Ok(_) => return Err(bad_request("the request body is not a JSON object".into())),
-            Err(e) => return Err(bad_request(format!("the request body is not JSON: {e}"))),
-        };
-        let Some(model) = obj.get("model").and_then(Value::as_str).map(str::to_string) else {
+        // Only the fields the gateway reads are taken out of the body; the rest is
+        // skipped without being built (the body is the task's, up to 8 MiB).
+        let text = std::str::from_utf8(&body)
+            .map_err(|e| bad_request(format!("the request body is not JSON: not UTF-8 ({e})")))?;
+        let probe = Probe::read(text).map_err(bad_request)?;
+        let Some(model) = probe
+            .model
+            .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
+        else {
             return Err(bad_request(
                 "the request has no string `model`: name one of the priced models (GET /v1/models)"
                     .into(),
             ));
         };
-        let stream = endpoint == Endpoint::Chat && obj.get("stream") == Some(&Value::Bool(true));
-        let max_tokens = ["max_tokens", "max_completion_tokens"]
-            .iter()
-            .filter_map(|k| obj.get(*k).and_then(Value::as_u64))
-            .max();
-        let choices = obj.get("n").and_then(Value::as_u64).unwrap_or(1).max(1);
+        let stream = endpoint == Endpoint::Chat && probe.stream.is_some_and(|v| v.get() == "true");
+        let number =
+            |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<u64>(v.get()).ok());
+        let max_tokens = number(probe.max_tokens).max(number(probe.max_completion_tokens));
+        let choices = number(probe.n).unwrap_or(1).max(1);
         let Some(price) = self.cfg.prices.get(&model).copied() else {
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,
@@ -234,23 +322,9 @@ impl Gateway {
 
         // The forwarded body: as sent, except a stream asks for its usage.
         let body = if stream {
-            let opts = obj
-                .entry("stream_options")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if !opts.is_object() {
-                *opts = Value::Object(Default::default());
-            }
-            if let Some(o) = opts.as_object_mut() {
-                o.insert("include_usage".into(), Value::Bool(true));
-            }
-            match serde_json::to_vec(&obj) {
+            match ask_for_usage(text, probe.stream_options) {
                 Ok(v) => Bytes::from(v),
-                Err(e) => {
-                    return Err(
-                        bad_request(format!("the request could not be re-encoded: {e}"))
-                            .of(&model, stream),
-                    )
-                }
+                Err(m) => return Err(bad_request(m).of(&model, stream)),
             }
         } else {
             body
@@ -265,5 +339,72 @@ impl Gateway {
             max_tokens,
             choices,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_asked(body: &str) -> Result<String, String> {
+        let probe = Probe::read(body)?;
+        ask_for_usage(body, probe.stream_options).map(|v| String::from_utf8(v).unwrap())
+    }
+
+    #[test]
+    fn the_probe_reads_only_its_fields_and_refuses_what_is_not_one_object() {
+        let p = Probe::read(
+            r#" {"pad": [[1, {"a": 2}], "x"], "model": "m", "n": 3, "stream_options": null}"#,
+        )
+        .unwrap();
+        assert_eq!(p.model.unwrap().get(), r#""m""#);
+        assert_eq!(p.n.unwrap().get(), "3");
+        assert_eq!(p.stream_options.unwrap().get(), "null");
+        assert!(p.stream.is_none() && p.max_tokens.is_none());
+        for (body, says) in [
+            ("[\"m\", true]", "not a JSON object"),
+            ("42", "not a JSON object"),
+            ("not json", "not JSON"),
+            (r#"{"model": "m""#, "not JSON"),
+            (r#"{"model": "m"} x"#, "not JSON"),
+            (
+                r#"{"model": "cheap", "model": "dear"}"#,
+                "duplicate field `model`",
+            ),
+        ] {
+            let e = Probe::read(body)
+                .err()
+                .unwrap_or_else(|| panic!("{body} was read"));
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_stream_is_made_to_ask_for_its_usage_and_the_rest_goes_byte_for_byte() {
+        // No stream_options: one is added first.
+        assert_eq!(
+            usage_asked(" {\"model\": \"m\",  \"stream\": true, \"x\": [1.50, 2e3]}").unwrap(),
+            " {\"stream_options\":{\"include_usage\":true},\"model\": \"m\",  \"stream\": true, \"x\": [1.50, 2e3]}"
+        );
+        // Rewritten in place, its other options kept.
+        assert_eq!(
+            usage_asked(
+                r#"{"model":"m","stream_options": {"include_usage": false, "z": 1},"k":0.10}"#
+            )
+            .unwrap(),
+            r#"{"model":"m","stream_options": {"include_usage":true,"z":1},"k":0.10}"#
+        );
+        // Not an object (null too): replaced.
+        assert_eq!(
+            usage_asked(r#"{"model":"m","stream_options":null}"#).unwrap(),
+            r#"{"model":"m","stream_options":{"include_usage":true}}"#
+        );
+        let big = format!(
+            r#"{{"model":"m","stream_options":{{"pad":"{}"}}}}"#,
+            "x".repeat(MAX_STREAM_OPTIONS)
+        );
+        assert!(usage_asked(&big)
+            .unwrap_err()
+            .contains("stream_options is over"));
     }
 }

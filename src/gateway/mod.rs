@@ -15,14 +15,17 @@
 //! - anything else: a 404 (or 405) JSON error, never forwarded.
 //!
 //! Before a call is forwarded: the body (at most [`MAX_REQUEST_BYTES`], else 413) must be a
-//! JSON object whose `model` is priced in the policy (else 403: a call that cannot be metered
-//! is never passed), and the call's worst case must fit in the budget (else 402): the spend,
+//! JSON object (else 400; only the fields the gateway reads are taken out of it, the rest is
+//! skipped without being built, and one of them named twice is refused) whose `model` is
+//! priced in the policy (else 403: a call that cannot be metered is never passed), and the
+//! call's worst case must fit in the budget (else 402): the spend,
 //! plus the worst cases held for the calls in flight, plus this call's worst case (a prompt
 //! token per request byte, and for a chat call `n` times its `max_tokens`, or
 //! `default_max_tokens` when it sets none, completion tokens). A call that does not fit
 //! exhausts the budget: no further call is passed, and the supervisor ends the run. An
 //! admitted call's worst case is held until its real charge replaces it. A streamed chat
-//! completion gets `stream_options.include_usage = true` so its last chunk carries usage.
+//! completion gets `stream_options.include_usage = true` so its last chunk carries usage
+//! (that object rewritten in place, the rest of the body forwarded byte for byte).
 //!
 //! Request headers forwarded: only `accept`, `user-agent` and `openai-beta` from the task,
 //! `content-type: application/json`, and `Authorization: Bearer <key>` when credentials are

@@ -417,6 +417,34 @@ async fn refusals_are_never_forwarded() {
 }
 
 #[tokio::test]
+async fn a_body_naming_its_model_twice_is_refused() {
+    // The gateway would meter one model and the upstream might run the other.
+    let fake = Fake::start(&[]);
+    let rt = start(
+        config(&fake.base(), &[("cheap", 0.1, 0.1), ("dear", 100.0, 100.0)]),
+        None,
+        1.0,
+    )
+    .await;
+    let body =
+        r#"{"model": "dear", "model": "cheap", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let r = client()
+        .post(format!("{}/chat/completions", rt.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let msg = r.json::<Value>().await.unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("duplicate field `model`"), "{msg}");
+    assert_eq!(fake.requests().await, 0);
+}
+
+#[tokio::test]
 async fn the_key_is_added_the_tasks_credentials_are_not_and_nothing_leaks_back() {
     let fake = Fake::start(&["--require-key", KEY, "--echo-headers"]);
     let rt = start(
