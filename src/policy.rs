@@ -295,6 +295,18 @@ impl Policy {
         env
     }
 
+    /// Refuses a model gateway (`whose`, e.g. "fork.toml's [gateway]") whose key variable
+    /// this policy's `[environment] pass` would put inside the sandbox; the error names the
+    /// policy file, the variable and the fix.
+    pub fn check_gateway_key_not_passed(
+        &self,
+        gateway: &crate::gateway::GatewayConfig,
+        whose: &str,
+    ) -> Result<(), PolicyError> {
+        gateway_key_not_passed(&self.environment, gateway, whose)
+            .map_err(|m| PolicyError::invalid(&self.origin, m))
+    }
+
     /// The values this policy passes into the sandbox that may be secrets (tokens,
     /// credentials): its `[environment]` `set` values and the host's values of its `pass`
     /// names, except locale, terminal and time-zone settings (`LANG`, `LANGUAGE`, `LC_*`,
@@ -463,6 +475,10 @@ impl Policy {
                 ));
             }
         }
+        if let Some(g) = &raw.gateway {
+            gateway_key_not_passed(&environment, g, "its [gateway]")
+                .map_err(|m| PolicyError::invalid(origin, m))?;
+        }
         Ok(Policy {
             origin: origin.to_string(),
             budgets,
@@ -483,6 +499,21 @@ impl Policy {
             mesh: raw.mesh.unwrap_or_default(),
             state: raw.state.unwrap_or_default(),
         })
+    }
+}
+
+/// The gateway's key is the supervisor's alone: `pass` must not name the variable it is read
+/// from (the successor would get it in its environment).
+fn gateway_key_not_passed(
+    env: &EnvPolicy,
+    gateway: &crate::gateway::GatewayConfig,
+    whose: &str,
+) -> Result<(), String> {
+    match &gateway.credentials_env {
+        Some(var) if env.pass.iter().any(|k| k == var) => Err(format!(
+            "environment.pass lists `{var}`, the variable {whose} reads the model API key from (credentials_env): the key would be inside the sandbox. Remove `{var}` from environment.pass: the gateway adds the key to each call itself"
+        )),
+        _ => Ok(()),
     }
 }
 

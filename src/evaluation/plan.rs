@@ -188,6 +188,12 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     let gateway = match manifest.gateway.clone().or_else(|| policy.gateway.clone()) {
         None => None,
         Some(cfg) => {
+            // (The policy's own [gateway] was checked when the policy was read.)
+            if manifest.gateway.is_some() {
+                policy
+                    .check_gateway_key_not_passed(&cfg, "fork.toml's [gateway]")
+                    .map_err(|e| EvaluateError::Input(e.to_string()))?;
+            }
             let credentials = cfg
                 .load_credentials()
                 .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;

@@ -203,3 +203,86 @@ fn credentials_from_a_file_are_used_and_the_file_is_invisible_inside() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A policy that passes the gateway's key variable into the sandbox is refused before
+/// anything runs, by `fork run` (the policy's own [gateway]) and `fork evaluate` (fork.toml's
+/// [gateway]): the error names the policy file, the variable and the fix.
+#[test]
+fn a_policy_passing_the_gateways_key_variable_is_refused() {
+    need_root!();
+    let env = Env::new("doors-key-passed");
+    let up = Upstream::start(&env.dir, &[]);
+    let var = "DOORS_PASSED_KEY";
+    let key = fresh_key("passed");
+    let passes = format!("[environment]\npass = [\"{var}\"]\n");
+    let policy = gateway_policy(
+        &env.dir,
+        "passes-key",
+        &up,
+        &format!("credentials_env = \"{var}\""),
+        &passes,
+    );
+    let expect_refusal = |code: i32, stdout: &str, stderr: &str, policy_file: &Path| {
+        let all = format!("{stdout}{stderr}");
+        assert_eq!(code, 65, "{all}");
+        assert!(
+            all.contains(&policy_file.display().to_string())
+                && all.contains(&format!("environment.pass lists `{var}`"))
+                && all.contains(&format!("Remove `{var}` from environment.pass")),
+            "{all}"
+        );
+        assert!(!all.contains(&key), "{all}");
+    };
+
+    // fork run, the policy's own [gateway].
+    let run_root = scratch("doors-key-passed-runs");
+    let out = fork_cmd(&run_root)
+        .env(var, &key)
+        .arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--", "sh", "-c", "echo RAN"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    expect_refusal(out.status.code().unwrap_or(-1), &stdout, &stderr, &policy);
+    assert!(!stdout.contains("RAN"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&run_root);
+
+    // fork evaluate, fork.toml's [gateway] and a policy that passes its variable.
+    let eval_policy = env.dir.join("passes-only.toml");
+    std::fs::write(
+        &eval_policy,
+        format!("{passes}[decision]\nself_reported = \"accept\"\n"),
+    )
+    .unwrap();
+    let rt = env.runtime(
+        "hermes-demo",
+        &format!(
+            "\n[gateway]\nupstream = \"{}\"\ncredentials_env = \"{var}\"\n[gateway.prices.fake-small]\ninput_per_mtok = 1.5\noutput_per_mtok = 6.0\n",
+            up.url()
+        ),
+    );
+    let keyenv = [(var, OsStr::new(&key))];
+    let e = evaluate_with(
+        &env,
+        &patch("swap-compressor"),
+        &rt,
+        "passes-key",
+        &[
+            "--task",
+            "summarize",
+            "--policy",
+            eval_policy.to_str().unwrap(),
+        ],
+        With {
+            vars: &keyenv,
+            ..With::default()
+        },
+    );
+    expect_refusal(e.code, &e.stdout, &e.stderr, &eval_policy);
+    assert_eq!(up.requests(), 0);
+}
