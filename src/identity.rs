@@ -402,6 +402,21 @@ fn encode_legacy_key_file(signing: &SigningKey) -> Zeroizing<String> {
     out
 }
 
+/// The signing key in the key file opened as `file` (at `path`): read bounded, into a
+/// buffer that never reallocates (a reallocation would leave a copy of the secret behind
+/// in freed memory) and is zeroized when dropped.
+pub(crate) fn read_signing_key(file: fs::File, path: &Path) -> Result<SigningKey, IdentityError> {
+    let mut raw = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE_BYTES as usize + 64));
+    file.take(MAX_KEY_FILE_BYTES)
+        .read_to_end(&mut raw)
+        .ctx("read", path)?;
+    let text = std::str::from_utf8(&raw).map_err(|_| IdentityError::Malformed {
+        path: path.to_path_buf(),
+        reason: "it is not text".to_string(),
+    })?;
+    decode_key_file(path, text)
+}
+
 fn decode_key_file(path: &Path, text: &str) -> Result<SigningKey, IdentityError> {
     let bad = |reason: &str| IdentityError::Malformed {
         path: path.to_path_buf(),
@@ -519,17 +534,7 @@ pub fn load_node_key(path: &Path) -> Result<NodeKey, IdentityError> {
             reason: format!("{} bytes, far more than a key file holds", meta.len()),
         });
     }
-    // Room for the largest accepted file up front: a reallocation would leave a copy of
-    // the secret behind in freed memory.
-    let mut raw = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE_BYTES as usize + 64));
-    file.take(MAX_KEY_FILE_BYTES)
-        .read_to_end(&mut raw)
-        .ctx("read", path)?;
-    let text = std::str::from_utf8(&raw).map_err(|_| IdentityError::Malformed {
-        path: path.to_path_buf(),
-        reason: "it is not text".to_string(),
-    })?;
-    let signing = decode_key_file(path, text)?;
+    let signing = read_signing_key(file, path)?;
     Ok(NodeKey::from_signing(signing, Some(path.to_path_buf())))
 }
 

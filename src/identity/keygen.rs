@@ -1,18 +1,16 @@
 //! `fork keygen`: creating a key file and its public half beside it, one generation at a
 //! time per directory, never replacing another key's public half.
 
-use super::MAX_KEY_FILE_BYTES;
-use super::{decode_key_file, public_key_path, read_public_key, IdentityError, PublicKey};
+use super::{public_key_path, read_public_key, IdentityError, PublicKey};
 use crate::ioerr::{IoContext, IoError};
 use ed25519_dalek::SigningKey;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use zeroize::Zeroizing;
 
 /// How long a key generation waits for another one in the same directory to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -179,14 +177,6 @@ fn check_replaceable(path: &Path, pub_path: &Path, force: bool) -> Result<(), Id
 /// replaced); opened without waiting for a FIFO's writer, a regular file only, bounded.
 fn public_of_key_file(path: &Path) -> Result<PublicKey, IdentityError> {
     let file = crate::fsx::open_input(path).ctx("open", path)?;
-    let mut raw = Zeroizing::new(Vec::with_capacity(MAX_KEY_FILE_BYTES as usize + 64));
-    file.take(MAX_KEY_FILE_BYTES)
-        .read_to_end(&mut raw)
-        .ctx("read", path)?;
-    let text = std::str::from_utf8(&raw).map_err(|_| IdentityError::Malformed {
-        path: path.to_path_buf(),
-        reason: "it is not text".to_string(),
-    })?;
-    let signing: SigningKey = decode_key_file(path, text)?;
+    let signing = super::read_signing_key(file, path)?;
     Ok(PublicKey(signing.verifying_key()))
 }
