@@ -302,16 +302,30 @@ impl RunDir {
         };
         mk(&pending)?;
         let made = Self::lock_and_fill(&pending, evaluation, &mk).and_then(|lock| {
-            nix::fcntl::renameat2(
+            let moved = nix::fcntl::renameat2(
                 nix::fcntl::AT_FDCWD,
                 &pending,
                 nix::fcntl::AT_FDCWD,
                 &path,
                 nix::fcntl::RenameFlags::RENAME_NOREPLACE,
             )
-            .map_err(|e| RunDirError::Create {
+            .map_err(std::io::Error::from);
+            let moved = match moved {
+                // A filesystem without rename flags (NFS, FUSE without rename2): a plain
+                // rename once the name is seen free (the id is 64 random bits).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    match std::fs::symlink_metadata(&path) {
+                        Err(n) if n.kind() == std::io::ErrorKind::NotFound => {
+                            std::fs::rename(&pending, &path)
+                        }
+                        _ => Err(std::io::Error::from_raw_os_error(libc::EEXIST)),
+                    }
+                }
+                other => other,
+            };
+            moved.map_err(|source| RunDirError::Create {
                 path: path.clone(),
-                source: e.into(),
+                source,
             })?;
             Ok(lock)
         });
@@ -549,16 +563,32 @@ fn list_runs_in(base: &Path, out: &mut Vec<FoundRun>) {
         // Only what this user made: a real directory and lock file of its own, writable
         // by nobody else (a run root is shared with other users: one of them could plant
         // a `fork-<id>` naming a live run of ours, to have gc reclaim it).
-        if !owned_by_us(&path, true) || !owned_by_us(&lock_path, false) {
+        if !owned_by_us(&path, true) {
+            continue;
+        }
+        // One left being made before its lock file existed: ours, old, and with nothing
+        // a run directory being made does not hold (at most its empty `disk`).
+        let lockless_leftover = pending.is_some()
+            && std::fs::symlink_metadata(&lock_path)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            && older_than(&path, PENDING_GRACE)
+            && std::fs::read_dir(&path).is_ok_and(|d| {
+                d.flatten().all(|e| {
+                    e.file_name() == "disk"
+                        && std::fs::read_dir(e.path()).is_ok_and(|mut i| i.next().is_none())
+                })
+            });
+        if !lockless_leftover && !owned_by_us(&lock_path, false) {
             continue;
         }
         // A young directory being made is not even tried: its maker may be about to lock
         // it, and would find the lock taken.
-        let stale = (pending.is_none() || older_than(&path, PENDING_GRACE))
-            && match File::open(&lock_path) {
-                Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
-                Err(_) => false,
-            };
+        let stale = lockless_leftover
+            || (pending.is_none() || older_than(&path, PENDING_GRACE))
+                && match File::open(&lock_path) {
+                    Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
+                    Err(_) => false,
+                };
         let meta = std::fs::read(path.join(META_FILE))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
@@ -746,6 +776,7 @@ mod tests {
 
     #[test]
     fn gc_sees_only_fork_names_and_never_a_run_being_made() {
+        use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
         // A name fork never gives (not 16 hex digits) is someone else's.
         let d = tmp.path().join("fork-cafe");
@@ -768,6 +799,27 @@ mod tests {
             .unwrap();
         assert!(found("00000000000000b1").stale);
         std::fs::remove_dir_all(&pending).unwrap();
+        // Left before its lock file existed: stale once old, if it holds nothing else.
+        let bare = tmp.path().join(".fork-00000000000000b2.new");
+        std::fs::create_dir(&bare).unwrap();
+        std::fs::set_permissions(&bare, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(!listed(tmp.path())
+            .iter()
+            .any(|r| r.id == "00000000000000b2"));
+        std::fs::File::open(&bare)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(found("00000000000000b2").stale);
+        std::fs::write(bare.join("other"), b"").unwrap();
+        std::fs::File::open(&bare)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(!listed(tmp.path())
+            .iter()
+            .any(|r| r.id == "00000000000000b2"));
+        std::fs::remove_dir_all(&bare).unwrap();
 
         // A run directory is never listed under its run name without its lock held: made
         // while another thread lists the run root again and again, none is ever stale.

@@ -222,6 +222,7 @@ pub(super) fn spawn_init(
             sync_wr: sync_wr.as_fd(),
             join_v1,
             become_root,
+            root_supervisor: is_root(),
             stdio,
             keep: &keep,
             exe,

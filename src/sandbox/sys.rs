@@ -198,6 +198,9 @@ pub(crate) struct InitClone<'a> {
     pub join_v1: bool,
     /// Become uid/gid 0 of the new user namespace and drop supplementary groups.
     pub become_root: bool,
+    /// The supervisor is root (the clone's effective uid was the run's, see
+    /// `userns_owner`): the child takes its namespace's root before joining v1 cgroups.
+    pub root_supervisor: bool,
     /// (stdin, stdout, stderr) for the init, when they are redirected.
     pub stdio: Option<(BorrowedFd<'a>, BorrowedFd<'a>, BorrowedFd<'a>)>,
     /// Descriptors that survive the exec (close-on-exec cleared).
@@ -205,6 +208,21 @@ pub(crate) struct InitClone<'a> {
     /// The executable (`fork-init`, opened and checked), run with an empty environment.
     pub exe: BorrowedFd<'a>,
     pub argv: &'a [CString],
+}
+
+/// In the cloned child: uid and gid 0 of its new user namespace, no supplementary groups.
+/// Raw syscalls: glibc's wrappers would signal threads that exist only in the parent.
+/// False when one is refused.
+///
+/// # Safety
+/// Only in the child of [`clone_init`], before its exec (async-signal-safe syscalls only).
+unsafe fn child_become_root() -> bool {
+    // SAFETY: plain syscalls on integers and a null pointer with a zero length.
+    unsafe {
+        libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
+            && libc::syscall(libc::SYS_setresgid, 0, 0, 0) == 0
+            && libc::syscall(libc::SYS_setresuid, 0, 0, 0) == 0
+    }
 }
 
 /// clone3(2) of the sandbox init into new namespaces (and, on cgroup v2, straight into its
@@ -289,20 +307,16 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             if msg.msg_flags & libc::MSG_CTRUNC != 0 {
                 libc::_exit(122);
             }
-            if c.become_root {
-                // Our host credentials (root, with the run's uid as the effective one, see
-                // `userns_owner`) are unmapped in the new namespace: become its uid 0 (the
-                // unprivileged host uid) and shed host root's supplementary groups. Before
-                // joining the v1 cgroups: a kernel that checks that write against the
-                // writer's own credentials (before Linux 5.16 and its backports) lets a
-                // task move itself when its effective uid is its real one. Raw syscalls:
-                // glibc's wrappers would signal threads that exist only in the parent.
-                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
-                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
-                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
-                {
-                    libc::_exit(124);
-                }
+            // Our host credentials are unmapped in the new namespace: become its uid 0 (the
+            // run's unprivileged host uid) and shed the supplementary groups. As root, before
+            // joining the v1 cgroups: the thread that cloned this child had the run's uid as
+            // its effective one (see `userns_owner`), and a kernel that checks that write
+            // against the writer's own credentials (before Linux 5.16 and its backports) lets
+            // a task move itself when its effective uid is its real one. Without root, after
+            // it: the `tasks` files were opened by the user, and a kernel that checks the
+            // opener's credentials wants the mover's uid to be the opener's.
+            if c.become_root && c.root_supervisor && !child_become_root() {
+                libc::_exit(124);
             }
             // The go byte is 1 + the number of `tasks` files it carries.
             let mut joined = 0usize;
@@ -328,6 +342,9 @@ pub(crate) fn clone_init(c: &InitClone<'_>) -> nix::Result<(Pid, OwnedFd)> {
             let got = std::ptr::read_volatile((*msg.msg_iov).iov_base as *const u8);
             if got as usize != 1 + joined || (join_v1 && joined == 0) {
                 libc::_exit(122);
+            }
+            if c.become_root && !c.root_supervisor && !child_become_root() {
+                libc::_exit(124);
             }
             // Die with the supervisor. Set after the credential change, which clears it;
             // exec keeps it. If the supervisor is already gone, its end of the sync socket is.

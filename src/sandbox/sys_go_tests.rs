@@ -26,6 +26,7 @@ fn launch(join_v1: bool, files: &[OwnedFd], go: bool) -> i32 {
         sync_wr: wr.as_fd(),
         join_v1,
         become_root: false,
+        root_supervisor: false,
         stdio: None,
         keep: &[],
         exe: exe.as_fd(),
