@@ -454,7 +454,6 @@ fn human<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     d.deserialize_any(V)
 }
 
-/// A one-line account of a blown budget, e.g. "wall: used 2.0 s of 2.0 s".
 /// Why an API-cost budget not yet spent counts as exceeded: a call's worst case did not fit.
 pub fn api_cost_why(used_usd: f64, limit_usd: f64) -> &'static str {
     if used_usd <= limit_usd {
@@ -464,6 +463,7 @@ pub fn api_cost_why(used_usd: f64, limit_usd: f64) -> &'static str {
     }
 }
 
+/// A one-line account of a blown budget, e.g. "wall: used 2.0 s of 2.0 s".
 pub fn describe(kind: BudgetKind, limits: &Budgets, used: &Usage) -> String {
     use crate::units::format_size;
     match kind {

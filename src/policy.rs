@@ -307,6 +307,35 @@ impl Policy {
             .map_err(|m| PolicyError::invalid(&self.origin, m))
     }
 
+    /// Refuses this policy when a variable it gives the successor holds the model
+    /// gateway's `key` (a `set` value, or the host's value of a `pass` name, whatever the
+    /// variable is called): the name check ([`Policy::check_gateway_key_not_passed`]) misses
+    /// a key read from a file that the operator also exports, or kept under two names.
+    pub fn check_gateway_key_not_given(&self, key: &str) -> Result<(), PolicyError> {
+        if key.is_empty() {
+            return Ok(());
+        }
+        let passed = self
+            .environment
+            .pass
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.as_str(), v)));
+        let set = self
+            .environment
+            .set
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()));
+        match passed.chain(set).find(|(_, v)| v.contains(key)) {
+            Some((var, _)) => Err(PolicyError::invalid(
+                &self.origin,
+                format!(
+                    "environment variable `{var}` (environment.pass or environment.set) holds the model gateway's API key: the key would be inside the sandbox. Remove `{var}` from the policy's environment: the gateway adds the key to each call itself"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The values this policy passes into the sandbox that may be secrets (tokens,
     /// credentials): its `[environment]` `set` values and the host's values of its `pass`
     /// names, except locale, terminal and time-zone settings (`LANG`, `LANGUAGE`, `LC_*`,
@@ -615,6 +644,39 @@ mod tests {
                 .unwrap_or_else(|_| panic!("the {what} that is a FIFO was waited on"));
             assert!(err.starts_with("Some("), "{what}: {err}");
         }
+    }
+
+    #[test]
+    fn a_policy_giving_the_gateway_key_under_any_name_is_refused() {
+        // SAFETY of the test: a variable only this test reads.
+        std::env::set_var("FORK_TEST_KEY_ELSEWHERE", "sk-test-0123456789abcdef");
+        let passed = Policy::parse(
+            "[environment]\npass = [\"FORK_TEST_KEY_ELSEWHERE\"]\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let e = passed
+            .check_gateway_key_not_given("sk-test-0123456789abcdef")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("p.toml") && e.contains("`FORK_TEST_KEY_ELSEWHERE`"),
+            "{e}"
+        );
+        let set = Policy::parse(
+            "[environment]\nset = { TOKEN = \"Bearer sk-test-0123456789abcdef\" }\n",
+            "q.toml",
+            None,
+        )
+        .unwrap();
+        assert!(set
+            .check_gateway_key_not_given("sk-test-0123456789abcdef")
+            .is_err());
+        assert!(set
+            .check_gateway_key_not_given("sk-other-key-000000")
+            .is_ok());
+        std::env::remove_var("FORK_TEST_KEY_ELSEWHERE");
     }
 
     #[test]

@@ -88,6 +88,11 @@ pub fn run(req: RunRequest) -> Result<RunResult, RunError> {
             let creds = cfg
                 .load_credentials()
                 .map_err(|e| RunError::Input(format!("the model gateway: {e}")))?;
+            if let Some(key) = &creds {
+                policy
+                    .check_gateway_key_not_given(key)
+                    .map_err(|e| RunError::Input(e.to_string()))?;
+            }
             if let Some(f) = &cfg.credentials_file {
                 policy.filesystem.hide.push(f.clone());
             }

@@ -197,6 +197,20 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
             let credentials = cfg
                 .load_credentials()
                 .map_err(|e| EvaluateError::Input(format!("the model gateway: {e}")))?;
+            if let Some(key) = &credentials {
+                policy
+                    .check_gateway_key_not_given(key)
+                    .map_err(|e| EvaluateError::Input(e.to_string()))?;
+                // A task's own variables, from fork.toml, reach the sandbox too.
+                for (name, t) in &chosen {
+                    if let Some(var) = t.env.iter().find(|(_, v)| v.contains(key.as_str())) {
+                        return Err(EvaluateError::Input(format!(
+                            "fork.toml: tasks.{name}.env.{}: holds the model gateway's API key: the key would be inside the sandbox. Remove it: the gateway adds the key to each call itself",
+                            var.0
+                        )));
+                    }
+                }
+            }
             if let Some(f) = &cfg.credentials_file {
                 // The key file is never visible in the sandbox.
                 policy.filesystem.hide.push(f.clone());

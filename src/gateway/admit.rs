@@ -290,11 +290,35 @@ impl Gateway {
                     .into(),
             ));
         };
-        let stream = endpoint == Endpoint::Chat && probe.stream.is_some_and(|v| v.get() == "true");
-        let number =
-            |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<u64>(v.get()).ok());
-        let max_tokens = number(probe.max_tokens).max(number(probe.max_completion_tokens));
-        let choices = number(probe.n).unwrap_or(1).max(1);
+        // The fields the worst case is made of are read strictly: an upstream that coerces
+        // (`"n": "50"`, `1e5`, `-1` as "unlimited") could read a value the gateway would
+        // have taken as absent, and generate past the hold.
+        let stream = match probe.stream.map(RawValue::get) {
+            None | Some("null") | Some("false") => false,
+            Some("true") => endpoint == Endpoint::Chat,
+            Some(other) => {
+                return Err(bad_request(format!(
+                    "`stream` is {}: give true or false",
+                    clip(other)
+                )))
+            }
+        };
+        let number = |name: &str, v: Option<&RawValue>| -> Result<Option<u64>, Refusal> {
+            match v.map(RawValue::get) {
+                None | Some("null") => Ok(None),
+                Some(raw) => serde_json::from_str::<u64>(raw).map(Some).map_err(|_| {
+                    bad_request(format!(
+                        "`{name}` is {}: give a whole number (digits only, no exponent, sign or quotes)",
+                        clip(raw)
+                    ))
+                }),
+            }
+        };
+        let max_tokens = number("max_tokens", probe.max_tokens)?.max(number(
+            "max_completion_tokens",
+            probe.max_completion_tokens,
+        )?);
+        let choices = number("n", probe.n)?.unwrap_or(1).max(1);
         let Some(price) = self.cfg.prices.get(&model).copied() else {
             return Err(Refusal::new(
                 StatusCode::FORBIDDEN,

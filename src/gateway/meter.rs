@@ -223,8 +223,9 @@ impl Meter {
         let mut s = self.lock();
         let held_usd = s.held_usd();
         let need_usd = worst.cost_usd;
-        // NaN never fits.
-        let fits = s.spent_usd + held_usd + need_usd <= self.budget_usd;
+        // NaN never fits. Once the budget is exhausted nothing fits, also a call that passed
+        // the check at the door before another's refusal and waited for a slot since.
+        let fits = !*self.exceeded.borrow() && s.spent_usd + held_usd + need_usd <= self.budget_usd;
         if !fits {
             self.exceeded.send_replace(true);
             return Err(Shortfall {
@@ -436,6 +437,9 @@ mod tests {
         let sf = reserve(a, 2).unwrap_err();
         assert_eq!((sf.spent_usd, sf.held_usd, sf.need_usd), (0.0, 9.0, 2.0));
         assert!(m.exceeded());
+        // Exhausted: even a call that would fit is refused (one that passed the door's
+        // check before the refusal and waited for a slot since).
+        assert!(reserve(a, 1).is_err());
         // Settled: the real record replaces the hold.
         let mut real = worst(1);
         real.status = 200;

@@ -46,8 +46,9 @@
 //! The charge is recorded before the response body ends, so a task that saw the end of a
 //! response and calls again sees the new spend. Each admitted call runs on its own task,
 //! which outlives the task's connection: if the task hangs up (before the response head or
-//! mid-stream), the gateway keeps reading the upstream (within the call timeout) to meter
-//! what was really generated. When the run ends, its gateway's calls still in flight get a
+//! mid-stream), the gateway keeps reading the upstream to meter what was really generated
+//! (within the call timeout while the body is read; a task that stops reading without
+//! hanging up holds its call until the run ends, which settles it). When the run ends, its gateway's calls still in flight get a
 //! short grace to finish (the supervisor drives them), then each is charged its worst case
 //! (`"estimated"`, its note says why) before the spend is read.
 //!

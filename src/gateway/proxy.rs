@@ -154,7 +154,7 @@ impl Gateway {
     /// Serves the task on `listener` until this future is dropped (abort its task):
     /// one hyper HTTP/1 connection per accept, spawned on the current runtime, and all
     /// of them stopped when this future is dropped. The calls in flight are not: each
-    /// runs on its own task until it is charged (within the call timeout), or until its
+    /// runs on its own task until it is charged (a task that stops reading holds it), or until its
     /// owner charges it its worst case ([`crate::sandbox::CostMeter::settle_in_flight`])
     /// or drops the runtime (a call dropped unsettled is charged its worst case).
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {

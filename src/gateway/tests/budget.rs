@@ -143,3 +143,43 @@ async fn parallel_calls_sum_exactly() {
     assert_eq!(rt.gw.meter().log().len(), 20);
     assert_eq!(fake.requests().await, 20);
 }
+
+#[tokio::test]
+async fn the_worst_cases_fields_are_read_strictly() {
+    // An upstream that coerces could read `"n": "50"`, `1e5` or `-1` (as "unlimited") where
+    // a lenient gateway took the field as absent and held too little: refused, never sent.
+    let fake = Fake::start(&[]);
+    let rt = start(config(&fake.base(), &[("gpt-test", 1.0, 1.0)]), None, 5.0).await;
+    let c = client();
+    for (field, value) in [
+        ("n", json!("50")),
+        ("n", json!(3.0)),
+        ("max_tokens", json!(1e5)),
+        ("max_tokens", json!(-1)),
+        ("max_completion_tokens", json!("100000")),
+        ("stream", json!("true")),
+        ("stream", json!(1)),
+    ] {
+        let mut req = chat("gpt-test", "hi");
+        req[field] = value.clone();
+        let r = rt.post_chat(&c, &req).await;
+        assert_eq!(r.status(), 400, "{field} = {value}");
+        let msg = r.json::<Value>().await.unwrap()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(msg.contains(&format!("`{field}`")), "{msg}");
+    }
+    // null is absent, and whole numbers pass.
+    let mut req = chat("gpt-test", "hi");
+    req["n"] = json!(null);
+    req["max_tokens"] = json!(5);
+    req["stream"] = json!(false);
+    assert_eq!(rt.post_chat(&c, &req).await.status(), 200);
+    assert_eq!(
+        fake.requests().await,
+        1,
+        "only the well-formed call was sent"
+    );
+    assert!(!rt.gw.meter().exceeded());
+}
