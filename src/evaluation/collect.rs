@@ -37,6 +37,55 @@ pub struct RunResult {
     pub protected_changes: Vec<crate::verdict::decide::ProtectedChange>,
 }
 
+impl RunResult {
+    /// What a side's runs left, as evidence: every name and message in it redacted. Metric
+    /// names that would become one are refused as a metrics error (`metrics_path`: the
+    /// task's declared metrics file, named in it).
+    pub fn redact(&mut self, red: &Redactor, metrics_path: &str) {
+        let r = self;
+        if red.is_empty() {
+            return;
+        }
+        if let Some(t) = r.tests.as_mut() {
+            for c in &mut t.cases {
+                c.name = red.text(&c.name);
+                // As the parser keeps it: only while the name still starts with it.
+                c.classname = c
+                    .classname
+                    .take()
+                    .map(|cn| red.text(&cn))
+                    .filter(|cn| c.name.starts_with(&format!("{cn}.")));
+                c.message = c.message.take().map(|m| red.text(&m));
+            }
+        }
+        for e in [
+            &mut r.results_error,
+            &mut r.metrics_error,
+            &mut r.outcome.exec_error,
+        ] {
+            if let Some(s) = e.as_mut() {
+                *s = red.text(s);
+            }
+        }
+        if let Some(m) = r.metrics.take() {
+            match red.metric_names(m) {
+                Ok(m) => r.metrics = Some(m),
+                Err(name) => {
+                    r.metrics_error = Some(format!(
+                        "{metrics_path}: two metric names read `{name}` once the values the policy passes into the sandbox are redacted, and fork cannot tell them apart; name metrics without those values"
+                    ))
+                }
+            }
+        }
+        for n in &mut r.notes {
+            *n = red.text(n);
+        }
+        for c in &mut r.protected_changes {
+            c.path = red.text(&c.path);
+        }
+    }
+}
+
 /// Longest staged artifact name kept from a name the successor chose (well below NAME_MAX,
 /// with room for the side and retry prefixes).
 const MAX_STAGED_NAME: usize = 96;

@@ -26,7 +26,6 @@
 //!
 //! [`Policy::secret_values`]: crate::policy::Policy::secret_values
 
-use super::collect::RunResult;
 use std::collections::BTreeMap;
 use zeroize::Zeroizing;
 
@@ -178,54 +177,8 @@ impl Redactor {
             .unwrap_or(0)
     }
 
-    /// What a side's runs left, as evidence: every name and message in it redacted. Metric
-    /// names that would become one are refused as a metrics error (`metrics_path`: the
-    /// task's declared metrics file, named in it).
-    pub fn run(&self, r: &mut RunResult, metrics_path: &str) {
-        if self.is_empty() {
-            return;
-        }
-        if let Some(t) = r.tests.as_mut() {
-            for c in &mut t.cases {
-                c.name = self.text(&c.name);
-                // As the parser keeps it: only while the name still starts with it.
-                c.classname = c
-                    .classname
-                    .take()
-                    .map(|cn| self.text(&cn))
-                    .filter(|cn| c.name.starts_with(&format!("{cn}.")));
-                c.message = c.message.take().map(|m| self.text(&m));
-            }
-        }
-        for e in [
-            &mut r.results_error,
-            &mut r.metrics_error,
-            &mut r.outcome.exec_error,
-        ] {
-            if let Some(s) = e.as_mut() {
-                *s = self.text(s);
-            }
-        }
-        if let Some(m) = r.metrics.take() {
-            match self.metric_names(m) {
-                Ok(m) => r.metrics = Some(m),
-                Err(name) => {
-                    r.metrics_error = Some(format!(
-                        "{metrics_path}: two metric names read `{name}` once the values the policy passes into the sandbox are redacted, and fork cannot tell them apart; name metrics without those values"
-                    ))
-                }
-            }
-        }
-        for n in &mut r.notes {
-            *n = self.text(n);
-        }
-        for c in &mut r.protected_changes {
-            c.path = self.text(&c.path);
-        }
-    }
-
     /// `metrics` with their names redacted, or the redacted name two of them share.
-    fn metric_names(
+    pub(super) fn metric_names(
         &self,
         metrics: BTreeMap<String, f64>,
     ) -> Result<BTreeMap<String, f64>, String> {
@@ -309,7 +262,7 @@ mod tests {
             path: "tests/token".into(),
             change: crate::verdict::decide::ChangeKind::Added,
         }];
-        r().run(&mut run, "metrics.json");
+        run.redact(&r(), "metrics.json");
         assert_eq!(run.protected_changes[0].path, "tests/[redacted by fork]");
         let t = run.tests.as_ref().unwrap();
         assert_eq!(t.failed(), 2);
@@ -336,7 +289,7 @@ mod tests {
             ]
             .into(),
         );
-        r().run(&mut run, "out/metrics.json");
+        run.redact(&r(), "out/metrics.json");
         assert!(run.metrics.is_none());
         let e = run.metrics_error.unwrap();
         assert!(

@@ -126,7 +126,7 @@ pub fn run_side(
     // The evidence leaves here, redacted once (its artifacts were as they were staged):
     // after the attempts are merged, which matches failures by the names as reported.
     let metrics_path = t.spec.metrics.as_deref().unwrap_or("metrics");
-    p.redactor.run(&mut merged, metrics_path);
+    merged.redact(&p.redactor, metrics_path);
     Ok(merged)
 }
 

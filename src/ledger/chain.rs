@@ -8,7 +8,7 @@ use rusqlite::{Transaction, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::head::{read_head_file, HeadRecord};
+use super::head::{read_head_file, seq_range, HeadRecord};
 use super::schema::GENESIS_HASH;
 use super::schema::{read_head_table, row_to_entry, COLUMNS};
 use super::{sql_err, Entry, Ledger, LedgerError};
@@ -128,14 +128,6 @@ pub(super) fn compute_row_hash(e: &Entry) -> String {
     put(&mut h, e.bundle_dir.as_bytes());
     put(&mut h, e.verdict_sha256.as_bytes());
     hex::encode(h.finalize())
-}
-
-pub(super) fn seq_range(from: i64, to: i64) -> String {
-    if from == to {
-        format!("seq {from}")
-    } else {
-        format!("seq {from}..{to}")
-    }
 }
 
 /// Walks the rows in seq order, pushes one problem per anomaly, and returns the chain's

@@ -10,7 +10,6 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::chain::seq_range;
 use super::entry::is_hex64;
 use super::LedgerError;
 
@@ -252,6 +251,15 @@ pub(super) fn check_sidecar(
             table.head_hash, side.head_hash
         ),
     })
+}
+
+/// `seq N`, or `seq N..M` for a range of rows.
+pub(super) fn seq_range(from: i64, to: i64) -> String {
+    if from == to {
+        format!("seq {from}")
+    } else {
+        format!("seq {from}..{to}")
+    }
 }
 
 #[cfg(test)]

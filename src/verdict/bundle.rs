@@ -24,8 +24,9 @@
 
 use crate::identity::{EphemeralKey, NodeKey, PublicKey, SigningIdentity};
 use crate::ioerr::{IoContext, IoError};
+pub use crate::verdict::bundle_error::BundleError;
 use crate::verdict::bundle_limit;
-use crate::verdict::sign::{self, Endorsement, SignError};
+use crate::verdict::sign::{self, Endorsement};
 use crate::verdict::{Artifact, ArtifactType, Verdict};
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -33,7 +34,6 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
 /// The verdict document.
 pub const VERDICT_FILE: &str = "verdict.json";
@@ -48,29 +48,6 @@ pub const ARTIFACTS_DIR: &str = "artifacts";
 pub const WITHHELD_FILE: &str = "artifacts.withheld";
 /// Infix of the temporary directory a bundle is built in (`.<name>.partial-XXXXXX`).
 pub const PARTIAL_INFIX: &str = ".partial-";
-
-/// Why a bundle could not be written.
-#[derive(Debug, Error)]
-pub enum BundleError {
-    #[error("{path} already exists: a verdict bundle is never overwritten; pick another --out or remove it")]
-    Exists { path: PathBuf },
-    #[error("artifact {path} is not a regular file (symlinks, directories and special files are never bundled)")]
-    ArtifactNotRegular { path: PathBuf },
-    #[error("the verdict is not valid: {}", .0.join("; "))]
-    Invalid(Vec<String>),
-    #[error("cannot sign the verdict: {0}")]
-    Sign(#[from] SignError),
-    #[error("cannot serialize the verdict: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error(transparent)]
-    Io(#[from] IoError),
-    #[error("the verdict's signed files would be {bytes} bytes, and {without_metrics} bytes with its metrics left out, over the {limit} bytes `fork verify` reads from a bundle: nothing was written; report fewer metrics, with shorter names")]
-    TooLarge {
-        bytes: u64,
-        without_metrics: u64,
-        limit: u64,
-    },
-}
 
 /// A bundle that was written.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 //! as [`too_large_to_record`] says: its metric listings left out, never an approval. Only
 //! one still too large after that is refused, as an error naming the sizes.
 
-use super::bundle::BundleError;
+use super::bundle_error::BundleError;
 use super::decide::wording::short;
 use super::sign;
 use super::{Verdict, VerdictKind};

@@ -13,6 +13,7 @@
 //! * `header.timestamp`: RFC 3339 in UTC, `2025-01-31T12:00:00.123Z`.
 
 pub mod bundle;
+pub mod bundle_error;
 pub mod bundle_limit;
 pub mod decide;
 pub mod deployed;
