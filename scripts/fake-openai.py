@@ -10,7 +10,9 @@ Standard library only. Listens on loopback only and answers:
                               stream_options.include_usage is true, then `data: [DONE]`.
   POST /v1/embeddings         one fixed-length vector per input, usage {prompt_tokens, total_tokens}
   GET  /v1/models             the models it "serves" (any model name is accepted)
-  GET  /fake/stats            {"requests": N} counted over the /v1 endpoints (for tests)
+  GET  /fake/stats            {"requests": N} counted over the /v1 endpoints, and
+                              "last_chat_limits": the max_tokens / max_completion_tokens
+                              the last chat call carried, as sent (absent ones left out)
 
 Options:
   --port N --port-file F      port to bind (0: any free one), written to F once listening
@@ -23,6 +25,8 @@ Options:
   --chunk-delay-ms N          sleep between streamed chunks
   --delay-ms N                sleep before answering a chat or embeddings call (the call
                               is counted, and "billed", whether or not the client waits)
+  --pad-bytes N --pad-depth D a non-streamed chat reply carries "fake_pad": about N bytes
+                              of small objects, D arrays deep, before its usage
   --max-requests N / --max-seconds N   exit after that many requests / seconds
 
 Example: python3 scripts/fake-openai.py --port 0 --port-file /tmp/fake.port
@@ -64,6 +68,7 @@ class State:
         self.args = args
         self.lock = threading.Lock()
         self.requests = 0
+        self.last_chat_limits = None
         self.total = 0
         self.done = threading.Event()
 
@@ -148,8 +153,10 @@ def make_handler(state):
             path = self.path.split("?")[0]
             if path == "/fake/stats":
                 with state.lock:
-                    n = state.requests
-                self.send_json(200, {"requests": n})
+                    stats = {"requests": state.requests}
+                    if state.last_chat_limits is not None:
+                        stats["last_chat_limits"] = state.last_chat_limits
+                self.send_json(200, stats)
                 return
             state.count()
             if not self.authorized():
@@ -185,6 +192,9 @@ def make_handler(state):
             return text
 
         def chat(self, req):
+            with state.lock:
+                state.last_chat_limits = {k: req[k] for k in ("max_tokens", "max_completion_tokens")
+                                          if k in req}
             prompt = message_text(req.get("messages"))
             reply = self.reply_text(prompt)
             model = str(req.get("model", ""))
@@ -200,6 +210,11 @@ def make_handler(state):
                    "model": model,
                    "choices": [{"index": 0, "finish_reason": "stop",
                                 "message": {"role": "assistant", "content": reply}}]}
+            if args.pad_bytes:
+                pad = [{"i": i, "v": [i, 0.5, None, "pad"]} for i in range(args.pad_bytes // 40)]
+                for _ in range(args.pad_depth):
+                    pad = [pad]
+                out["fake_pad"] = pad
             if not args.no_usage:
                 out["usage"] = usage
             self.send_json(200, out, self.echo_extra())
@@ -261,6 +276,8 @@ def main():
     p.add_argument("--no-usage", action="store_true")
     p.add_argument("--chunk-delay-ms", type=int, default=0)
     p.add_argument("--delay-ms", type=int, default=0)
+    p.add_argument("--pad-bytes", type=int, default=0)
+    p.add_argument("--pad-depth", type=int, default=0)
     p.add_argument("--max-requests", type=int, default=10000)
     p.add_argument("--max-seconds", type=float, default=600)
     args = p.parse_args()
@@ -270,6 +287,8 @@ def main():
         sys.exit("fake-openai: --max-requests and --max-seconds must be positive")
     if not 0 <= args.delay_ms <= 60000 or not 0 <= args.chunk_delay_ms <= 60000:
         sys.exit("fake-openai: --delay-ms and --chunk-delay-ms must be 0 to 60000")
+    if not 0 <= args.pad_bytes <= 64 << 20 or not 0 <= args.pad_depth <= 900:
+        sys.exit("fake-openai: --pad-bytes must be 0 to 64 MiB and --pad-depth 0 to 900")
 
     state = State(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))

@@ -36,7 +36,9 @@
 //!
 //! Metering: the response's `usage` (`prompt_tokens`/`completion_tokens`, or
 //! `input_tokens`/`output_tokens`, or `total_tokens`), read from the JSON body or, for SSE,
-//! from the `data:` line that carries it. A 2xx answer without a usable `usage` is charged
+//! from the `data:` line that carries it; only `usage` is built, the rest of the body is
+//! skipped as it is read (no tree of a response of up to [`MAX_METER_BUFFER`] bytes, no
+//! depth limit), and a `usage` named twice counts as the last one. A 2xx answer without a usable `usage` is charged
 //! an estimate, `ceil(request bytes / 3)` prompt tokens and `ceil(response bytes / 3)`
 //! completion tokens, marked `"estimated"`. A call whose usage cannot be known (the upstream
 //! did not answer within the timeout or failed after the call was sent, or the response was

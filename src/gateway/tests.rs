@@ -13,6 +13,7 @@ use zeroize::Zeroizing;
 
 use super::*;
 
+mod bounds;
 mod budget;
 
 /// The supervisor's key in these tests (long enough to be scrubbed from bodies).
