@@ -25,6 +25,8 @@ Options:
   --chunk-delay-ms N          sleep between streamed chunks
   --delay-ms N                sleep before answering a chat or embeddings call (the call
                               is counted, and "billed", whether or not the client waits)
+  --refuse-field NAME         answer a chat call that carries NAME 400 unsupported_parameter
+                              (as OpenAI's reasoning models answer max_tokens)
   --pad-bytes N --pad-depth D a non-streamed chat reply carries "fake_pad": about N bytes
                               of small objects, D arrays deep, before its usage
   --max-requests N / --max-seconds N   exit after that many requests / seconds
@@ -195,6 +197,13 @@ def make_handler(state):
             with state.lock:
                 state.last_chat_limits = {k: req[k] for k in ("max_tokens", "max_completion_tokens")
                                           if k in req}
+            if args.refuse_field and args.refuse_field in req:
+                self.send_json(400, {"error": {
+                    "message": "Unsupported parameter: '%s' is not supported with this model."
+                               % args.refuse_field,
+                    "type": "invalid_request_error", "param": args.refuse_field,
+                    "code": "unsupported_parameter"}})
+                return
             prompt = message_text(req.get("messages"))
             reply = self.reply_text(prompt)
             model = str(req.get("model", ""))
@@ -276,6 +285,7 @@ def main():
     p.add_argument("--no-usage", action="store_true")
     p.add_argument("--chunk-delay-ms", type=int, default=0)
     p.add_argument("--delay-ms", type=int, default=0)
+    p.add_argument("--refuse-field")
     p.add_argument("--pad-bytes", type=int, default=0)
     p.add_argument("--pad-depth", type=int, default=0)
     p.add_argument("--max-requests", type=int, default=10000)

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::config::clip;
+use super::config::{clip, LimitField};
 use super::{Gateway, Price};
 
 /// The largest request body the task may send (413 beyond).
@@ -61,12 +61,10 @@ impl<'a> Probe<'a> {
     }
 }
 
-/// `body` (a JSON object, as read by [`Probe::read`]) with `stream_options.include_usage`
-/// set to true, the rest byte for byte as sent: the object `stream_options` was (at most
-/// [`MAX_STREAM_OPTIONS`] bytes) is rewritten in place, or one is added first.
-fn ask_for_usage(body: &str, stream_options: Option<&RawValue>) -> Result<Vec<u8>, String> {
-    let raw = stream_options.map(RawValue::get);
-    let mut opts = match raw {
+/// The `stream_options` a streamed call is forwarded with: the task's (at most
+/// [`MAX_STREAM_OPTIONS`] bytes; not an object, an empty one) with `include_usage: true`.
+fn ask_for_usage(stream_options: Option<&RawValue>) -> Result<String, String> {
+    let mut opts = match stream_options.map(RawValue::get) {
         Some(r) if r.len() > MAX_STREAM_OPTIONS => {
             return Err(format!(
                 "stream_options is over {MAX_STREAM_OPTIONS} bytes: send only the options (like include_usage)"
@@ -76,33 +74,85 @@ fn ask_for_usage(body: &str, stream_options: Option<&RawValue>) -> Result<Vec<u8
         None => Map::new(),
     };
     opts.insert("include_usage".into(), Value::Bool(true));
-    let opts = serde_json::to_string(&opts).map_err(|e| e.to_string())?;
-    // Where the old value sits in `body`: `raw` is borrowed from it.
-    let (start, end) = match raw {
-        Some(r) => {
+    serde_json::to_string(&opts).map_err(|e| e.to_string())
+}
+
+/// Changes to a request body: fields whose values are written over, fields added.
+#[derive(Default)]
+struct Edits<'a> {
+    /// (the value as it sits in the body, its new value)
+    replaced: Vec<(&'a RawValue, String)>,
+    /// (name, value), written first in the object.
+    added: Vec<(&'static str, String)>,
+}
+
+impl<'a> Edits<'a> {
+    /// Sets field `name`: written over where the body has it (`value`), else added.
+    fn set(&mut self, name: &'static str, value: Option<&'a RawValue>, new: String) {
+        match value {
+            Some(v) => self.replaced.push((v, new)),
+            None => self.added.push((name, new)),
+        }
+    }
+
+    /// Writes `limit` into a chat call that sets none: over each of `max_tokens` and
+    /// `max_completion_tokens` the call has as null, or as `field` when it has neither.
+    /// Returns what it wrote (`max_tokens = 4096`).
+    fn write_limit(&mut self, probe: &Probe<'a>, limit: u64, field: LimitField) -> String {
+        let nulls: Vec<(&'static str, &'a RawValue)> = [
+            ("max_tokens", probe.max_tokens),
+            ("max_completion_tokens", probe.max_completion_tokens),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| Some((name, v?)))
+        .collect();
+        let mut names = Vec::new();
+        if nulls.is_empty() {
+            self.set(field.name(), None, limit.to_string());
+            names.push(field.name());
+        }
+        for (name, v) in nulls {
+            self.set(name, Some(v), limit.to_string());
+            names.push(name);
+        }
+        format!("{} = {limit}", names.join(" and "))
+    }
+
+    /// `body` (a JSON object, as read by [`Probe::read`], the values of `replaced` borrowed
+    /// from it) with the edits made, the rest byte for byte as sent.
+    fn apply(mut self, body: &str) -> Result<Vec<u8>, String> {
+        let mut spans = Vec::with_capacity(self.replaced.len());
+        for (old, new) in self.replaced.drain(..) {
+            let r = old.get();
             let start = (r.as_ptr() as usize)
                 .checked_sub(body.as_ptr() as usize)
                 .filter(|s| body.get(*s..*s + r.len()) == Some(r))
-                .ok_or("the request's stream_options could not be located")?;
-            (start, start + r.len())
+                .ok_or("a field of the request could not be located to be rewritten")?;
+            spans.push((start, start + r.len(), new));
         }
-        None => {
-            let brace = body.len() - body.trim_start().len();
-            (brace + 1, brace + 1)
+        spans.sort_by_key(|s| s.0);
+        let extra: usize = spans.iter().map(|s| s.2.len()).sum::<usize>()
+            + self
+                .added
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 4)
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(body.len() + extra);
+        // Just past the object's `{`; the object is not empty (it names its model), so
+        // an added field is followed by a comma.
+        let mut at = body.len() - body.trim_start().len() + 1;
+        out.extend_from_slice(&body.as_bytes()[..at]);
+        for (name, value) in &self.added {
+            out.extend_from_slice(format!("\"{name}\":{value},").as_bytes());
         }
-    };
-    let mut out = Vec::with_capacity(body.len() + opts.len() + 20);
-    out.extend_from_slice(&body.as_bytes()[..start]);
-    if raw.is_none() {
-        // The object is not empty: it names its model.
-        out.extend_from_slice(b"\"stream_options\":");
-        out.extend_from_slice(opts.as_bytes());
-        out.push(b',');
-    } else {
-        out.extend_from_slice(opts.as_bytes());
+        for (start, end, new) in spans {
+            out.extend_from_slice(&body.as_bytes()[at..start]);
+            out.extend_from_slice(new.as_bytes());
+            at = end;
+        }
+        out.extend_from_slice(&body.as_bytes()[at..]);
+        Ok(out)
     }
-    out.extend_from_slice(&body.as_bytes()[end..]);
-    Ok(out)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,6 +213,8 @@ pub(super) struct Admitted {
     pub(super) max_tokens: Option<u64>,
     /// Completions asked for (`n`, at least 1).
     pub(super) choices: u64,
+    /// What the gateway wrote into a call that set no limit (`max_tokens = 4096`).
+    pub(super) wrote_limit: Option<String>,
 }
 
 impl Admitted {
@@ -181,7 +233,7 @@ impl Admitted {
             Some(m) => (m, "its max_tokens"),
             None => (
                 default_max_tokens,
-                "the gateway's default_max_tokens, as it sets no max_tokens",
+                "the gateway's default_max_tokens, written into the call as it set no max_tokens",
             ),
         };
         let completion = per_choice.saturating_mul(self.choices);
@@ -344,14 +396,30 @@ impl Gateway {
             .of(&model, stream));
         }
 
-        // The forwarded body: as sent, except a stream asks for its usage.
-        let body = if stream {
-            match ask_for_usage(text, probe.stream_options) {
-                Ok(v) => Bytes::from(v),
-                Err(m) => return Err(bad_request(m).of(&model, stream)),
-            }
-        } else {
+        // The forwarded body: as sent, except a stream asks for its usage, and a chat call
+        // that sets no limit gets the one it is held at (a null one written over), so the
+        // upstream generates no more than the hold.
+        let mut edits = Edits::default();
+        if stream {
+            let opts = ask_for_usage(probe.stream_options)
+                .map_err(|m| bad_request(m).of(&model, stream))?;
+            edits.set("stream_options", probe.stream_options, opts);
+        }
+        let wrote_limit = (endpoint == Endpoint::Chat && max_tokens.is_none()).then(|| {
+            edits.write_limit(
+                &probe,
+                self.cfg.default_max_tokens(),
+                self.cfg.default_max_tokens_field(),
+            )
+        });
+        let body = if edits.replaced.is_empty() && edits.added.is_empty() {
             body
+        } else {
+            Bytes::from(
+                edits
+                    .apply(text)
+                    .map_err(|m| bad_request(m).of(&model, stream))?,
+            )
         };
         Ok(Admitted {
             endpoint,
@@ -362,6 +430,7 @@ impl Gateway {
             price,
             max_tokens,
             choices,
+            wrote_limit,
         })
     }
 }
@@ -372,7 +441,13 @@ mod tests {
 
     fn usage_asked(body: &str) -> Result<String, String> {
         let probe = Probe::read(body)?;
-        ask_for_usage(body, probe.stream_options).map(|v| String::from_utf8(v).unwrap())
+        let mut edits = Edits::default();
+        edits.set(
+            "stream_options",
+            probe.stream_options,
+            ask_for_usage(probe.stream_options)?,
+        );
+        edits.apply(body).map(|v| String::from_utf8(v).unwrap())
     }
 
     #[test]
@@ -430,5 +505,77 @@ mod tests {
         assert!(usage_asked(&big)
             .unwrap_err()
             .contains("stream_options is over"));
+    }
+
+    fn limited(body: &str, field: LimitField, stream: bool) -> (String, String) {
+        let probe = Probe::read(body).unwrap();
+        let mut edits = Edits::default();
+        if stream {
+            let opts = ask_for_usage(probe.stream_options).unwrap();
+            edits.set("stream_options", probe.stream_options, opts);
+        }
+        let wrote = edits.write_limit(&probe, 77, field);
+        (
+            String::from_utf8(edits.apply(body).unwrap()).unwrap(),
+            wrote,
+        )
+    }
+
+    #[test]
+    fn a_call_that_sets_no_limit_gets_the_default_written_in_and_the_rest_goes_byte_for_byte() {
+        let body = r#" {"model": "m", "messages": [{"role": "user", "content": "x"}], "k": 1.50}"#;
+        assert_eq!(
+            limited(body, LimitField::MaxTokens, false),
+            (
+                r#" {"max_tokens":77,"model": "m", "messages": [{"role": "user", "content": "x"}], "k": 1.50}"#.to_string(),
+                "max_tokens = 77".to_string()
+            )
+        );
+        assert_eq!(
+            limited(body, LimitField::MaxCompletionTokens, false).0,
+            r#" {"max_completion_tokens":77,"model": "m", "messages": [{"role": "user", "content": "x"}], "k": 1.50}"#
+        );
+        // A null limit is written over where it is (no second field of the same name), each.
+        assert_eq!(
+            limited(
+                r#"{"model":"m","max_tokens": null,"z":0}"#,
+                LimitField::MaxCompletionTokens,
+                false
+            ),
+            (
+                r#"{"model":"m","max_tokens": 77,"z":0}"#.to_string(),
+                "max_tokens = 77".to_string()
+            )
+        );
+        assert_eq!(
+            limited(
+                r#"{"max_completion_tokens":null,"model":"m","max_tokens":null}"#,
+                LimitField::MaxTokens,
+                false
+            ),
+            (
+                r#"{"max_completion_tokens":77,"model":"m","max_tokens":77}"#.to_string(),
+                "max_tokens and max_completion_tokens = 77".to_string()
+            )
+        );
+        // With a stream's usage asked for as well, in place and first.
+        assert_eq!(
+            limited(
+                r#"{"model":"m","stream":true,"stream_options":{"z":1},"max_completion_tokens":null}"#,
+                LimitField::MaxTokens,
+                true
+            )
+            .0,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"z":1},"max_completion_tokens":77}"#
+        );
+        assert_eq!(
+            limited(
+                r#"{"model":"m","stream":true}"#,
+                LimitField::MaxTokens,
+                true
+            )
+            .0,
+            r#"{"stream_options":{"include_usage":true},"max_tokens":77,"model":"m","stream":true}"#
+        );
     }
 }

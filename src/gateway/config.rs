@@ -15,8 +15,9 @@ use super::GatewayError;
 pub const DEFAULT_PORT: u16 = 8089;
 /// The per-upstream-call timeout when the policy names none.
 pub const DEFAULT_TIMEOUT: &str = "120s";
-/// The completion tokens a chat call that sets no `max_tokens` is assumed to cost at most
-/// (held against the budget while it runs) when the policy names no `default_max_tokens`.
+/// The completion tokens a chat call that sets no `max_tokens` may cost at most when the
+/// policy names no `default_max_tokens`: held against the budget while it runs, and written
+/// into the call (see [`LimitField`]) so the upstream generates no more.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 /// The largest `default_max_tokens` a policy may set.
 const MAX_DEFAULT_MAX_TOKENS: u64 = 1_000_000;
@@ -35,6 +36,31 @@ impl Price {
     pub fn cost(&self, prompt_tokens: u64, completion_tokens: u64) -> f64 {
         prompt_tokens as f64 * self.input_per_mtok / 1e6
             + completion_tokens as f64 * self.output_per_mtok / 1e6
+    }
+}
+
+/// The field a chat call that sets no limit gets `default_max_tokens` in.
+///
+/// `max_tokens` by default: OpenAI-compatible servers read it, and some read only it
+/// (llama.cpp before February 2026; Ollama and LM Studio when this was written). A field an
+/// upstream does not know is ignored, and the call would run unbounded; a field it refuses
+/// is a 400, free. OpenAI's reasoning models (o1, o3, gpt-5 and later) refuse `max_tokens`
+/// that way (the call's log record then points here): for them, `max_completion_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitField {
+    #[default]
+    MaxTokens,
+    MaxCompletionTokens,
+}
+
+impl LimitField {
+    /// The field's name in a request.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitField::MaxTokens => "max_tokens",
+            LimitField::MaxCompletionTokens => "max_completion_tokens",
+        }
     }
 }
 
@@ -58,10 +84,16 @@ pub struct GatewayConfig {
     /// Per upstream call, a human duration (default [`DEFAULT_TIMEOUT`]).
     #[serde(default)]
     pub timeout: Option<String>,
-    /// The completion tokens held against the budget for a chat call that sets no
-    /// `max_tokens` (default [`DEFAULT_MAX_TOKENS`]); not sent upstream.
+    /// The completion tokens a chat call that sets neither `max_tokens` nor
+    /// `max_completion_tokens` may generate (default [`DEFAULT_MAX_TOKENS`]): held against
+    /// the budget, and written into the call as `default_max_tokens_field`.
     #[serde(default)]
     pub default_max_tokens: Option<u64>,
+    /// The field `default_max_tokens` is written into (default `max_tokens`; see
+    /// [`LimitField`]). Left out of the policy's serialized form when absent, so the
+    /// conditions hash of a policy without it is what it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_max_tokens_field: Option<LimitField>,
 }
 
 impl GatewayConfig {
@@ -198,11 +230,16 @@ impl GatewayConfig {
             .unwrap_or(Duration::from_secs(120))
     }
 
-    /// The completion tokens held for a chat call that sets no `max_tokens`.
+    /// The completion tokens held for (and written into) a chat call that sets no limit.
     pub fn default_max_tokens(&self) -> u64 {
         self.default_max_tokens
             .unwrap_or(DEFAULT_MAX_TOKENS)
             .clamp(1, MAX_DEFAULT_MAX_TOKENS)
+    }
+
+    /// The field [`Self::default_max_tokens`] is written into.
+    pub fn default_max_tokens_field(&self) -> LimitField {
+        self.default_max_tokens_field.unwrap_or_default()
     }
 
     /// What the task is given as `FORK_MODEL_URL`.
@@ -393,6 +430,32 @@ mod tests {
         let c: GatewayConfig = toml::from_str(t).unwrap();
         c.validate("p").unwrap();
         assert_eq!(c.prices["m"].output_per_mtok, 2.5);
+        // The field the default limit is written into: max_tokens unless the policy says.
+        assert_eq!(c.default_max_tokens_field(), LimitField::MaxTokens);
+        // A policy without it serializes as before (its conditions hash is unchanged).
+        let doc = serde_json::to_value(&c).unwrap();
+        assert!(doc.get("default_max_tokens_field").is_none(), "{doc}");
+        let with = t.replace(
+            "\n[prices.m]",
+            "\ndefault_max_tokens_field = \"max_completion_tokens\"\n[prices.m]",
+        );
+        let c: GatewayConfig = toml::from_str(&with).unwrap_or_else(|e| panic!("{with}: {e}"));
+        assert_eq!(
+            c.default_max_tokens_field(),
+            LimitField::MaxCompletionTokens
+        );
+        assert_eq!(c.default_max_tokens_field().name(), "max_completion_tokens");
+        let bad = t.replace(
+            "\n[prices.m]",
+            "\ndefault_max_tokens_field = \"max_output\"\n[prices.m]",
+        );
+        let e = toml::from_str::<GatewayConfig>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("max_output") && e.contains("max_completion_tokens"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -25,7 +25,11 @@
 //! exhausts the budget: no further call is passed, and the supervisor ends the run. An
 //! admitted call's worst case is held until its real charge replaces it. A streamed chat
 //! completion gets `stream_options.include_usage = true` so its last chunk carries usage
-//! (that object rewritten in place, the rest of the body forwarded byte for byte).
+//! (that object rewritten in place, the rest of the body forwarded byte for byte); a chat
+//! call that sets neither `max_tokens` nor `max_completion_tokens` (or sets them null) gets
+//! `default_max_tokens` written in, as `default_max_tokens_field` (`max_tokens` unless the
+//! policy says; a null one is written over where it is), so the upstream generates no more
+//! than the hold.
 //!
 //! Request headers forwarded: only `accept`, `user-agent` and `openai-beta` from the task,
 //! `content-type: application/json`, and `Authorization: Bearer <key>` when credentials are
@@ -88,7 +92,9 @@ use thiserror::Error;
 use zeroize::Zeroizing;
 
 pub use admit::MAX_REQUEST_BYTES;
-pub use config::{GatewayConfig, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT};
+pub use config::{
+    GatewayConfig, LimitField, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT,
+};
 pub use log::{CallRecord, MAX_LOG_RECORDS, MAX_REFUSED_RECORDS};
 pub use meter::Meter;
 pub use proxy::{MAX_CONNECTIONS, MAX_IN_FLIGHT, RESPONSE_HEADERS};

@@ -132,6 +132,8 @@ struct CallCtx {
     worst: ((u64, u64), String),
     /// The call's hold on the budget, settled with its charge.
     ticket: Ticket,
+    /// The limit the gateway wrote into the call (`max_tokens = 4096`), if it did.
+    wrote_limit: Option<String>,
 }
 
 impl CallCtx {
@@ -141,8 +143,20 @@ impl CallCtx {
         status: StatusCode,
         tokens: (u64, u64),
         metered: &'static str,
-        note: Option<String>,
+        mut note: Option<String>,
     ) {
+        if let Some(w) = &self.wrote_limit {
+            append_note(
+                &mut note,
+                &format!("the gateway wrote {w} into the call, which set no limit"),
+            );
+            if status.is_client_error() {
+                append_note(
+                    &mut note,
+                    "if the upstream refused that field (OpenAI's reasoning models refuse max_tokens), set max_tokens or max_completion_tokens in the call, or [gateway] default_max_tokens_field = \"max_completion_tokens\"",
+                );
+            }
+        }
         let record = self
             .call
             .record(status, tokens, Some(self.price), metered, note);
@@ -287,6 +301,7 @@ impl Gateway {
             request_bytes: a.body.len() as u64,
             worst: (worst, what),
             ticket,
+            wrote_limit: a.wrote_limit.clone(),
         };
         // The call runs on its own task, which outlives this handler: a task that hangs up
         // before the response head (hyper then drops this future) is still charged for

@@ -119,6 +119,7 @@ pub(super) fn config(upstream: &str, prices: &[(&str, f64, f64)]) -> GatewayConf
         port: None,
         timeout: Some("30s".into()),
         default_max_tokens: None,
+        default_max_tokens_field: None,
     }
 }
 
@@ -604,10 +605,10 @@ async fn a_response_without_usage_is_charged_an_estimate() {
         .is_none());
     let r = &rt.gw.meter().log()[0];
     assert_eq!(r.metered, "estimated");
-    let (p, c) = (
-        (body.len() as u64).div_ceil(3),
-        (got.len() as u64).div_ceil(3),
-    );
+    // The request as forwarded: with the max_tokens the gateway writes into a call that
+    // sets none.
+    let sent = body.len() + format!("\"max_tokens\":{DEFAULT_MAX_TOKENS},").len();
+    let (p, c) = ((sent as u64).div_ceil(3), (got.len() as u64).div_ceil(3));
     assert_eq!((r.prompt_tokens, r.completion_tokens), (p, c));
     assert!((r.cost_usd - (p as f64 * 3.0 + c as f64 * 7.0) / 1e6).abs() < 1e-15);
     assert!(r.note.as_deref().unwrap().contains("estimate"));

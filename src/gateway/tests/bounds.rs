@@ -1,7 +1,98 @@
-//! What the gateway bounds besides the fields a task sets: a response of several MiB is
-//! metered from its usage without being built whole.
+//! What the gateway bounds besides the fields a task sets: a chat call that sets no limit is
+//! sent the one it is held at; a response of several MiB is metered from its usage without
+//! being built whole.
 
 use super::*;
+
+/// The max_tokens / max_completion_tokens the fake upstream's last chat call carried.
+async fn last_limits(fake: &Fake) -> Value {
+    let v: Value = client()
+        .get(format!("http://127.0.0.1:{}/fake/stats", fake.port))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["last_chat_limits"].clone()
+}
+
+#[tokio::test]
+async fn a_call_that_sets_no_limit_is_sent_the_one_it_is_held_at() {
+    let fake = Fake::start(&[]);
+    let mut cfg = config(&fake.base(), &[("gpt-test", 1.0, 1.0)]);
+    cfg.default_max_tokens = Some(123);
+    let rt = start(cfg, None, 1.0).await;
+    let c = client();
+    let mut req = chat("gpt-test", "no limit set");
+    let r = rt.post_chat(&c, &req).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    assert_eq!(last_limits(&fake).await, json!({"max_tokens": 123}));
+    let note = rt.gw.meter().log()[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("the gateway wrote max_tokens = 123 into the call"),
+        "{note}"
+    );
+    // Streamed too, alongside the usage it is made to ask for.
+    req["stream"] = json!(true);
+    rt.post_chat(&c, &req).await.text().await.unwrap();
+    assert_eq!(last_limits(&fake).await, json!({"max_tokens": 123}));
+    // A null limit is written over; one the task set goes as it set it.
+    for (field, value, seen) in [
+        ("max_tokens", json!(null), json!({"max_tokens": 123})),
+        (
+            "max_completion_tokens",
+            json!(null),
+            json!({"max_completion_tokens": 123}),
+        ),
+        ("max_tokens", json!(5), json!({"max_tokens": 5})),
+        (
+            "max_completion_tokens",
+            json!(7),
+            json!({"max_completion_tokens": 7}),
+        ),
+        ("max_tokens", json!(100000), json!({"max_tokens": 100000})),
+    ] {
+        let mut req = chat("gpt-test", "a limit of its own");
+        req[field] = value.clone();
+        let r = rt.post_chat(&c, &req).await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+        assert_eq!(last_limits(&fake).await, seen, "{field} = {value}");
+    }
+    let notes: Vec<_> = rt.gw.meter().log().iter().map(|r| r.note.clone()).collect();
+    assert!(notes[4..].iter().all(Option::is_none), "{notes:?}");
+}
+
+#[tokio::test]
+async fn an_upstream_that_refuses_max_tokens_takes_max_completion_tokens() {
+    // As OpenAI's reasoning models answer a call that carries max_tokens.
+    let fake = Fake::start(&["--refuse-field", "max_tokens"]);
+    let cfg = config(&fake.base(), &[("gpt-test", 1.0, 1.0)]);
+    let rt = start(cfg.clone(), None, 1.0).await;
+    let r = rt.post_chat(&client(), &chat("gpt-test", "hi")).await;
+    assert_eq!(r.status(), 400);
+    r.bytes().await.unwrap();
+    let log = rt.gw.meter().log();
+    assert_eq!(log[0].cost_usd, 0.0);
+    let note = log[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "the gateway wrote max_tokens = {DEFAULT_MAX_TOKENS}"
+        )) && note.contains("default_max_tokens_field = \"max_completion_tokens\""),
+        "{note}"
+    );
+    let mut cfg = cfg;
+    cfg.default_max_tokens_field = Some(LimitField::MaxCompletionTokens);
+    let rt = start(cfg, None, 1.0).await;
+    let r = rt.post_chat(&client(), &chat("gpt-test", "hi")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        last_limits(&fake).await,
+        json!({"max_completion_tokens": DEFAULT_MAX_TOKENS})
+    );
+}
 
 #[tokio::test]
 async fn a_large_deeply_nested_response_is_metered_from_its_usage() {
