@@ -40,6 +40,8 @@ struct Probe<'a> {
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     n: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    messages: Option<&'a RawValue>,
 }
 
 /// A field that is there, `null` included (`None` is for a field that is not).
@@ -215,19 +217,28 @@ pub(super) struct Admitted {
     pub(super) choices: u64,
     /// What the gateway wrote into a call that set no limit (`max_tokens = 4096`).
     pub(super) wrote_limit: Option<String>,
+    /// The image parts of its messages.
+    pub(super) images: u64,
 }
 
 impl Admitted {
     /// The call's worst case, held against the budget while it runs: a prompt token per
-    /// request byte (a token is at least a byte of text), and for a chat call `n` times
-    /// its `max_tokens` (or `default_max_tokens`) completion tokens; and what it is made of.
-    pub(super) fn worst(&self, default_max_tokens: u64) -> ((u64, u64), String) {
-        let prompt = self.body.len() as u64;
+    /// request byte (a token is at least a byte of text) and `per_image` per image part,
+    /// and for a chat call `n` times its `max_tokens` (or `default_max_tokens`) completion
+    /// tokens; and what it is made of.
+    pub(super) fn worst(&self, default_max_tokens: u64, per_image: u64) -> ((u64, u64), String) {
+        let bytes = self.body.len() as u64;
+        let prompt = bytes.saturating_add(self.images.saturating_mul(per_image));
+        let prompt_what = if self.images == 0 {
+            format!("{prompt} prompt tokens (one per request byte)")
+        } else {
+            format!(
+                "{prompt} prompt tokens (one per request byte, and the gateway's max_tokens_per_image = {per_image} for each of its {} images)",
+                self.images
+            )
+        };
         if self.endpoint == Endpoint::Embeddings {
-            return (
-                (prompt, 0),
-                format!("{prompt} prompt tokens (one per request byte)"),
-            );
+            return ((prompt, 0), prompt_what);
         }
         let (per_choice, whose) = match self.max_tokens {
             Some(m) => (m, "its max_tokens"),
@@ -244,9 +255,7 @@ impl Admitted {
         };
         (
             (prompt, completion),
-            format!(
-                "{prompt} prompt tokens (one per request byte) and {completion} completion tokens ({whose}{times})"
-            ),
+            format!("{prompt_what} and {completion} completion tokens ({whose}{times})"),
         )
     }
 }
@@ -396,6 +405,17 @@ impl Gateway {
             .of(&model, stream));
         }
 
+        // What its content parts may cost beyond their bytes (a part with no bound: 400).
+        let images = match probe.messages {
+            Some(m) => super::parts::images_in(m).map_err(|e| {
+                bad_request(format!(
+                    "{e} (the gateway holds each call's worst case against the API-cost budget)"
+                ))
+                .of(&model, stream)
+            })?,
+            None => 0,
+        };
+
         // The forwarded body: as sent, except a stream asks for its usage, and a chat call
         // that sets no limit gets the one it is held at (a null one written over), so the
         // upstream generates no more than the hold.
@@ -431,6 +451,7 @@ impl Gateway {
             max_tokens,
             choices,
             wrote_limit,
+            images,
         })
     }
 }
@@ -469,6 +490,10 @@ mod tests {
             (
                 r#"{"model": "cheap", "model": "dear"}"#,
                 "duplicate field `model`",
+            ),
+            (
+                r#"{"model": "m", "messages": [], "messages": [{"content": "x"}]}"#,
+                "duplicate field `messages`",
             ),
         ] {
             let e = Probe::read(body)

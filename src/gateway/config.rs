@@ -21,6 +21,17 @@ pub const DEFAULT_TIMEOUT: &str = "120s";
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 /// The largest `default_max_tokens` a policy may set.
 const MAX_DEFAULT_MAX_TOKENS: u64 = 1_000_000;
+/// The prompt tokens each image part of a call is held at (beyond a token per request byte)
+/// when the policy names no `max_tokens_per_image`. OpenAI bills a high-detail image by
+/// 512-px tiles of it scaled into 2048 x 2048 with its short side at most 768 px, so at
+/// most 8 tiles: gpt-4o 85 + 170 a tile (at most 1,445 tokens), gpt-4o-mini 2,833 + 5,667
+/// a tile (at most 48,169, the most of OpenAI's published rates), the patch-billed models
+/// (gpt-4.1-mini, gpt-4.1-nano, o4-mini) at most 1,536 patches x 2.46 (3,779); Qwen2-VL
+/// at most 16,384, Claude about 1,600. 50,000 covers them; a policy pricing only gpt-4o
+/// can hold 1,445.
+pub const DEFAULT_MAX_TOKENS_PER_IMAGE: u64 = 50_000;
+/// The largest `max_tokens_per_image` a policy may set.
+const MAX_MAX_TOKENS_PER_IMAGE: u64 = 10_000_000;
 const MAX_ECHOED_LEN: usize = 200;
 
 /// USD per million tokens.
@@ -94,6 +105,11 @@ pub struct GatewayConfig {
     /// conditions hash of a policy without it is what it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_max_tokens_field: Option<LimitField>,
+    /// The prompt tokens each image part of a call is held at, beyond a token per request
+    /// byte (default [`DEFAULT_MAX_TOKENS_PER_IMAGE`]; 0 holds an image at its bytes only).
+    /// Skipped when absent, as above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_per_image: Option<u64>,
 }
 
 impl GatewayConfig {
@@ -201,6 +217,14 @@ impl GatewayConfig {
                 ));
             }
         }
+        if let Some(n) = self.max_tokens_per_image {
+            if n > MAX_MAX_TOKENS_PER_IMAGE {
+                return Err(err(
+                    "max_tokens_per_image",
+                    format!("{n} is over {MAX_MAX_TOKENS_PER_IMAGE}: give the most prompt tokens one image may cost the priced models, like {DEFAULT_MAX_TOKENS_PER_IMAGE}"),
+                ));
+            }
+        }
         if let Some(t) = &self.timeout {
             match crate::units::parse_duration(t) {
                 Ok(d) if !d.is_zero() => {}
@@ -235,6 +259,13 @@ impl GatewayConfig {
         self.default_max_tokens
             .unwrap_or(DEFAULT_MAX_TOKENS)
             .clamp(1, MAX_DEFAULT_MAX_TOKENS)
+    }
+
+    /// The prompt tokens each image part of a call is held at.
+    pub fn max_tokens_per_image(&self) -> u64 {
+        self.max_tokens_per_image
+            .unwrap_or(DEFAULT_MAX_TOKENS_PER_IMAGE)
+            .min(MAX_MAX_TOKENS_PER_IMAGE)
     }
 
     /// The field [`Self::default_max_tokens`] is written into.
@@ -338,6 +369,7 @@ mod tests {
         assert_eq!(ok.task_url(), "http://127.0.0.1:8089/v1");
         assert_eq!(ok.timeout(), Duration::from_secs(30));
         assert_eq!(ok.default_max_tokens(), DEFAULT_MAX_TOKENS);
+        assert_eq!(ok.max_tokens_per_image(), DEFAULT_MAX_TOKENS_PER_IMAGE);
         type Breaker = Box<dyn Fn(&mut GatewayConfig)>;
         let cases: Vec<(&str, Breaker)> = vec![
             (
@@ -400,6 +432,10 @@ mod tests {
                 "gateway.default_max_tokens",
                 Box::new(|c| c.default_max_tokens = Some(MAX_DEFAULT_MAX_TOKENS + 1)),
             ),
+            (
+                "gateway.max_tokens_per_image",
+                Box::new(|c| c.max_tokens_per_image = Some(MAX_MAX_TOKENS_PER_IMAGE + 1)),
+            ),
         ];
         for (field, break_it) in cases {
             let mut c = ok.clone();
@@ -435,6 +471,11 @@ mod tests {
         // A policy without it serializes as before (its conditions hash is unchanged).
         let doc = serde_json::to_value(&c).unwrap();
         assert!(doc.get("default_max_tokens_field").is_none(), "{doc}");
+        assert!(doc.get("max_tokens_per_image").is_none(), "{doc}");
+        let zero = t.replace("\n[prices.m]", "\nmax_tokens_per_image = 0\n[prices.m]");
+        let z: GatewayConfig = toml::from_str(&zero).unwrap();
+        z.validate("p").unwrap();
+        assert_eq!(z.max_tokens_per_image(), 0);
         let with = t.replace(
             "\n[prices.m]",
             "\ndefault_max_tokens_field = \"max_completion_tokens\"\n[prices.m]",

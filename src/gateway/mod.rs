@@ -20,8 +20,10 @@
 //! priced in the policy (else 403: a call that cannot be metered is never passed), and the
 //! call's worst case must fit in the budget (else 402): the spend,
 //! plus the worst cases held for the calls in flight, plus this call's worst case (a prompt
-//! token per request byte, and for a chat call `n` times its `max_tokens`, or
-//! `default_max_tokens` when it sets none, completion tokens). A call that does not fit
+//! token per request byte and `max_tokens_per_image` per image part of its `messages`, and
+//! for a chat call `n` times its `max_tokens`, or `default_max_tokens` when it sets none,
+//! completion tokens). A content part whose cost no hold bounds (a `file`, a `video_url`, a
+//! part without a known `type`: see parts.rs) is refused with a 400. A call that does not fit
 //! exhausts the budget: no further call is passed, and the supervisor ends the run. An
 //! admitted call's worst case is held until its real charge replaces it. A streamed chat
 //! completion gets `stream_options.include_usage = true` so its last chunk carries usage
@@ -77,6 +79,7 @@ mod admit;
 mod config;
 mod log;
 mod meter;
+mod parts;
 mod proxy;
 mod scrub;
 mod usage;
@@ -93,7 +96,8 @@ use zeroize::Zeroizing;
 
 pub use admit::MAX_REQUEST_BYTES;
 pub use config::{
-    GatewayConfig, LimitField, Price, DEFAULT_MAX_TOKENS, DEFAULT_PORT, DEFAULT_TIMEOUT,
+    GatewayConfig, LimitField, Price, DEFAULT_MAX_TOKENS, DEFAULT_MAX_TOKENS_PER_IMAGE,
+    DEFAULT_PORT, DEFAULT_TIMEOUT,
 };
 pub use log::{CallRecord, MAX_LOG_RECORDS, MAX_REFUSED_RECORDS};
 pub use meter::Meter;

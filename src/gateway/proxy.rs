@@ -266,7 +266,10 @@ impl Gateway {
         // The call's worst case must fit in what is left of the budget, and is held
         // against it until the call is charged (so parallel calls cannot overshoot).
         let call = arrival.into_call(&a.model, a.stream);
-        let (worst, what) = a.worst(self.cfg.default_max_tokens());
+        let (worst, what) = a.worst(
+            self.cfg.default_max_tokens(),
+            self.cfg.max_tokens_per_image(),
+        );
         let mut worst_record =
             call.clone()
                 .record(StatusCode::OK, worst, Some(a.price), "estimated", None);

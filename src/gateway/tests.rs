@@ -120,6 +120,7 @@ pub(super) fn config(upstream: &str, prices: &[(&str, f64, f64)]) -> GatewayConf
         timeout: Some("30s".into()),
         default_max_tokens: None,
         default_max_tokens_field: None,
+        max_tokens_per_image: None,
     }
 }
 
