@@ -471,11 +471,13 @@ pub fn conditions_hash(
     let gateway_doc =
         serde_json::to_vec(&gateway).map_err(|e| EvaluateError::Internal(e.to_string()))?;
     let mut h = Sha256::new();
-    // v4: the gateway in force (fork.toml's `[gateway]` overrides the policy's) and the
+    // v5: the gateway's limits (written into calls, images held, parts refused) and the
+    // default seccomp profile and rlimits tightened: a verdict cached under the looser ones
+    // is evaluated again. v4: the gateway in force (fork.toml's `[gateway]` overrides the policy's) and the
     // tools' tree hash too (a verdict was served after the tools outside the source tree
     // changed). v3: `protected` patterns read as paths, a named directory protecting what
     // it holds (a verdict the gate passed under the old reading is not served again).
-    h.update(b"fork-conditions-v4\0");
+    h.update(b"fork-conditions-v5\0");
     for part in [
         env!("CARGO_PKG_VERSION").as_bytes(),
         &policy_doc,
