@@ -90,6 +90,17 @@ pub enum IdentityError {
     NotAKeyFile { input: String },
     #[error("the signature does not verify with key {key}")]
     BadSignature { key: String },
+    #[error("{path} is a directory: name the key file itself (its public half goes beside it, NAME.pub), e.g. {path}/node.key")]
+    KeyPathIsDirectory { path: PathBuf },
+}
+
+impl IdentityError {
+    /// Whether a key file named on the command line is not what a key file must be (a
+    /// directory, a FIFO, a device): bad input (exit 65), as any input that is not a
+    /// regular file; the other failures to load a key are the flag's (64) or fork's.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, IdentityError::NotAFile { .. })
+    }
 }
 
 /// An ed25519 public key, spelled `ed25519:<base64>`.

@@ -28,6 +28,7 @@ pub mod run;
 pub mod rundir;
 pub mod sandbox;
 pub mod task;
+pub mod text;
 pub mod trace;
 pub mod units;
 pub mod verdict;

@@ -4,7 +4,7 @@ use crate::budget::{BudgetOverrides, BudgetText};
 use crate::cli::exit::{self, CliError};
 use crate::policy::Policy;
 use clap::Args;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 // Budget overrides shared by `run` and `evaluate`. Every value is taken as text (a
 // negative-looking one too: `--wall -5` is a value, not a flag) and checked by fork's one
@@ -81,20 +81,9 @@ pub fn parse_keys(
     Ok(out)
 }
 
-/// The bundle directory of a path that names it or its verdict.json.
-pub fn bundle_dir(p: &Path) -> PathBuf {
-    if p.is_file() {
-        p.parent()
-            .map(|d| d.to_path_buf())
-            .unwrap_or_else(|| PathBuf::from("."))
-    } else {
-        p.to_path_buf()
-    }
-}
+/// The bundle directory of a path that names it or its verdict.json (a bare
+/// `verdict.json`: the current directory).
+pub use crate::verdict::verify::bundle_dir_of as bundle_dir;
 
-/// Prints `value` as pretty JSON on stdout (`--json`); exit 70 if it cannot be encoded.
-pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
-    let doc = serde_json::to_string_pretty(value).map_err(|e| CliError::new(exit::INTERNAL, e))?;
-    println!("{doc}");
-    Ok(())
-}
+/// Prints `value` as pretty JSON on stdout (`--json`): see [`crate::cli::out::json`].
+pub use crate::cli::out::json as print_json;

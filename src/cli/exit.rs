@@ -6,10 +6,11 @@
 //! | 1 | REJECT (verify: invalid) |
 //! | 2 | NEEDS_REVISION |
 //! | 64 | usage error (a bad flag or setting: an unreachable `FORK_RUN_ROOT`) |
-//! | 65 | bad input: malformed patch, manifest, policy, task or verdict |
+//! | 65 | bad input: malformed patch, manifest, policy, task or verdict; a bundle file this user may not read (`verify`, `approve`), a bundle or `--key` file that is not a regular file |
 //! | 69 | a required isolation layer is unavailable on this host, or the sandbox init binary is missing or of another build (fail closed) |
 //! | 70 | internal error |
 //! | 73 | a CI output could not be written (the verdict was printed and recorded first) |
+//! | 74 | the result could not be written to stdout (a full disk, `> /dev/full`) |
 //! | 130 | interrupted |
 
 use crate::evaluation::reverify::ReverifyError;
@@ -37,6 +38,9 @@ pub const INTERNAL: i32 = 70;
 /// An output file could not be created (sysexits' EX_CANTCREAT): a CI report, after the
 /// verdict was printed and recorded.
 pub const CANT_CREATE: i32 = 73;
+/// The result could not be written to stdout (sysexits' EX_IOERR): what the command did
+/// (a verdict signed and recorded) stands; only its printing failed.
+pub const IO_ERROR: i32 = 74;
 pub const INTERRUPTED: i32 = 130;
 /// `fork run` whose sandbox was killed (by a budget or an interruption): 128 + SIGKILL.
 pub const RUN_KILLED: i32 = 137;
@@ -101,19 +105,22 @@ pub fn verify(e: &VerifyError) -> i32 {
         | VerifyError::Missing { .. }
         | VerifyError::Malformed { .. } => BAD_INPUT,
         // What the user named is not a readable file (a directory, a device, bytes that
-        // are not text): bad input; any other failure to read is fork's.
+        // are not text, a file this user may not read): bad input; any other failure to
+        // read (a failing disk) is fork's.
         VerifyError::Io(e) if bad_input_io(&e.source) => BAD_INPUT,
         VerifyError::Io(_) => INTERNAL,
         _ => INVALID,
     }
 }
 
-/// An I/O error that says the input is not what a file of that name must be.
+/// An I/O error that says the input is not what a file of that name must be, or not one
+/// this user may read (EACCES, EPERM: a 0700 bundle of another user's is the bundle's
+/// problem, not fork's).
 fn bad_input_io(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
         e.kind(),
-        IsADirectory | NotADirectory | InvalidData | InvalidInput | NotFound
+        IsADirectory | NotADirectory | InvalidData | InvalidInput | NotFound | PermissionDenied
     ) || e.raw_os_error() == Some(libc::ELOOP)
 }
 
@@ -189,8 +196,20 @@ pub fn identity(e: &IdentityError) -> i32 {
     match e {
         IdentityError::KeyExists { .. }
         | IdentityError::KeyIsPublicPath { .. }
+        | IdentityError::KeyPathIsDirectory { .. }
         | IdentityError::PublicOfAnotherKey { .. } => USAGE,
+        _ if e.is_bad_input() => BAD_INPUT,
         _ => INTERNAL,
+    }
+}
+
+/// A key file named by `--key` that could not be loaded: not a regular file is bad input
+/// (65); anything else (missing, readable by others, malformed) is the flag's (64).
+pub fn key_file(e: &IdentityError) -> i32 {
+    if e.is_bad_input() {
+        BAD_INPUT
+    } else {
+        USAGE
     }
 }
 
@@ -303,7 +322,11 @@ mod tests {
     #[test]
     fn io_errors_are_internal() {
         let denied = || io_error(std::io::ErrorKind::PermissionDenied);
-        assert_eq!(verify(&VerifyError::from(denied())), INTERNAL);
+        // A bundle file this user may not read is the bundle's problem; a failing disk
+        // is fork's.
+        assert_eq!(verify(&VerifyError::from(denied())), BAD_INPUT);
+        let failing = io_error(std::io::ErrorKind::Other);
+        assert_eq!(verify(&VerifyError::from(failing)), INTERNAL);
         assert_eq!(mesh(&MeshError::from(denied())), INTERNAL);
         assert_eq!(ledger(&LedgerError::from(denied())), INTERNAL);
         assert_eq!(identity(&IdentityError::from(denied())), INTERNAL);

@@ -1,12 +1,14 @@
 //! The command line: the only home of clap, printing and exit codes. One file per
 //! subcommand under [`commands`]; [`exit`] maps every library error to its exit code.
-//! Results go to stdout (text, or JSON with --json); logs go to stderr.
+//! Results go to stdout (text, or JSON with --json) through [`out`]; logs go to stderr.
 
 pub mod args;
 pub mod commands;
 pub mod exit;
+pub mod out;
 pub mod progress;
 
+pub use crate::text::{safe_lines, safe_text};
 pub use exit::CliError;
 
 use clap::{Parser, Subcommand};
@@ -122,7 +124,7 @@ pub fn dispatch(cli: Cli) -> i32 {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fork: {}", e.message);
+            out::error(&e.message);
             e.code
         }
     }

@@ -94,18 +94,9 @@ pub struct Agreement {
     /// [`MetricAgreement::band`]).
     pub noise_band: f64,
     pub metrics: Vec<MetricAgreement>,
+    #[serde(serialize_with = "crate::text::lossy_path")]
     pub our_bundle: PathBuf,
     pub our_run_id: String,
-}
-
-fn bundle_dir(p: &Path) -> PathBuf {
-    if p.is_file() {
-        p.parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."))
-    } else {
-        p.to_path_buf()
-    }
 }
 
 /// The node key that endorsed a bundle, as the endorsement claims it (checked afterwards
@@ -218,7 +209,7 @@ pub fn compare(
 /// Re-runs the evaluation a verdict describes on this node (its task, its exact budget,
 /// never from the cache), signs this node's own verdict, and compares the two.
 pub fn reverify(a: &ReverifyRequest) -> Result<(Agreement, Evaluation), ReverifyError> {
-    let dir = bundle_dir(&a.verdict);
+    let dir = crate::verdict::verify::bundle_dir_of(&a.verdict);
     // 1. The verdict must be intact (and, with trusted keys, endorsed by one of them).
     let mut trusted = a.trust.clone();
     let their_node_trusted = !trusted.is_empty();

@@ -37,6 +37,13 @@ fn sync_dir(dir: &Path) -> Result<(), IdentityError> {
 /// ([`IdentityError::PublicOfAnotherKey`]): `keygen --out node.steward` beside `node.key`
 /// would otherwise replace the node's `node.pub`.
 pub fn generate_node_key(path: &Path, force: bool) -> Result<PublicKey, IdentityError> {
+    // A directory is never a key path, with or without `force` (the rename onto it failed
+    // late, `Is a directory`, exit 70): refused before anything is made.
+    if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(IdentityError::KeyPathIsDirectory {
+            path: path.to_path_buf(),
+        });
+    }
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

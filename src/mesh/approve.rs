@@ -99,6 +99,7 @@ pub struct StewardCheck {
     /// The steward key, `ed25519:<base64>`.
     pub steward_key: String,
     /// The bundle checked (none when consensus had no approving bundle to check).
+    #[serde(serialize_with = "crate::text::lossy_opt_path")]
     pub bundle: Option<PathBuf>,
     /// Whether a valid approval by that key binds that bundle.
     pub ok: bool,

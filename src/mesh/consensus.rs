@@ -126,6 +126,7 @@ pub struct ConsensusConfig {
 /// An accepted vote.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Vote {
+    #[serde(serialize_with = "crate::text::lossy_path")]
     pub bundle: PathBuf,
     /// The trusted node key that endorsed the run, `ed25519:<base64>`.
     pub node_key: String,
@@ -178,6 +179,7 @@ impl fmt::Display for RefusalReason {
 /// A refused input.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Refused {
+    #[serde(serialize_with = "crate::text::lossy_path")]
     pub bundle: PathBuf,
     pub reason: RefusalReason,
     pub detail: String,
@@ -442,8 +444,10 @@ fn steward_gate(key: &PublicKey, approving: &[(PathBuf, PathBuf)]) -> StewardChe
 }
 
 impl ConsensusReport {
-    /// The report as human text (several lines, ending with a newline).
+    /// The report as human text (several lines, ending with a newline). Every field is
+    /// made safe for a terminal ([`crate::text::safe_text`]): a refusal's detail quotes a bundle.
     pub fn render(&self) -> String {
+        use crate::text::safe_text as t;
         let mut out = String::new();
         let decision = if self.approved {
             "APPROVED"
@@ -451,7 +455,7 @@ impl ConsensusReport {
             "NOT APPROVED"
         };
         out.push_str(&format!("consensus: {decision}\n"));
-        out.push_str(&format!("  {}\n", self.summary));
+        out.push_str(&format!("  {}\n", t(&self.summary)));
         out.push_str(&format!(
             "  quorum {} of {} responder(s) needs {}; floor {}; approvals {}\n",
             self.quorum, self.responders, self.needed, self.min_nodes, self.approvals
@@ -459,8 +463,8 @@ impl ConsensusReport {
         let unset = "(none)";
         out.push_str(&format!(
             "  patch {}\n  task  {}\n",
-            self.patch_hash.as_deref().unwrap_or(unset),
-            self.task_hash.as_deref().unwrap_or(unset)
+            t(self.patch_hash.as_deref().unwrap_or(unset)),
+            t(self.task_hash.as_deref().unwrap_or(unset))
         ));
         out.push_str(&format!("votes ({}):\n", self.votes.len()));
         for v in &self.votes {
@@ -468,9 +472,9 @@ impl ConsensusReport {
                 "  {:<14} {:.2}  node {}  run {}  {}\n",
                 v.verdict.as_str(),
                 v.confidence,
-                v.node_key,
-                v.run_id,
-                v.bundle.display()
+                t(&v.node_key),
+                t(&v.run_id),
+                t(&v.bundle.to_string_lossy())
             ));
         }
         if !self.refused.is_empty() {
@@ -479,8 +483,8 @@ impl ConsensusReport {
                 out.push_str(&format!(
                     "  {:<18} {}: {}\n",
                     r.reason.as_str(),
-                    r.bundle.display(),
-                    r.detail
+                    t(&r.bundle.to_string_lossy()),
+                    t(&r.detail)
                 ));
             }
         }
@@ -488,7 +492,8 @@ impl ConsensusReport {
             let state = if s.ok { "ok" } else { "MISSING" };
             out.push_str(&format!(
                 "steward {}: {state}: {}\n",
-                s.steward_key, s.detail
+                t(&s.steward_key),
+                t(&s.detail)
             ));
         }
         out

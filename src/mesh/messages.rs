@@ -117,6 +117,17 @@ fn shown(h: &Option<String>) -> String {
 }
 
 impl MeshError {
+    /// A `--key` file that could not be loaded, said as `message`: not a regular file is
+    /// bad input, anything else the flag's (see
+    /// [`crate::identity::IdentityError::is_bad_input`]).
+    pub fn key_file(e: &crate::identity::IdentityError, message: String) -> MeshError {
+        if e.is_bad_input() {
+            MeshError::Input(message)
+        } else {
+            MeshError::Usage(message)
+        }
+    }
+
     /// A failure that may go away by itself (an internal error of the evaluation): the
     /// proposal is delivered again rather than refused.
     pub fn is_transient(&self) -> bool {

@@ -59,7 +59,8 @@ pub struct ProposeOptions {
     /// The runtime the patch is for (its root, holding fork.toml: its name goes in the
     /// proposal, and nodes serving another runtime refuse it).
     pub runtime: PathBuf,
-    /// The task the nodes run (default: the runtime's first).
+    /// The task the nodes run (default: the manifest's plan, every `gate = true` task in
+    /// file order into one verdict, or the first task when none is marked).
     pub task: Option<String>,
     /// How long to wait for the verdicts, e.g. 60s, 5m.
     pub timeout: Duration,
@@ -103,6 +104,7 @@ pub struct ProposeReport {
     /// Where the verdicts were read from.
     pub subject: String,
     /// The directory holding the received bundles.
+    #[serde(serialize_with = "crate::text::lossy_path")]
     pub out_dir: PathBuf,
     /// Whether collecting ended at the timeout (rather than when the outcome was settled).
     pub timed_out: bool,
@@ -118,16 +120,17 @@ pub struct ProposeReport {
 impl ProposeReport {
     /// The report as human text.
     pub fn render(&self) -> String {
+        use crate::text::safe_text as t;
         let mut out = format!(
             "proposal {}  patch {}  runtime `{}`  task {}\n  {} verdict message(s) in {:.1}s{}; bundles in {}\n",
-            self.proposal_id,
-            self.patch_hash,
-            self.runtime,
-            self.task.as_deref().unwrap_or("(default)"),
+            t(&self.proposal_id),
+            t(&self.patch_hash),
+            t(&self.runtime),
+            t(self.task.as_deref().unwrap_or("(default)")),
             self.messages,
             self.elapsed_s,
             if self.timed_out { " (timed out)" } else { "" },
-            self.out_dir.display()
+            t(&self.out_dir.to_string_lossy())
         );
         if !self.refused_messages.is_empty() {
             out.push_str(&format!(
@@ -138,8 +141,8 @@ impl ProposeReport {
                 out.push_str(&format!(
                     "  #{} {}: {}\n",
                     r.sequence,
-                    r.node_key.as_deref().unwrap_or("(unknown node)"),
-                    r.reason
+                    t(r.node_key.as_deref().unwrap_or("(unknown node)")),
+                    t(&r.reason)
                 ));
             }
         }
@@ -266,7 +269,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         &opts.nats,
         "fork-propose",
         opts.staging,
-        Some(opts.timeout.min(Duration::from_secs(30))),
+        Some(opts.timeout.min(crate::mesh::transport::CONNECT_GIVE_UP)),
     )
     .await?;
     let (_, verdicts) = bus.ensure_streams().await?;

@@ -96,7 +96,8 @@ fn node_key(path: Option<&Path>) -> Result<(PathBuf, NodeKey), MeshError> {
             p
         }
     };
-    let key = crate::identity::load_node_key(&path).map_err(|e| MeshError::Usage(e.to_string()))?;
+    let key = crate::identity::load_node_key(&path)
+        .map_err(|e| MeshError::key_file(&e, e.to_string()))?;
     Ok((path, key))
 }
 
@@ -130,11 +131,15 @@ pub async fn serve(opts: ServeOptions) -> Result<(), MeshError> {
         publish,
     };
 
+    // A long-lived node waits for its server; `--once` answers what is pending now, so
+    // it gives up as `mesh propose` does (exit 69), never waiting without end.
     let bus = Bus::connect(
         &node.opts.nats,
         &consumer_name(&node.public, &node.runtime_name),
         node.opts.staging,
-        None,
+        node.opts
+            .once
+            .then_some(crate::mesh::transport::CONNECT_GIVE_UP),
     )
     .await?;
     log(format!(

@@ -183,6 +183,7 @@ pub struct NotApproved {
 #[derive(Debug, Clone, Serialize)]
 pub struct Approved {
     pub node_key: String,
+    #[serde(serialize_with = "crate::text::lossy_path")]
     pub bundle: PathBuf,
     pub verdict_sha256: String,
 }
@@ -200,26 +201,29 @@ pub struct StewardReport {
 }
 
 impl StewardReport {
+    /// The report as human text, every field made safe for a terminal (a reason quotes
+    /// what came over the bus).
     pub fn render(&self) -> String {
+        use crate::text::safe_text as t;
         let mut out = format!(
             "steward {}  patch {}  proposal {}\n",
-            self.steward_key,
-            self.patch_hash,
-            self.proposal_id.as_deref().unwrap_or("(none seen)")
+            t(&self.steward_key),
+            t(&self.patch_hash),
+            t(self.proposal_id.as_deref().unwrap_or("(none seen)"))
         );
         for a in &self.approved {
             out.push_str(&format!(
                 "  approved the verdict of {} ({})\n",
-                a.node_key,
-                a.bundle.display()
+                t(&a.node_key),
+                t(&a.bundle.to_string_lossy())
             ));
         }
         for n in &self.not_approved {
             out.push_str(&format!(
                 "  not approved #{} {}: {}\n",
                 n.sequence,
-                n.node_key.as_deref().unwrap_or("(unknown node)"),
-                n.reason
+                t(n.node_key.as_deref().unwrap_or("(unknown node)")),
+                t(&n.reason)
             ));
         }
         out.push_str(&format!(
@@ -293,7 +297,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
     }
     let patch_hash = sha256_digest(&read.bytes);
     let steward = crate::identity::load_node_key(&opts.key)
-        .map_err(|e| MeshError::Usage(format!("--key {}: {e}", opts.key.display())))?;
+        .map_err(|e| MeshError::key_file(&e, format!("--key {}: {e}", opts.key.display())))?;
     let mut trusted = Vec::new();
     for t in &opts.trust {
         let k = parse_key("--trust", t)?;
@@ -318,7 +322,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         &opts.nats,
         "fork-steward",
         opts.staging,
-        Some(opts.timeout.min(Duration::from_secs(30))),
+        Some(opts.timeout.min(crate::mesh::transport::CONNECT_GIVE_UP)),
     )
     .await?;
     let (_, verdicts) = bus.ensure_streams().await?;

@@ -39,6 +39,10 @@ const HEADER_ROOM: usize = 4 << 10;
 /// all (plus each request's own time-out when the server does not answer); an interrupt
 /// (SIGINT, SIGTERM) ends it at once.
 const STREAM_ATTEMPTS: usize = 8;
+/// How long a command that must end (`mesh propose`, `mesh approve`: at most their
+/// `--timeout`; `mesh serve --once`) tries to reach the server before it gives up (exit
+/// 69).
+pub const CONNECT_GIVE_UP: Duration = Duration::from_secs(30);
 /// Largest backoff between connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 

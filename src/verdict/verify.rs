@@ -237,6 +237,26 @@ fn read_json_file(path: &Path) -> Result<Vec<u8>, VerifyError> {
     Ok(bytes)
 }
 
+/// The directory holding `path`: "." for a bare file name (`Path::new("verdict.json")
+/// .parent()` is `Some("")`, not `None`, and `""` names no directory).
+pub fn parent_dir(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// The bundle directory a command line names: the path itself, or the directory holding
+/// it when it is a file (its verdict.json; see [`parent_dir`]). Looks nothing else up:
+/// reading the bundle then says what is wrong with it. For `consensus`, `approve` and
+/// `reverify`; [`verify_bundle`] is stricter (a file must be named verdict.json).
+pub fn bundle_dir_of(path: &Path) -> PathBuf {
+    if path.is_file() {
+        parent_dir(path)
+    } else {
+        path.to_path_buf()
+    }
+}
+
 /// The bundle directory for `path`: the directory itself, or the parent of its verdict.json.
 fn bundle_dir(path: &Path) -> Result<PathBuf, VerifyError> {
     let meta = fs::metadata(path).ctx("open", path)?;
@@ -244,8 +264,7 @@ fn bundle_dir(path: &Path) -> Result<PathBuf, VerifyError> {
         return Ok(path.to_path_buf());
     }
     if path.file_name().is_some_and(|n| n == VERDICT_FILE) {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        return Ok(parent.map_or_else(|| PathBuf::from("."), Path::to_path_buf));
+        return Ok(parent_dir(path));
     }
     Err(VerifyError::NotABundle {
         path: path.to_path_buf(),

@@ -19,7 +19,7 @@ pub struct ApproveArgs {
 
 pub fn approve(a: ApproveArgs) -> Result<i32, CliError> {
     let steward =
-        crate::identity::load_node_key(&a.key).map_err(|e| CliError::from((exit::USAGE, e)))?;
+        crate::identity::load_node_key(&a.key).map_err(|e| CliError::new(exit::key_file(&e), e))?;
     let mut trusted = parse_keys(&a.trust, "--trust")?;
     if trusted.is_empty() {
         let local = crate::identity::public_key_path(&crate::identity::default_node_key_path());
@@ -28,6 +28,6 @@ pub fn approve(a: ApproveArgs) -> Result<i32, CliError> {
         }
     }
     let path = crate::mesh::approve::approve(&bundle_dir(&a.verdict), &steward, &trusted)?;
-    println!("{}", path.display());
+    crate::cli::out::line(path.display().to_string())?;
     Ok(0)
 }

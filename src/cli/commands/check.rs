@@ -22,7 +22,7 @@ pub fn check(a: CheckArgs) -> Result<i32, CliError> {
     if a.json {
         print_json(&report)?;
     } else {
-        print!("{}", report.render());
+        crate::cli::out::lines(report.render())?;
     }
     Ok(if report.ok() { 0 } else { exit::UNAVAILABLE })
 }

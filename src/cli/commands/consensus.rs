@@ -70,7 +70,7 @@ pub fn consensus(a: ConsensusArgs) -> Result<i32, CliError> {
     if a.json {
         print_json(&rep)?;
     } else {
-        print!("{}", rep.render());
+        crate::cli::out::lines(rep.render())?;
     }
     Ok(if rep.approved { 0 } else { 1 })
 }

@@ -2,9 +2,11 @@
 
 use crate::cli::args::BudgetArgs;
 use crate::cli::exit::{self, CliError};
+use crate::cli::out;
 use crate::evaluation::{evaluate, CiOutputs, LedgerChoice, Request};
+use crate::verdict::Verdict;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct EvaluateArgs {
@@ -80,43 +82,57 @@ pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
     crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
     let ev = evaluate(&a.request()?)?;
     let v = &ev.verdict;
-    if a.json {
-        let doc = v
-            .to_json_pretty()
-            .map_err(|e| CliError::new(exit::INTERNAL, e))?;
-        println!("{}", String::from_utf8_lossy(&doc));
-    } else {
-        let what = if v.plan.len() > 1 { "plan" } else { "task" };
-        println!(
-            "{} (confidence {:.2})  {what} `{}`  run {}",
-            v.verdict, v.confidence, v.task, v.run_id
-        );
-        println!("  {}", v.evaluation_summary);
-        if v.plan.len() > 1 {
-            for t in &v.plan {
-                let said = t
-                    .verdict
-                    .map(|k| k.to_string())
-                    .unwrap_or_else(|| "NOT RUN".into());
-                println!("  task {}: {said}", t.task);
-            }
-        }
-        for c in &v.caveats {
-            println!("  caveat: {c}");
-        }
-        println!("  patch {}", v.patch_hash);
-        println!("  verdict: {}", ev.out_dir.join("verdict.json").display());
-    }
+    let verdict_path = ev.out_dir.join("verdict.json");
+    // The verdict is signed and recorded before it is printed: stdout that cannot be
+    // written (exit 74) says where the verdict is.
+    print_verdict(v, &verdict_path, a.json).map_err(|e| match e.code {
+        exit::IO_ERROR => CliError::new(
+            e.code,
+            format!(
+                "{} (the verdict stands: {})",
+                e.message,
+                verdict_path.display()
+            ),
+        ),
+        _ => e,
+    })?;
     // The verdict is shown (and signed and recorded) first; a report that could not be
     // written is then an error of its own, never one that hides the answer.
     if let Some(e) = &ev.ci_error {
         return Err(CliError::new(
             exit::CANT_CREATE,
-            format!(
-                "{e} (the verdict above stands: {})",
-                ev.out_dir.join("verdict.json").display()
-            ),
+            format!("{e} (the verdict above stands: {})", verdict_path.display()),
         ));
     }
     Ok(exit::verdict(v.verdict))
+}
+
+/// The verdict on stdout: its document (`--json`), or a summary of it.
+fn print_verdict(v: &Verdict, verdict_path: &Path, json: bool) -> Result<(), CliError> {
+    if json {
+        let doc = v
+            .to_json_pretty()
+            .map_err(|e| CliError::new(exit::INTERNAL, e))?;
+        return out::json_bytes(&doc);
+    }
+    let what = if v.plan.len() > 1 { "plan" } else { "task" };
+    out::line(format!(
+        "{} (confidence {:.2})  {what} `{}`  run {}",
+        v.verdict, v.confidence, v.task, v.run_id
+    ))?;
+    out::line(format!("  {}", v.evaluation_summary))?;
+    if v.plan.len() > 1 {
+        for t in &v.plan {
+            let said = t
+                .verdict
+                .map(|k| k.to_string())
+                .unwrap_or_else(|| "NOT RUN".into());
+            out::line(format!("  task {}: {said}", t.task))?;
+        }
+    }
+    for c in &v.caveats {
+        out::line(format!("  caveat: {c}"))?;
+    }
+    out::line(format!("  patch {}", v.patch_hash))?;
+    out::line(format!("  verdict: {}", verdict_path.display()))
 }

@@ -2,6 +2,7 @@
 
 use crate::cli::args::print_json;
 use crate::cli::exit::CliError;
+use crate::cli::out;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -48,7 +49,7 @@ pub fn history(a: HistoryArgs) -> Result<i32, CliError> {
         print_json(&entries)?;
     } else {
         for e in &entries {
-            println!(
+            out::line(format!(
                 "{:>5}  {}  {:<14} {:.2}  task `{}`  patch {}  run {}  {}",
                 e.seq,
                 e.timestamp,
@@ -58,10 +59,10 @@ pub fn history(a: HistoryArgs) -> Result<i32, CliError> {
                 e.patch_hash.get(..19).unwrap_or(&e.patch_hash),
                 e.run_id,
                 e.bundle_dir
-            );
+            ))?;
         }
         if entries.is_empty() {
-            println!("the ledger is empty");
+            out::line("the ledger is empty")?;
         }
     }
     Ok(0)
@@ -73,11 +74,11 @@ pub fn ledger_verify(path: Option<PathBuf>, json: bool) -> Result<i32, CliError>
     if json {
         print_json(&rep)?;
     } else if rep.ok {
-        println!("ledger ok: {} rows, hash chain intact", rep.rows);
+        out::line(format!("ledger ok: {} rows, hash chain intact", rep.rows))?;
     } else {
-        println!("ledger TAMPERED: {} rows", rep.rows);
+        out::line(format!("ledger TAMPERED: {} rows", rep.rows))?;
         for p in &rep.problems {
-            println!("  {p}");
+            out::line(format!("  {p}"))?;
         }
     }
     Ok(if rep.ok { 0 } else { 1 })

@@ -1,6 +1,7 @@
 //! `fork keygen`: a long-term identity key (a node's, or a steward's with `--out`).
 
 use crate::cli::exit::{self, CliError};
+use crate::cli::out;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
@@ -35,15 +36,15 @@ pub fn keygen(a: KeygenArgs) -> Result<i32, CliError> {
     let public = crate::identity::generate_node_key(&path, a.force)
         .map_err(|e| CliError::new(exit::identity(&e), e))?;
     match a.public_format {
-        PublicFormat::Fork => println!("{public}"),
-        PublicFormat::Spki => print!("{}", public.to_spki_pem()),
-        PublicFormat::Openssh => println!("{}", public.to_openssh("fork")),
+        PublicFormat::Fork => out::line(public.to_string())?,
+        PublicFormat::Spki => out::lines(public.to_spki_pem())?,
+        PublicFormat::Openssh => out::line(public.to_openssh("fork"))?,
     }
     let what = if is_node_key { "node key" } else { "key" };
-    eprintln!(
-        "fork: {what} written to {} (PKCS#8 PEM; public key in {})",
+    out::error(&format!(
+        "{what} written to {} (PKCS#8 PEM; public key in {})",
         path.display(),
         crate::identity::public_key_path(&path).display()
-    );
+    ));
     Ok(0)
 }

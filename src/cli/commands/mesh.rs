@@ -85,7 +85,8 @@ pub struct ServeArgs {
     /// Stop after handling N proposals (answered, or refused as invalid).
     #[arg(long, value_name = "N")]
     pub max_proposals: Option<u64>,
-    /// Answer the proposals pending now, then stop.
+    /// Answer the proposals pending now, then stop (a server not reached within 30 s:
+    /// exit 69).
     #[arg(long)]
     pub once: bool,
 }
@@ -101,7 +102,8 @@ pub struct ProposeArgs {
     /// proposal, and nodes serving another runtime refuse it).
     #[arg(long, default_value = ".")]
     pub runtime: PathBuf,
-    /// The task the nodes run (default: the runtime's first).
+    /// The task the nodes run (default: the manifest's plan, every `gate = true` task in
+    /// file order into one verdict, or the first task when none is marked).
     #[arg(long)]
     pub task: Option<String>,
     /// How long to wait for the verdicts, e.g. 60s, 5m.
@@ -171,7 +173,7 @@ pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
             if json {
                 print_json(&report)?;
             } else {
-                print!("{}", report.render());
+                crate::cli::out::lines(report.render())?;
             }
             Ok(if report.consensus.approved { 0 } else { 1 })
         }
@@ -189,7 +191,7 @@ pub fn mesh_cmd(cmd: MeshCommand) -> Result<i32, CliError> {
             if a.json {
                 print_json(&report)?;
             } else {
-                print!("{}", report.render());
+                crate::cli::out::lines(report.render())?;
             }
             Ok(if report.approved.is_empty() { 1 } else { 0 })
         }

@@ -4,9 +4,11 @@
 use crate::cli::args::parse_keys;
 use crate::cli::args::print_json;
 use crate::cli::exit::{self, CliError};
-use crate::evaluation::reverify::{reverify, MetricAgreement, ReverifyRequest};
+use crate::cli::out;
+use crate::evaluation::reverify::{reverify, Agreement, MetricAgreement, ReverifyRequest};
+use crate::evaluation::Evaluation;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct ReverifyArgs {
@@ -48,40 +50,58 @@ pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
         trust: parse_keys(&a.trust, "--trust")?,
     };
     let (report, ours) = reverify(&req)?;
-    let (agree, their_node_trusted) = (report.agree, report.their_node_trusted);
-    if a.json {
-        print_json(&report)?;
-    } else {
-        println!(
-            "{}: theirs {} (node {}{}), ours {} (confidence {:.2})",
-            if agree { "AGREE" } else { "DISAGREE" },
-            report.theirs,
-            report.their_node,
-            if their_node_trusted {
-                ""
-            } else {
-                ", not pinned with --trust"
-            },
-            report.ours,
-            ours.verdict.confidence
-        );
-        for m in &report.metrics {
-            println!(
-                "  {:<20} theirs {:<12} ours {:<12} {}",
-                m.name,
-                m.theirs,
-                m.ours
-                    .map(|o| o.to_string())
-                    .unwrap_or_else(|| "missing".into()),
-                agreement(m)
-            );
-        }
-        println!(
-            "  our verdict: {}",
-            ours.out_dir.join("verdict.json").display()
-        );
-    }
+    let ours_path = ours.out_dir.join("verdict.json");
+    // Our verdict is signed and recorded before the report is printed: stdout that cannot
+    // be written (exit 74) says where it is.
+    print_report(&report, &ours, &ours_path, a.json).map_err(|e| match e.code {
+        exit::IO_ERROR => CliError::new(
+            e.code,
+            format!(
+                "{} (our verdict stands: {})",
+                e.message,
+                ours_path.display()
+            ),
+        ),
+        _ => e,
+    })?;
     Ok(exit::verdict(ours.verdict.verdict))
+}
+
+/// The agreement report on stdout: JSON, or text.
+fn print_report(
+    report: &Agreement,
+    ours: &Evaluation,
+    ours_path: &Path,
+    json: bool,
+) -> Result<(), CliError> {
+    if json {
+        return print_json(report);
+    }
+    out::line(format!(
+        "{}: theirs {} (node {}{}), ours {} (confidence {:.2})",
+        if report.agree { "AGREE" } else { "DISAGREE" },
+        report.theirs,
+        report.their_node,
+        if report.their_node_trusted {
+            ""
+        } else {
+            ", not pinned with --trust"
+        },
+        report.ours,
+        ours.verdict.confidence
+    ))?;
+    for m in &report.metrics {
+        out::line(format!(
+            "  {:<20} theirs {:<12} ours {:<12} {}",
+            m.name,
+            m.theirs,
+            m.ours
+                .map(|o| o.to_string())
+                .unwrap_or_else(|| "missing".into()),
+            agreement(m)
+        ))?;
+    }
+    out::line(format!("  our verdict: {}", ours_path.display()))
 }
 
 /// How one metric's agreement reads: why the two agree, or that they do not, and how far

@@ -3,6 +3,7 @@
 
 use crate::cli::args::parse_keys;
 use crate::cli::exit::{self, CliError};
+use crate::cli::out;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -14,7 +15,7 @@ pub struct VerifyArgs {
     /// Without any, the local node key's public half is trusted.
     #[arg(long, allow_hyphen_values = true)]
     pub trust: Vec<String>,
-    /// Print the verified verdict as JSON.
+    /// Print the verified verdict as JSON (an invalid bundle: `{"valid": false, "reason"}`).
     #[arg(long)]
     pub json: bool,
     /// The patch to deploy: its sha256 must be the verdict's patch_hash. With --tree, it is
@@ -26,6 +27,29 @@ pub struct VerifyArgs {
     /// verdict's patched_tree_hash.
     #[arg(long)]
     pub tree: Option<PathBuf>,
+}
+
+/// What `fork verify --json` prints for a bundle that is not valid (exit 1): one JSON
+/// object, as for a valid one (the verdict document).
+#[derive(serde::Serialize)]
+struct Invalid {
+    valid: bool,
+    reason: String,
+}
+
+/// The answer "invalid" (exit 1): `invalid: <why>`, or with `--json` `{"valid": false,
+/// "reason": <why>}`. The reason quotes the bundle: made safe for a terminal.
+fn invalid(json: bool, reason: impl std::fmt::Display) -> Result<i32, CliError> {
+    let reason = reason.to_string();
+    if json {
+        out::json(&Invalid {
+            valid: false,
+            reason,
+        })?;
+    } else {
+        out::line(format!("invalid: {reason}"))?;
+    }
+    Ok(exit::INVALID)
 }
 
 /// `fork verify` from the command line.
@@ -40,61 +64,51 @@ pub fn verify_cmd(a: VerifyArgs) -> Result<i32, CliError> {
             trusted.push(k);
         }
     }
-    match crate::verdict::verify_bundle(&a.path, &trusted) {
-        Ok(v) => {
-            let check = crate::verdict::deployed::DeployedCheck {
-                patch: a.patch.clone(),
-                tree: a.tree.clone(),
-            };
-            let matched = match crate::verdict::deployed::check_deployed(&v.verdict, &check) {
-                Ok(m) => m,
-                Err(e) => {
-                    let code = exit::deployed(&e);
-                    if code == exit::INVALID {
-                        println!("invalid: {e}");
-                        return Ok(1);
-                    }
-                    return Err(CliError::from((code, e)));
-                }
-            };
-            if a.json {
-                let doc = v
-                    .verdict
-                    .to_json_pretty()
-                    .map_err(|e| CliError::from((exit::INTERNAL, e)))?;
-                println!("{}", String::from_utf8_lossy(&doc));
-            } else {
-                println!(
-                    "valid: {} {} (confidence {:.2}), signed by {} endorsed by node {}",
-                    v.verdict.verdict,
-                    v.verdict.patch_hash,
-                    v.verdict.confidence,
-                    v.successor_key,
-                    v.node_key
-                );
-                if let Some(h) = &matched.patch_hash {
-                    println!("  patch matches: {h}");
-                }
-                if let Some(h) = &matched.tree_hash {
-                    println!("  tree matches the patched tree evaluated: {h}");
-                }
-                if v.artifacts_withheld {
-                    println!(
-                        "  artifacts withheld by the publishing node: {} listed, their sha256 signed, their contents not here",
-                        v.verdict.artifacts.len()
-                    );
-                }
-            }
-            Ok(0)
-        }
+    let v = match crate::verdict::verify_bundle(&a.path, &trusted) {
+        Ok(v) => v,
         Err(e) => {
-            let code = exit::verify(&e);
-            if code == exit::INVALID {
-                println!("invalid: {e}");
-                Ok(1)
-            } else {
-                Err(CliError::from((code, e)))
+            return match exit::verify(&e) {
+                exit::INVALID => invalid(a.json, e),
+                code => Err(CliError::from((code, e))),
             }
         }
+    };
+    let check = crate::verdict::deployed::DeployedCheck {
+        patch: a.patch.clone(),
+        tree: a.tree.clone(),
+    };
+    let matched = match crate::verdict::deployed::check_deployed(&v.verdict, &check) {
+        Ok(m) => m,
+        Err(e) => {
+            return match exit::deployed(&e) {
+                exit::INVALID => invalid(a.json, e),
+                code => Err(CliError::from((code, e))),
+            }
+        }
+    };
+    if a.json {
+        let doc = v
+            .verdict
+            .to_json_pretty()
+            .map_err(|e| CliError::from((exit::INTERNAL, e)))?;
+        out::json_bytes(&doc)?;
+        return Ok(0);
     }
+    out::line(format!(
+        "valid: {} {} (confidence {:.2}), signed by {} endorsed by node {}",
+        v.verdict.verdict, v.verdict.patch_hash, v.verdict.confidence, v.successor_key, v.node_key
+    ))?;
+    if let Some(h) = &matched.patch_hash {
+        out::line(format!("  patch matches: {h}"))?;
+    }
+    if let Some(h) = &matched.tree_hash {
+        out::line(format!("  tree matches the patched tree evaluated: {h}"))?;
+    }
+    if v.artifacts_withheld {
+        out::line(format!(
+            "  artifacts withheld by the publishing node: {} listed, their sha256 signed, their contents not here",
+            v.verdict.artifacts.len()
+        ))?;
+    }
+    Ok(0)
 }

@@ -1,0 +1,57 @@
+//! Results on stdout: written through one lock and flushed, so a write that fails (a full
+//! disk, `> /dev/full`) is exit 74 with one line on stderr, never a panic; and made safe
+//! for a terminal ([`safe_text`], [`safe_lines`]): text from a bundle, the bus or a
+//! successor never reaches it with a control character in it.
+
+use crate::cli::exit::{self, CliError};
+use crate::text::{safe_lines, safe_text};
+use std::io::Write as _;
+
+/// Writes `text` to stdout as it is, and flushes.
+fn write_stdout(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| {
+            CliError::new(
+                exit::IO_ERROR,
+                format!("cannot write the result to stdout: {e}"),
+            )
+        })
+}
+
+/// Prints one line: every control character in it spelled out, `\n` included.
+pub fn line(text: impl AsRef<str>) -> Result<(), CliError> {
+    let mut s = safe_text(text.as_ref()).into_owned();
+    s.push('\n');
+    write_stdout(&s)
+}
+
+/// Prints text laid out on several lines (a report ending with its newline): control
+/// characters spelled out, `\n` kept. Reports make their fields safe one by one, so no
+/// field starts a line of its own.
+pub fn lines(text: impl AsRef<str>) -> Result<(), CliError> {
+    write_stdout(&safe_lines(text.as_ref()))
+}
+
+/// Prints `value` as pretty JSON and a newline (`--json`; serde escapes control
+/// characters); exit 70 if it cannot be encoded.
+pub fn json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let mut doc =
+        serde_json::to_string_pretty(value).map_err(|e| CliError::new(exit::INTERNAL, e))?;
+    doc.push('\n');
+    write_stdout(&doc)
+}
+
+/// Prints a JSON document already encoded (the verdict, as signed), and a newline.
+pub fn json_bytes(doc: &[u8]) -> Result<(), CliError> {
+    let mut s = String::from_utf8_lossy(doc).into_owned();
+    s.push('\n');
+    write_stdout(&s)
+}
+
+/// Says `message` on stderr as `fork: <message>`, control characters spelled out (`\n`
+/// kept: a TOML error's snippet spans lines). Best effort: a closed stderr is no panic.
+pub fn error(message: &str) {
+    let _ = writeln!(std::io::stderr(), "fork: {}", safe_lines(message));
+}
