@@ -263,6 +263,15 @@ fn stdout_failures_are_exit_74_and_paths_need_not_be_utf8() {
             .arg(&bundle),
     ));
 
+    // `fork gc` in text mode (an empty run root of the test's own: "nothing to reclaim").
+    let root = dir.join("runs");
+    std::fs::create_dir_all(&root).unwrap();
+    no_panic(&to_full(
+        Command::new(fork_bin())
+            .arg("gc")
+            .env("FORK_RUN_ROOT", &root),
+    ));
+
     let odd = dir.join(OsStr::from_bytes(b"bnd\xff"));
     std::fs::rename(&bundle, &odd).unwrap();
     let o = Command::new(fork_bin())

@@ -16,7 +16,7 @@ pub fn gc(a: GcArgs) -> Result<i32, CliError> {
     if a.json {
         print_json(&report)?;
     } else {
-        print!("{}", report.render());
+        crate::cli::out::lines(report.render())?;
     }
     Ok(if report.errors.is_empty() {
         0
