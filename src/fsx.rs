@@ -482,36 +482,6 @@ pub fn read_input_to_string_capped(path: &Path, max: u64) -> std::io::Result<Str
     Ok(text)
 }
 
-/// Writes `bytes` as the file at `path`, whole or not at all: into a temporary file beside
-/// it (with the old file's mode bits, else 0644 less the umask), synced, then renamed over
-/// it, so a reader (a CI step parsing a report) never sees it half written and a failure
-/// leaves the old file, if any, as it was. Only a missing path or a regular file that is
-/// not a link is replaced so: anything else (a symbolic link, `/dev/stdout`, a FIFO, a file
-/// with other hard links) is written through in place, as a plain write would, since a
-/// rename would replace the link or split the links instead of writing their file.
-pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
-    let mode = match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_file() || m.nlink() > 1 => return std::fs::write(path, bytes),
-        Ok(m) => m.mode() & 0o7777,
-        Err(_) => 0o644,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().unwrap_or_else(|| OsStr::new("file"));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
-
 #[cfg(test)]
 thread_local! {
     /// Runs in [`walk_tree`] between the look at an entry (`fstatat`) and what is done
@@ -762,46 +732,6 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
     use std::time::Duration;
-
-    #[test]
-    fn a_replaced_file_is_whole_and_nothing_is_left_beside_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("report.xml");
-        replace_file(&p, b"first").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"first");
-        replace_file(&p, b"second, longer").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"second, longer");
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("report.xml")]);
-        // A directory that cannot take the file: an error, the old file as it was.
-        assert!(replace_file(&dir.path().join("missing/report.xml"), b"x").is_err());
-        // Not a regular file (a device): written in place, never replaced by a rename.
-        replace_file(Path::new("/dev/null"), b"gone").unwrap();
-        // A link to a file: written through, the link kept; the old mode kept.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let link = dir.path().join("link.xml");
-        symlink(&p, &link).unwrap();
-        replace_file(&link, b"through").unwrap();
-        assert!(std::fs::symlink_metadata(&link)
-            .unwrap()
-            .file_type()
-            .is_symlink());
-        assert_eq!(std::fs::read(&p).unwrap(), b"through");
-        replace_file(&p, b"mode").unwrap();
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        use std::os::unix::fs::FileTypeExt;
-        assert!(std::fs::metadata("/dev/null")
-            .unwrap()
-            .file_type()
-            .is_char_device());
-    }
 
     const STRATEGIES: [Strategy; 3] = [Strategy::Auto, Strategy::Openat2, Strategy::Walk];
 

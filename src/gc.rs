@@ -169,14 +169,35 @@ fn reclaim_own(live: &std::collections::BTreeMap<String, std::path::PathBuf>) ->
 /// How often the interrupt watcher looks at the flag.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Whether the interrupt watcher also ends a process that holds no run (see
+/// [`end_on_interrupt`]).
+static WHEN_IDLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`reclaim_on_interrupt`], and past the grace the process ends also while it holds no
+/// run, whatever its main thread is doing (blocked writing a report to a FIFO whose reader
+/// does not read, say). For commands whose every write outside a run directory can be cut
+/// short at any point and leave nothing half written under the name it was asked for:
+/// `evaluate` and `reverify` (a bundle is built in a hidden `.<name>.partial-XXXXXX` directory and renamed
+/// into place; a report in a hidden `.<name>.tmp-XXXXXX` file, renamed over the old one;
+/// the ledger commits in one SQLite transaction, and its head record is replaced by a
+/// rename; a node key is written to hidden temporary names and moved into place) and
+/// `run` (its workspace is copied back while its sandbox is held; its report as
+/// `evaluate`'s are). A cut may leave those hidden temporary names behind, nothing else.
+pub fn end_on_interrupt(grace: std::time::Duration, exit_code: i32) {
+    WHEN_IDLE.store(true, std::sync::atomic::Ordering::SeqCst);
+    reclaim_on_interrupt(grace, exit_code);
+}
+
 /// Makes SIGINT/SIGTERM/SIGHUP end this process within `grace` plus the teardown, whatever
 /// phase it is in: the signals set the interrupt flag (which the phases check), and a
 /// thread of its own watches it. From `grace` after a signal on, as soon as this process
 /// holds run directories (a sandbox, an evaluation's staging), the thread tears them down
 /// as `fork gc` would (kills the sandboxes, removes their cgroups, unmounts and deletes)
 /// and ends the process at once with `exit_code`, without running destructors; while it
-/// holds none, the main thread is left to finish (nothing of a run would remain).
-/// Installed once per process; later calls do nothing.
+/// holds none, the main thread is left to finish (nothing of a run would remain), unless
+/// [`end_on_interrupt`] installed the watcher: then the process ends then too, holding the
+/// registry so that no run directory is made meanwhile. Installed once per process; later
+/// calls do nothing.
 pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -197,6 +218,11 @@ pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
                     // Past the grace: as soon as the process holds a run, tear it down.
                     let live = crate::rundir::live();
                     if live.is_empty() {
+                        if WHEN_IDLE.load(std::sync::atomic::Ordering::SeqCst) {
+                            // `live` stays locked: no run directory is made from here on.
+                            tracing::warn!("interrupted: ended {grace:?} after the signal");
+                            crate::sandbox::signals::exit_now(exit_code);
+                        }
                         drop(live);
                         continue;
                     }

@@ -22,6 +22,7 @@ pub mod keyformat;
 pub mod ledger;
 pub mod manifest;
 pub mod mesh;
+pub mod outfile;
 pub mod patch;
 pub mod policy;
 pub mod run;

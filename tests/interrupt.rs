@@ -360,3 +360,76 @@ fn a_sigterm_before_the_handlers_ends_fork_run_having_made_nothing() {
         .collect();
     assert!(made.is_empty(), "nothing is made: {made:?}");
 }
+
+/// Blocked after the verdict (writing `--junit` to a FIFO whose reader does not read: here
+/// the test holds it open, its pipe already full), `evaluate` holds no run any more; a
+/// SIGTERM still ends it within the bound, with 130. Before, the interrupt watcher acted
+/// only while a run was held: the process stayed blocked, whatever signal came.
+#[test]
+fn sigterm_while_a_report_write_blocks_ends_evaluate_within_a_second() {
+    need_root!();
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let env = Env::new("int-report");
+    let rt = env.dir.join("mini");
+    std::fs::create_dir_all(&rt).unwrap();
+    std::fs::write(
+        rt.join("fork.toml"),
+        "[runtime]\nname = \"mini\"\nsource = \".\"\nprotected = [\"fork.toml\"]\n\n[tasks.t]\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let fifo = env.dir.join("jf");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // A reader that never reads (this test), and a pipe already full: fork's open succeeds
+    // and its write blocks.
+    let mut held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let chunk = [b'x'; 4096];
+    loop {
+        match held.write(&chunk) {
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let diff = env.dir.join("add.diff");
+    std::fs::write(
+        &diff,
+        "diff --git a/b.txt b/b.txt\nnew file mode 100644\n--- /dev/null\n+++ b/b.txt\n@@ -0,0 +1 @@\n+b\n",
+    )
+    .unwrap();
+    let out = env.out("report");
+    let mut child = env
+        .cmd()
+        .arg("evaluate")
+        .arg(&diff)
+        .arg("--runtime")
+        .arg(&rt)
+        .arg("--policy")
+        .arg(human_policy())
+        .args(["--no-ledger", "--junit"])
+        .arg(&fifo)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The bundle is published before the CI outputs are written.
+    wait_for("the bundle", Duration::from_secs(60), || {
+        out.join("verdict.json").exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the evaluation ended before it could be interrupted in the report's write"
+    );
+    let (code, took) = signal_and_time(&mut child, Signal::SIGTERM);
+    assert!(took < BOUND, "SIGTERM answered after {took:?}");
+    assert_eq!(code, Some(130));
+    drop(held);
+}

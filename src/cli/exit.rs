@@ -9,7 +9,7 @@
 //! | 65 | bad input: malformed patch, manifest, policy, task or verdict; a bundle file this user may not read (`verify`, `approve`), a bundle or `--key` file that is not a regular file |
 //! | 69 | a required isolation layer is unavailable on this host, or the sandbox init binary is missing or of another build (fail closed) |
 //! | 70 | internal error |
-//! | 73 | a CI output could not be written (the verdict was printed and recorded first) |
+//! | 73 | a CI output could not be written (the verdict was printed and recorded first); `run`: its `--report` (the command's status said on stderr) |
 //! | 74 | the result could not be written to stdout (a full disk, `> /dev/full`) |
 //! | 130 | interrupted |
 
@@ -36,7 +36,7 @@ pub const BAD_INPUT: i32 = 65;
 pub const UNAVAILABLE: i32 = 69;
 pub const INTERNAL: i32 = 70;
 /// An output file could not be created (sysexits' EX_CANTCREAT): a CI report, after the
-/// verdict was printed and recorded.
+/// verdict was printed and recorded; `fork run`'s report, after the command ran.
 pub const CANT_CREATE: i32 = 73;
 /// The result could not be written to stdout (sysexits' EX_IOERR): what the command did
 /// (a verdict signed and recorded) stands; only its printing failed.

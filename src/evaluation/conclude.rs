@@ -73,8 +73,12 @@ pub fn cached(
         return Ok(None);
     }
     // Hand the cached bundle over at --out too, so pipelines find it where they asked.
-    crate::verdict::bundle::copy_bundle(&dir, &p.out_dir)
-        .map_err(|e| internal("copying the cached bundle")(e.to_string()))?;
+    crate::verdict::bundle::copy_bundle(&dir, &p.out_dir).map_err(|e| match e {
+        crate::verdict::BundleError::Exists { path } => {
+            out_came_to_exist(&path, &verified.verdict, Some(&dir))
+        }
+        e => internal("copying the cached bundle")(e.to_string()),
+    })?;
     eprintln!(
         "fork: reusing the verdict of run {} (same patch, state, source, task and policy); pass --no-cache to evaluate again",
         entry.run_id
@@ -520,11 +524,43 @@ fn sign(
             r
         },
     )
-    .map_err(|e| EvaluateError::Internal(format!("writing the verdict bundle: {e}")))??;
+    .map_err(|e| match e {
+        crate::verdict::BundleError::Exists { path } => out_came_to_exist(&path, &verdict, None),
+        e => EvaluateError::Internal(format!("writing the verdict bundle: {e}")),
+    })??;
     crate::trace::mark("evaluate: bundle written");
     Ok(Evaluation {
         out_dir: written.dir,
         verdict: written.verdict,
         ci_error: None,
     })
+}
+
+/// `--out` was free when the evaluation was planned and is taken when its bundle is to
+/// take the name (something else made it meanwhile): the usage error of an existing
+/// `--out` (a bundle is never written over anything), saying what the verdict was, that
+/// nothing was written for it, and what to do. `cached`: the bundle of a cached verdict
+/// that was to be copied there (signed and recorded already).
+fn out_came_to_exist(
+    path: &std::path::Path,
+    v: &Verdict,
+    cached: Option<&std::path::Path>,
+) -> EvaluateError {
+    let said = format!(
+        "{} (confidence {:.2}), run {}: {}",
+        v.verdict, v.confidence, v.run_id, v.evaluation_summary
+    );
+    let what = match cached {
+        None => format!(
+            "the verdict bundle was not written, and no ledger row or CI report either. The verdict would have been {said}; it is signed and recorded nowhere"
+        ),
+        Some(dir) => format!(
+            "the cached verdict was not copied there, and no CI report was written. It is {said}, in {}",
+            dir.display()
+        ),
+    };
+    EvaluateError::Usage(format!(
+        "--out {} came to exist during the evaluation (something else made it): {what}. Evaluate again with an --out that nothing else writes",
+        path.display()
+    ))
 }

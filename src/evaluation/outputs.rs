@@ -2,14 +2,19 @@
 //! or `--summary` found only after an hour-long evaluation would cost that hour.
 //!
 //! The checks create nothing. A file that exists must be a regular file (or a character
-//! device such as /dev/null) that this process may write; a file that does not exist yet
-//! needs an existing, writable directory. `--out` must not exist, and the nearest of its
-//! ancestors that exists must be a writable directory (the bundle's parents are created).
+//! device such as /dev/null) that this process may write, and when it is replaced by a
+//! rename (a regular file: see [`crate::outfile::replace_file`]) its directory must be
+//! writable too; a file that does not exist yet needs an existing, writable directory.
+//! `--out` must not exist, must name a directory of its own (a final component, no `..`),
+//! and the nearest of its ancestors that exists must be a writable directory (the bundle's
+//! parents are created). And no output may lie in the runtime's source tree unless the
+//! manifest's `exclude` leaves it out ([`check_outside_source`]).
 
 use super::request::Request;
 use super::EvaluateError;
+use crate::manifest::Manifest;
 use nix::unistd::{access, AccessFlags};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 /// Checks `--out`'s parent, `--junit` and `--summary` of a request; an error names the
 /// flag, the path and the problem.
@@ -17,20 +22,38 @@ pub fn check(a: &Request) -> Result<(), EvaluateError> {
     if let Some(out) = &a.out {
         check_out(out)?;
     }
-    for (flag, path) in [
-        ("--junit", a.ci.junit.as_deref()),
-        ("--summary", a.ci.summary.as_deref()),
-    ] {
-        if let Some(p) = path {
-            check_file(flag, p)?;
+    if let Some(p) = a.ci.junit.as_deref() {
+        check_file("--junit", p)?;
+    }
+    if let Some(p) = a.ci.summary.as_deref() {
+        // `--summary "$GITHUB_STEP_SUMMARY"` is appended to, never replaced.
+        if step_summary().is_some_and(|s| same_file(p, &s)) {
+            check_file_in_place("--summary", p)?;
+        } else {
+            check_file("--summary", p)?;
         }
     }
     Ok(())
 }
 
+/// `$GITHUB_STEP_SUMMARY`, when it names a file.
+fn step_summary() -> Option<PathBuf> {
+    std::env::var_os(crate::verdict::report::STEP_SUMMARY_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
+}
+
 fn usage(flag: &str, p: &Path, problem: impl std::fmt::Display) -> EvaluateError {
     EvaluateError::Usage(format!(
-        "{flag} {}: {problem} (checked before the evaluation starts)",
+        "{flag} {}: {problem} (checked before anything runs)",
         p.display()
     ))
 }
@@ -65,7 +88,35 @@ fn writable_dir(flag: &str, p: &Path, dir: &Path) -> Result<(), EvaluateError> {
     }
 }
 
-fn check_file(flag: &str, p: &Path) -> Result<(), EvaluateError> {
+/// The file `flag` names, as [`crate::outfile::replace_file`] will write it: a missing
+/// file needs a writable directory; an existing one must be writable, and when it is a
+/// regular file (not a link, no other hard links), which is replaced by a temporary file
+/// renamed over it, its directory must be writable too. An error is a usage error naming
+/// the flag and the path.
+pub fn check_file(flag: &str, p: &Path) -> Result<(), EvaluateError> {
+    use std::os::unix::fs::MetadataExt;
+    check_file_in_place(flag, p)?;
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.file_type().is_file() && m.nlink() == 1 => {
+            let dir = parent_of(p);
+            access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+                usage(
+                    flag,
+                    p,
+                    format!(
+                        "its directory {} is not writable ({e}), and the file is replaced whole: written there under a temporary name, then renamed over it",
+                        dir.display()
+                    ),
+                )
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`check_file`] for a file written in place (appended to): its directory matters only
+/// when it does not exist yet.
+fn check_file_in_place(flag: &str, p: &Path) -> Result<(), EvaluateError> {
     if p.as_os_str().is_empty() {
         return Err(usage(flag, p, "an empty path"));
     }
@@ -80,6 +131,22 @@ fn check_file(flag: &str, p: &Path) -> Result<(), EvaluateError> {
 }
 
 fn check_out(out: &Path) -> Result<(), EvaluateError> {
+    // The bundle is built beside its final name and renamed to it: `--out` must end in a
+    // name of its own (`newp/..` would name an existing directory once `newp` is made).
+    if out.components().any(|c| c == Component::ParentDir) {
+        return Err(usage(
+            "--out",
+            out,
+            "has a `..` component: name the new directory itself, without `..`",
+        ));
+    }
+    if out.file_name().is_none() {
+        return Err(usage(
+            "--out",
+            out,
+            "names no new directory (no final component): give the path of a directory to create",
+        ));
+    }
     if std::fs::symlink_metadata(out).is_ok() {
         // plan() says so in its own words; nothing more to check here.
         return Ok(());
@@ -94,6 +161,113 @@ fn check_out(out: &Path) -> Result<(), EvaluateError> {
             },
             Err(e) => return Err(usage("--out", out, format!("{}: {e}", dir.display()))),
         }
+    }
+}
+
+/// Refuses every output of the evaluation that lies in the runtime's source tree (paths
+/// resolved through their links, as the tree's walk reaches them) unless the manifest's
+/// `exclude` leaves it out: the tree is copied into every successor and hashed into the
+/// cache's key, so an output there (a bundle under the default `./fork-out` of an
+/// evaluation run in the runtime) would be copied into the next evaluation's successor,
+/// change its source hash (no cached verdict would ever be reused) and make `fork verify
+/// --tree` fail. The outputs: `--out` (`out_dir`), `--junit`, `--summary`,
+/// `$GITHUB_STEP_SUMMARY` and the ledger's directory (its WAL and head record are written
+/// beside it). The error (a usage error) names each, the tree and the fix.
+pub fn check_outside_source(
+    a: &Request,
+    runtime: &Path,
+    manifest: &Manifest,
+    out_dir: &Path,
+    ledger: Option<&Path>,
+) -> Result<(), EvaluateError> {
+    let Ok(source) = std::fs::canonicalize(runtime.join(&manifest.runtime.source)) else {
+        // The manifest's check refuses a missing source; the copy would fail on it anyway.
+        return Ok(());
+    };
+    let excludes = crate::fork::tree::build_excludes(&manifest.runtime.exclude)
+        .map_err(|e| EvaluateError::Input(format!("{}: {e}", manifest.file.display())))?;
+    let mut outputs: Vec<(String, PathBuf)> = vec![("--out".into(), out_dir.to_path_buf())];
+    outputs.extend(a.ci.junit.clone().map(|p| ("--junit".into(), p)));
+    outputs.extend(a.ci.summary.clone().map(|p| ("--summary".into(), p)));
+    outputs.extend(step_summary().map(|p| ("$GITHUB_STEP_SUMMARY".into(), p)));
+    if let Some(l) = ledger {
+        outputs.push((
+            format!("the ledger {}'s directory", l.display()),
+            parent_of(l).to_path_buf(),
+        ));
+    }
+    let mut inside = Vec::new();
+    let mut patterns = Vec::new();
+    for (what, path) in outputs {
+        let Some(rel) =
+            resolve(&path).and_then(|r| r.strip_prefix(&source).ok().map(Path::to_path_buf))
+        else {
+            continue;
+        };
+        let mut prefix = PathBuf::new();
+        let excluded = rel.components().any(|c| {
+            prefix.push(c);
+            excludes.is_match(&prefix)
+        });
+        if excluded {
+            continue;
+        }
+        inside.push(format!("{what} {}", path.display()));
+        // The output's top directory (or file) in the tree; the tree's root itself cannot
+        // be excluded.
+        if let Some(Component::Normal(top)) = rel.components().next() {
+            let top = format!("{:?}", globset::escape(&top.to_string_lossy()));
+            if !patterns.contains(&top) {
+                patterns.push(top);
+            }
+        }
+    }
+    if inside.is_empty() {
+        return Ok(());
+    }
+    let listed = manifest
+        .runtime
+        .exclude
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .chain(patterns.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let them = if inside.len() == 1 { "it" } else { "them" };
+    let fix = if patterns.is_empty() {
+        format!("write {them} outside the tree")
+    } else {
+        format!(
+            "leave {them} out of the tree, `exclude = [{listed}]` under [runtime] in {}; or write {them} outside the tree",
+            runtime.join(crate::manifest::MANIFEST_FILE).display()
+        )
+    };
+    Err(EvaluateError::Usage(format!(
+        "{} inside the runtime's source tree {} (fork.toml's `source`), which every evaluation copies into its successor and hashes: each evaluation would carry the last one's outputs into the next (its source hash would change every time, so no cached verdict would be reused, and `fork verify --tree` would not match). To fix: {fix} (checked before anything runs)",
+        match inside.len() {
+            1 => format!("{} lies", inside[0]),
+            _ => format!("{} lie", inside.join(", ")),
+        },
+        source.display()
+    )))
+}
+
+/// `p` made absolute and resolved through every link of its longest existing prefix (what
+/// the tree's walk would reach it as), the rest appended as written.
+fn resolve(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let mut rest = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(cur) {
+            let mut out = real;
+            for name in rest.iter().rev() {
+                out.push(name);
+            }
+            return Some(out);
+        }
+        rest.push(cur.file_name()?.to_os_string());
+        cur = cur.parent()?;
     }
 }
 
@@ -129,6 +303,8 @@ mod tests {
             (req(None, None, Some(d.path().to_path_buf())), "--summary"),
             (req(Some(file.join("out")), None, None), "--out"),
             (req(None, Some(file.join("j.xml")), None), "--junit"),
+            (req(Some(d.path().join("newp/..")), None, None), "--out"),
+            (req(Some(d.path().join("newp/../o")), None, None), "--out"),
         ] {
             let e = check(&r).unwrap_err();
             assert!(matches!(e, EvaluateError::Usage(_)), "{e}");

@@ -167,6 +167,13 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
     let patch_hash = patch.hash();
     let runtime = std::fs::canonicalize(&a.runtime)
         .map_err(|e| EvaluateError::Input(format!("--runtime {}: {e}", a.runtime.display())))?;
+    let ledger = match &a.ledger {
+        LedgerChoice::Default => Some(crate::ledger::Ledger::default_path()),
+        LedgerChoice::At(p) => Some(p.clone()),
+        LedgerChoice::Off => None,
+    };
+    // No output may land in the tree every evaluation copies and hashes.
+    super::outputs::check_outside_source(a, &runtime, &manifest, &out_dir, ledger.as_deref())?;
     let mut manifest = manifest;
     let grading = grading_files_in_source(&runtime, &manifest.runtime.source, a, &policy);
     manifest.runtime.protected.extend(grading);
@@ -221,11 +228,6 @@ pub fn plan(a: &Request) -> Result<Plan, EvaluateError> {
                 credentials,
             })
         }
-    };
-    let ledger = match &a.ledger {
-        LedgerChoice::Default => Some(crate::ledger::Ledger::default_path()),
-        LedgerChoice::At(p) => Some(p.clone()),
-        LedgerChoice::Off => None,
     };
     // The isolation in force is probed only when a ledger will record (or serve) the key.
     let isolation = if ledger.is_some() {

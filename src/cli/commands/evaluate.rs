@@ -79,7 +79,7 @@ impl EvaluateArgs {
 }
 
 pub fn evaluate_cmd(a: EvaluateArgs) -> Result<i32, CliError> {
-    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
+    crate::gc::end_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
     let ev = evaluate(&a.request()?)?;
     let v = &ev.verdict;
     let verdict_path = ev.out_dir.join("verdict.json");

@@ -39,7 +39,7 @@ pub struct ReverifyArgs {
 }
 
 pub fn reverify_cmd(a: ReverifyArgs) -> Result<i32, CliError> {
-    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
+    crate::gc::end_on_interrupt(exit::INTERRUPT_GRACE, exit::INTERRUPTED);
     let req = ReverifyRequest {
         verdict: a.verdict.clone(),
         patch: a.patch.clone(),

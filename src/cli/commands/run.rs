@@ -30,7 +30,7 @@ pub struct RunArgs {
 }
 
 pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
-    crate::gc::reclaim_on_interrupt(exit::INTERRUPT_GRACE, exit::RUN_KILLED);
+    crate::gc::end_on_interrupt(exit::INTERRUPT_GRACE, exit::RUN_KILLED);
     if crate::sandbox::signals::interrupted() {
         // Interrupted during start-up: nothing was created, nothing ran, no report.
         return Err(CliError::new(
@@ -39,6 +39,12 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
         ));
     }
     crate::trace::mark("run: interrupt watch started");
+    // The report's path first: a command (and a copy back into --workspace) whose report
+    // cannot be written should not run.
+    if let Some(path) = &a.report {
+        crate::evaluation::outputs::check_file("--report", path)
+            .map_err(|e| CliError::new(exit::USAGE, e))?;
+    }
     let policy = load_policy(a.policy.as_deref(), &a.budget)?;
     crate::trace::mark("run: policy loaded");
     let limits = policy.budgets.clone();
@@ -54,10 +60,19 @@ pub fn run_cmd(a: RunArgs) -> Result<i32, CliError> {
     if let Some(path) = &a.report {
         let json = serde_json::to_vec_pretty(&r.report(&limits))
             .map_err(|e| CliError::new(exit::INTERNAL, e))?;
-        crate::fsx::replace_file(path, &json).map_err(|e| {
+        // A report that fails now never hides how the command ended: its status is said.
+        crate::outfile::replace_file(path, &json).map_err(|e| {
+            let ended = match r.outcome.signal {
+                Some(sig) => format!("it was killed by signal {sig}"),
+                None => format!("it exited with status {}", r.outcome.exit_code),
+            };
             CliError::new(
-                exit::INTERNAL,
-                format!("writing report {}: {e}", path.display()),
+                exit::CANT_CREATE,
+                format!(
+                    "writing report {}: {e} (the command ran: {ended}; without the report, fork run would have exited {})",
+                    path.display(),
+                    r.outcome.exit_code
+                ),
             )
         })?;
     }

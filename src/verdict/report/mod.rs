@@ -91,10 +91,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// Append `text` to `path` (created if missing, never truncated), separated from earlier
 /// content by a line break.
 fn append(path: &Path, text: &str) -> io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    // Never waiting for a reader: a FIFO nobody reads is an error at once.
+    let mut f = crate::outfile::open_output(path, true)
         .map_err(|e| named(path, "opening the step summary", e))?;
     let existing = f
         .metadata()
@@ -121,7 +119,7 @@ fn write_ci_outputs_to(
     step_summary: Option<&Path>,
 ) -> io::Result<()> {
     if let Some(p) = junit_path {
-        crate::fsx::replace_file(p, junit(v, tests, rules).as_bytes())
+        crate::outfile::replace_file(p, junit(v, tests, rules).as_bytes())
             .map_err(|e| named(p, "writing the JUnit report", e))?;
     }
     let step_summary = step_summary.filter(|p| !p.as_os_str().is_empty());
@@ -132,7 +130,7 @@ fn write_ci_outputs_to(
     if let Some(p) = summary_path {
         // `--summary "$GITHUB_STEP_SUMMARY"`: append once below, never truncate it.
         if !step_summary.is_some_and(|s| same_file(p, s)) {
-            crate::fsx::replace_file(p, md.as_bytes())
+            crate::outfile::replace_file(p, md.as_bytes())
                 .map_err(|e| named(p, "writing the summary", e))?;
         }
     }
