@@ -706,7 +706,10 @@ env = { MODE = "fast" }
         assert_eq!(m.runtime.source, PathBuf::from("."));
         assert_eq!(m.runtime.state, vec![PathBuf::from("state/hermes.db")]);
         assert_eq!(m.runtime.tools.as_deref(), Some(Path::new("tools")));
-        assert_eq!(m.runtime.exclude, ["state", ".git", "**/__pycache__"]);
+        assert_eq!(
+            m.runtime.exclude,
+            ["state", ".git", "**/__pycache__", "fork-out"]
+        );
         assert_eq!(
             m.runtime.protected,
             [

@@ -201,8 +201,8 @@ results = { format = "exit_status" }
     );
     let toml = std::fs::read_to_string(rt.join("fork.toml")).unwrap();
     let toml = toml.replacen(
-        r#"exclude = ["state", ".git", "**/__pycache__"]"#,
-        r#"exclude = ["state", ".git", "**/__pycache__", "tools"]"#,
+        r#"exclude = ["state", ".git", "**/__pycache__", "fork-out"]"#,
+        r#"exclude = ["state", ".git", "**/__pycache__", "fork-out", "tools"]"#,
         1,
     );
     assert!(
