@@ -362,7 +362,17 @@ fn a_directory_as_the_key_is_bad_input() {
     std::fs::create_dir(dir.join("runs")).unwrap();
     let p = patch("noop-comment");
     let demo = demo();
-    let cmds: [Vec<&OsStr>; 3] = [
+    let out = dir.join("out");
+    let cmds: [Vec<&OsStr>; 4] = [
+        vec![
+            "evaluate".as_ref(),
+            p.as_os_str(),
+            "--runtime".as_ref(),
+            demo.as_os_str(),
+            "--no-ledger".as_ref(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
         vec![
             "approve".as_ref(),
             bundle.as_os_str(),

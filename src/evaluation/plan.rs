@@ -103,9 +103,15 @@ fn new_seed() -> String {
 
 pub fn load_node_key(path: Option<&Path>) -> Result<NodeKey, EvaluateError> {
     match path {
-        Some(p) => {
-            crate::identity::load_node_key(p).map_err(|e| EvaluateError::Usage(e.to_string()))
-        }
+        // A `--key` that is not a regular file (a directory, a FIFO) is bad input, as for
+        // `approve` and the mesh commands; the other failures are the flag's.
+        Some(p) => crate::identity::load_node_key(p).map_err(|e| {
+            if e.is_bad_input() {
+                EvaluateError::Input(e.to_string())
+            } else {
+                EvaluateError::Usage(e.to_string())
+            }
+        }),
         None => {
             let p = crate::identity::default_node_key_path();
             if !p.exists() {
