@@ -30,6 +30,8 @@ mod files;
 mod helpers;
 #[path = "hostile/net.rs"]
 mod net;
+#[path = "hostile/pipes.rs"]
+mod pipes;
 #[path = "hostile/sys_kernel.rs"]
 mod sys_kernel;
 #[path = "hostile/sys_process.rs"]
@@ -44,7 +46,8 @@ use files::{
     hardlink_probe, list_dir_probe, read_file_probe, symlink_escape_probe, write_file_probe,
 };
 use helpers::{in_child, with_workdir};
-use net::{bind_tcp_probe, connect_tcp_probe, udp_send_probe};
+use net::{bind_tcp_probe, connect_tcp_probe, mptcp_probe, udp_send_probe};
+use pipes::pin_probe;
 use sys_kernel::{
     add_key_probe, bpf_probe, delete_module_probe, finit_module_probe, init_module_probe,
     io_uring_setup_probe, kexec_file_load_probe, kexec_load_probe, keyctl_probe, mknod_probe,
@@ -71,10 +74,13 @@ system calls (DIR defaults to $TMPDIR; the probe works in a fresh directory unde
   mknod-char [DIR]  mknod-fifo [DIR] (control: should succeed)
   tiocsti  tioclinux                on a pty the probe opens
   personality-noaslr  personality-query (control: should succeed)
+  splice [DIR]  tee [DIR]  vmsplice [DIR]  sendfile [DIR]   one byte of a file of its own
+                                    into a pipe (ENOSYS expected: pipes pin page cache)
 files and others:
   write-file PATH  read-file PATH  list-dir PATH
   symlink-escape DIR TARGET  hardlink DIR TARGET
   connect-tcp HOST:PORT  bind-tcp PORT  udp-send HOST:PORT     (loopback only)
+  connect-mptcp HOST:PORT  bind-mptcp PORT   the same over Multipath TCP (IPPROTO_MPTCP)
   env  proc1-environ  kill PID SIG (PID > 0; PID 1 only with SIG 0)
   fork-many N SECS (N <= 256, SECS <= 30)  alloc MIB (<= 4096)
   write-bytes PATH MIB (<= 4096)  sleep SECS (<= 3600)  orphans N [SECS] (N <= 64, SECS <= 300)
@@ -211,6 +217,9 @@ fn run(probe: &str, a: &[String]) -> ProbeResult {
         "personality-noaslr" => personality_noaslr_probe(),
         "personality-query" => personality_query_probe(),
         "open_by_handle_at" => open_by_handle_at_probe(&dir()),
+        "splice" | "tee" | "vmsplice" | "sendfile" => {
+            with_workdir(&dir(), probe, |d| pin_probe(d, probe))
+        }
         "write-file" => write_file_probe(&path_arg(a, 0, "PATH")?),
         "read-file" => read_file_probe(&path_arg(a, 0, "PATH")?),
         "list-dir" => list_dir_probe(&path_arg(a, 0, "PATH")?),
@@ -221,6 +230,11 @@ fn run(probe: &str, a: &[String]) -> ProbeResult {
         "connect-tcp" => connect_tcp_probe(loopback_arg(a, 0)?),
         "bind-tcp" => bind_tcp_probe(num_arg(a, 0, "PORT", u16::MAX)?),
         "udp-send" => udp_send_probe(loopback_arg(a, 0)?),
+        "connect-mptcp" => mptcp_probe(loopback_arg(a, 0)?, true),
+        "bind-mptcp" => {
+            let port = num_arg(a, 0, "PORT", u16::MAX)?;
+            mptcp_probe(([127, 0, 0, 1], port).into(), false)
+        }
         "env" => env_probe(),
         "proc1-environ" => proc1_environ_probe(),
         "kill" => kill_probe(a)?,

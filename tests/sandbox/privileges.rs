@@ -44,6 +44,44 @@ fn seccomp_refuses_the_dangerous_syscalls() {
     assert_denied(&["clone3"], ENOSYS);
 }
 
+/// A pipe holding a page of a file pins that page (with large folios up to 2 MiB for one
+/// byte) where reclaim cannot drop it and the memory cgroup never charges it: splice, tee,
+/// vmsplice and sendfile get ENOSYS, and programs copy with read and write instead (or
+/// copy_file_range, which stays allowed).
+#[test]
+fn page_pinning_pipe_calls_get_enosys_and_copies_still_work() {
+    need_default_policy!();
+    for probe in ["splice", "tee", "vmsplice", "sendfile"] {
+        assert_denied(&[probe], ENOSYS);
+    }
+    // shutil.copyfile tries sendfile first, socket.sendfile too; cp uses copy_file_range.
+    let script = r#"
+import os, shutil, socket, subprocess, threading
+d = os.environ["TMPDIR"]
+a, b, c = (os.path.join(d, n) for n in "abc")
+data = os.urandom(3 << 20)
+with open(a, "wb") as f:
+    f.write(data)
+shutil.copyfile(a, b)
+subprocess.run(["cp", a, c], check=True)
+l, r = socket.socketpair()
+got = []
+t = threading.Thread(target=lambda: got.append(b"".join(iter(lambda: r.recv(1 << 16), b""))))
+t.start()
+with open(a, "rb") as f:
+    l.sendfile(f)
+l.close(); t.join()
+for p in (b, c):
+    with open(p, "rb") as f:
+        assert f.read() == data, p
+assert got == [data]
+print("copied")
+"#;
+    let r = run(&[], &["python3", "-c", script]);
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    assert_eq!(r.stdout.trim(), "copied", "{}", r.stderr);
+}
+
 #[test]
 fn harmless_calls_still_work() {
     need_default_policy!();
