@@ -554,3 +554,71 @@ fn netlink_route_queues_count_against_the_memory_budget() {
     assert_eq!(r.budget(), None, "{}", r.report);
     assert_eq!(v["links"], serde_json::json!(["lo"]), "{v}");
 }
+
+/// Raises its core-dump soft limit as far as the hard limit allows, crashes a child of its
+/// own with SIGSEGV in a fresh directory, and says what the directory then holds and which
+/// limits it ran under.
+const CRASH: &str = r#"
+import json, os, resource, signal, subprocess
+d = os.path.join(os.environ["TMPDIR"], "crash")
+os.mkdir(d)
+soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+rc = subprocess.run(["sh", "-c", "kill -SEGV $$"], cwd=d).returncode
+lim = {l[:25].strip(): l[25:].split()[:2] for l in open("/proc/self/limits")}
+print(json.dumps({"rc": rc, "left": os.listdir(d), "core": lim["Max core file size"],
+                  "rtprio": lim["Max realtime priority"], "nice": lim["Max nice priority"]}))
+"#;
+
+#[test]
+fn core_dumps_are_aborted_and_priorities_are_not_raised() {
+    need_root!();
+    // A crash under a pipe core_pattern (systemd-coredump, apport) starts the host's helper
+    // as root, outside every budget, whatever RLIMIT_CORE says except 1, the value that
+    // aborts the dump; under a file pattern (`core` here) a core file is written (the hard
+    // limit fork inherits is unlimited here). Inside, the limits are 1 for core dumps and
+    // 0 for real-time and nice priorities, soft and hard, and the crash leaves nothing.
+    // Where this test may raise the priority limits (CAP_SYS_RESOURCE: not in every
+    // container) fork is started with them at 5, so that they are seen lowered.
+    let raise = ["--rtprio=5", "--nice=5", "--"];
+    let can_raise = std::process::Command::new("prlimit")
+        .args(raise)
+        .arg("true")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut cmd = if can_raise {
+        let mut c = std::process::Command::new("prlimit");
+        c.args(raise).arg(fork_bin());
+        c
+    } else {
+        std::process::Command::new(fork_bin())
+    };
+    let out = cmd
+        .env("FORK_RUN_ROOT", scratch("runs"))
+        .args(["run", "--", "python3", "-c", CRASH])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run fork");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(
+        v["rc"].as_i64(),
+        Some(-11),
+        "the child was not killed by SIGSEGV: {v}"
+    );
+    assert_eq!(v["core"], serde_json::json!(["1", "1"]), "{v}");
+    assert_eq!(
+        v["left"],
+        serde_json::json!([]),
+        "a core file was written: {v}"
+    );
+    assert_eq!(v["rtprio"], serde_json::json!(["0", "0"]), "{v}");
+    assert_eq!(v["nice"], serde_json::json!(["0", "0"]), "{v}");
+}
