@@ -64,6 +64,75 @@ fn source_copy_error(e: crate::fork::workspace::WorkspaceError, dest: &Path) -> 
     }
 }
 
+/// Whether a failed copy into the workspace ran out of room on the workspace's disk (the
+/// only writes a copy makes are there; ENOSPC is also tmpfs's answer past its inodes).
+fn out_of_disk(e: &crate::fork::workspace::WorkspaceError) -> bool {
+    use crate::fork::workspace::WorkspaceError;
+    matches!(e, WorkspaceError::Io(io)
+        if matches!(io.source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+}
+
+/// The error of a side whose workspace did not hold the runtime's trees: the disk budget
+/// is smaller than what the successor is given before it runs (a usage error: the budget
+/// is the caller's to raise), with what each part takes.
+fn disk_too_small(
+    p: &Plan,
+    t: &TaskPlan,
+    source_dir: &Path,
+    source_is: &TreeListing,
+    snap_dir: &Path,
+    what: &str,
+) -> EvaluateError {
+    use crate::units::format_size;
+    let source: u64 = source_is
+        .files()
+        .filter_map(|f| std::fs::symlink_metadata(source_dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    let tools = p
+        .manifest
+        .runtime
+        .tools
+        .as_ref()
+        .map_or(0, |t| dir_bytes(&p.runtime.join(t)));
+    let state = dir_bytes(snap_dir);
+    EvaluateError::Usage(format!(
+        "copying {what} into the workspace of task `{}`: its disk is full. The disk budget \
+         (budget.disk) is {}, and the workspace needs about {} before anything runs (source \
+         {}, tools {}, state {}) besides what the task writes: raise budget.disk (--disk, \
+         the policy's [budget] disk, or the task's budget in fork.toml)",
+        t.name,
+        format_size(t.budgets.disk_bytes),
+        format_size(source + tools + state),
+        format_size(source),
+        format_size(tools),
+        format_size(state),
+    ))
+}
+
+/// The bytes of the regular files beneath `dir`, links not followed (at most 100,000
+/// entries looked at: this sizes an error message).
+fn dir_bytes(dir: &Path) -> u64 {
+    let (mut total, mut left, mut stack) = (0u64, 100_000usize, vec![dir.to_path_buf()]);
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if left == 0 {
+                return total;
+            }
+            left -= 1;
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) if m.is_file() => total += m.len(),
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
 /// The error of a side whose copy of the runtime's source is not the tree the evaluation
 /// began with: the parent changed its source meanwhile (`what`: the paths, or the hashes).
 /// No run of it may count.
@@ -121,7 +190,10 @@ pub fn prepare_side(
         &ws.src(),
         &p.manifest.runtime.exclude,
     )
-    .map_err(|e| source_copy_error(e, &ws.src()))?;
+    .map_err(|e| match out_of_disk(&e) {
+        true => disk_too_small(p, t, source_dir, source_is, snap_dir, "the source tree"),
+        false => source_copy_error(e, &ws.src()),
+    })?;
     // The copy is the source the evaluation began with, or no run of it may count
     // (checked before the tools and the state are copied).
     if now.hash != source_is.hash {
@@ -142,12 +214,18 @@ pub fn prepare_side(
         };
         return Err(source_moved(source_dir, &what));
     }
-    if let Some(t) = &p.manifest.runtime.tools {
-        copy_tree_beneath(&p.runtime, t, &ws.tools(), &[])
-            .map_err(|e| refused("the tools")(e.to_string()))?;
+    if let Some(tools) = &p.manifest.runtime.tools {
+        copy_tree_beneath(&p.runtime, tools, &ws.tools(), &[]).map_err(|e| {
+            match out_of_disk(&e) {
+                true => disk_too_small(p, t, source_dir, source_is, snap_dir, "the tools"),
+                false => refused("the tools")(e.to_string()),
+            }
+        })?;
     }
-    copy_tree(snap_dir, &ws.state(), &[])
-        .map_err(|e| internal("copying the state snapshot")(e.to_string()))?;
+    copy_tree(snap_dir, &ws.state(), &[]).map_err(|e| match out_of_disk(&e) {
+        true => disk_too_small(p, t, source_dir, source_is, snap_dir, "the state snapshot"),
+        false => internal("copying the state snapshot")(e.to_string()),
+    })?;
     crate::trace::mark("side: trees copied");
     check_interrupt()?;
     // 3 PATCH (the patched side only).

@@ -107,6 +107,14 @@ impl TreeListing {
         }
     }
 
+    /// The regular files of the listing, relative to its root, in path order.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.entries.iter().filter_map(|(p, node, _)| match node {
+            Node::File { .. } => Some(p.as_path()),
+            _ => None,
+        })
+    }
+
     /// The listed digest of the regular file `rel` of a listed copy, if the file `st`
     /// describes is still the one the copy wrote there (same inode, change time and size):
     /// otherwise none.

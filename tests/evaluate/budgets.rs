@@ -164,3 +164,41 @@ fn task_budgets_get_the_policy_checks() {
     );
     assert!(!e.out.exists(), "nothing written: {}", e.ctx());
 }
+
+/// A disk budget smaller than what the workspace is given before anything runs (the
+/// source, the tools, the state) is the caller's to raise: a usage error (64) naming
+/// `budget.disk`, the budget and the sizes, not an internal error (70, the state) or the
+/// runtime's source blamed (65). Before, both were.
+#[test]
+fn a_disk_budget_smaller_than_the_workspace_is_a_usage_error() {
+    need_default_policy!();
+    let env = Env::new("ev-disk-small");
+    // The state: its database grown past 2 MiB (3 MiB of one blob).
+    let state = env.runtime("bigstate", "");
+    let grow = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('create table pad (b blob)'); c.execute('insert into pad values (zeroblob(3 << 20))'); c.commit()")
+        .arg(state.join("state/hermes.db"))
+        .status()
+        .unwrap();
+    assert!(grow.success());
+    // The source: a 3 MiB file in it.
+    let source = env.runtime("bigsource", "");
+    std::fs::write(source.join("hermes/bigdata.txt"), vec![b'a'; 3 << 20]).unwrap();
+    for (name, rt, part, size) in [
+        ("state", &state, "the state snapshot", "state 3."),
+        ("source", &source, "the source tree", "source 3."),
+    ] {
+        let e = evaluate(
+            &env,
+            &patch("noop-comment"),
+            rt,
+            name,
+            &["--task", "tests", "--disk", "2MiB", "--no-ledger"],
+        );
+        assert_eq!(e.code, 64, "{name}: {}", e.ctx());
+        for want in ["budget.disk", "2.0 MiB", part, size] {
+            assert!(e.stderr.contains(want), "{name}: no `{want}`: {}", e.ctx());
+        }
+    }
+}
