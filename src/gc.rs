@@ -111,9 +111,11 @@ pub fn collect() -> GcReport {
 
 /// Kills a run's sandbox init (if the process its recorded pid names is still that init),
 /// then removes its cgroups (killing what is left in them), unmounts and deletes its
-/// directory. A record that names the init by its pid alone (an older fork's) kills
-/// nothing by pid: once that init is gone the pid may name another run's init; the run's
-/// recorded cgroups, removed next, hold whatever of it is left.
+/// directory: all of it but its record of the cgroups (and its lock) when they could not
+/// be removed, so that the next `fork gc` tries again. A record that names the init by its
+/// pid alone (an older fork's) kills nothing by pid: once that init is gone the pid may
+/// name another run's init; the run's recorded cgroups, removed next, hold whatever of it
+/// is left.
 fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
     if let Some(init) = r.meta.as_ref().and_then(|m| m.init()) {
         kill_recorded_init(init, rep);
@@ -121,13 +123,30 @@ fn reclaim_run(r: &crate::rundir::FoundRun, rep: &mut GcReport) {
     // Its cgroups, where it recorded them (wherever they are: on cgroup v2 beside the dead
     // supervisor's own cgroup, not beneath ours).
     let recorded = crate::rundir::recorded_cgroups(&r.path);
+    let mut cgroups_left = false;
     if !recorded.is_empty() {
         match crate::sandbox::cgroup::remove_recorded(&r.id, &recorded) {
             Ok(paths) => rep
                 .cgroups_removed
                 .extend(paths.into_iter().map(|p| p.display().to_string())),
-            Err(e) => rep.errors.push(format!("run {}: {e}", r.id)),
+            Err(e) => {
+                cgroups_left = true;
+                rep.errors.push(format!(
+                    "run {}: {e}; its run directory {} is kept with its record of them \
+                     (`cgroups`, `lock`): run `fork gc` again to retry",
+                    r.id,
+                    r.path.display()
+                ));
+            }
         }
+    }
+    // The run directory is the only record of its cgroups: while they are left, all of it
+    // but that record goes (its mounts first), and the run is not counted as reclaimed.
+    if cgroups_left {
+        if let Err(e) = crate::sandbox::reclaim_dir_keeping_record(&r.path) {
+            rep.errors.push(format!("run {}: {e}", r.id));
+        }
+        return;
     }
     match crate::sandbox::reclaim_dir(&r.path, &r.id) {
         Ok(()) => rep.runs.push(r.id.clone()),

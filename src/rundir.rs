@@ -457,6 +457,10 @@ impl Drop for RunDir {
 const CGROUPS_FILE: &str = "cgroups";
 /// The file of a run directory that records its supervisor and init.
 const META_FILE: &str = "meta.json";
+/// The files of a run directory that name what it left on the host (its cgroups, its
+/// init) and whether its supervisor lives (the lock): kept when its cgroups could not be
+/// removed, so that `fork gc` finds the run and tries again.
+pub const RECORD_FILES: [&str; 3] = ["lock", CGROUPS_FILE, META_FILE];
 
 /// Records the absolute paths of the cgroups of the run whose directory is `run_dir`,
 /// before they are created: `fork gc` removes exactly those after a crash, whatever cgroup

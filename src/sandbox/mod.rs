@@ -51,7 +51,7 @@ use crate::rundir::RunDir;
 use crate::trace;
 use cgroup_ahead::{CgroupAhead, CgroupSlot};
 use reclaim::chown_tree;
-pub use reclaim::reclaim_dir;
+pub use reclaim::{reclaim_dir, reclaim_dir_keeping_record};
 use serde::{Deserialize, Serialize};
 pub use spec::{Layer, Layers, Requirement, RootMode, SeccompSource, Spec};
 use std::ffi::CString;

@@ -7,8 +7,41 @@ use std::path::{Path, PathBuf};
 
 /// Unmounts anything beneath a run directory and deletes it (shared with `fork gc`).
 pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
+    unmount_beneath(path)?;
+    remove_all(path)
+}
+
+/// [`reclaim_dir`] of a run whose cgroups could not be removed: its mounts go (its disk's
+/// memory with them) and everything in it but its record ([`crate::rundir::RECORD_FILES`]:
+/// the lock, the cgroups it made, its init), which stays for `fork gc` to find the run by
+/// and try again.
+pub fn reclaim_dir_keeping_record(path: &Path) -> Result<(), SandboxError> {
+    unmount_beneath(path)?;
+    let entries = match std::fs::read_dir(path) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(IoError::new("list run directory", path, e).into()),
+    };
+    for e in entries {
+        let e = e.ctx("list run directory", path)?;
+        if crate::rundir::RECORD_FILES
+            .iter()
+            .any(|f| e.file_name() == std::ffi::OsStr::new(f))
+        {
+            continue;
+        }
+        let p = e.path();
+        match e.file_type().ctx("stat", &p)?.is_dir() {
+            true => remove_all(&p)?,
+            false => std::fs::remove_file(&p).ctx("remove", &p)?,
+        }
+    }
+    Ok(())
+}
+
+/// Detaches every mount beneath `path`, deepest first, as listed in our own mount table.
+fn unmount_beneath(path: &Path) -> Result<(), SandboxError> {
     use nix::mount::{umount2, MntFlags};
-    // Unmount deepest first, as listed in our own mount table.
     let mut points: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
@@ -23,6 +56,11 @@ pub fn reclaim_dir(path: &Path, _id: &str) -> Result<(), SandboxError> {
             }
         }
     }
+    Ok(())
+}
+
+/// Deletes the tree at `path` (nothing mounted beneath it any more).
+fn remove_all(path: &Path) -> Result<(), SandboxError> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -4,7 +4,8 @@ use super::*;
 
 impl Sandbox {
     /// Kills whatever remains, removes the cgroup, unmounts the disk and deletes the run
-    /// directory. Idempotent.
+    /// directory: all of it but its record of the cgroups and its lock when the cgroups
+    /// could not be removed (`fork gc` removes them later). Idempotent.
     pub fn destroy(mut self) -> Result<(), SandboxError> {
         self.teardown()
     }
@@ -17,21 +18,43 @@ impl Sandbox {
         if let Err(e) = self.take_cgroup() {
             first_err = Some(e);
         }
+        let mut cgroups_left = None;
         if let CgroupSlot::Ready(cg) = std::mem::replace(&mut self.cgroup, CgroupSlot::None) {
             if let Err(e) = cg.destroy() {
-                first_err.get_or_insert(SandboxError::Setup {
-                    stage: "destroy cgroup".into(),
-                    message: e.to_string(),
-                });
+                cgroups_left = Some(e);
             }
         }
+        let mut kept = None;
         if let Some(rd) = self.rundir.take() {
             trace::mark("teardown: cgroup removed");
-            if let Err(e) = remove_run_dir(&rd, self.disk_mounted) {
+            // The run directory is the only record of the run's cgroups (and its lock says
+            // when its supervisor is gone): kept while they are left, for `fork gc`.
+            let removed = match cgroups_left {
+                None => remove_run_dir(&rd, self.disk_mounted),
+                Some(_) => {
+                    kept = Some(rd.path.clone());
+                    reclaim_dir_keeping_record(&rd.path)
+                }
+            };
+            if let Err(e) = removed {
                 first_err.get_or_insert(e);
             }
             drop(rd);
             trace::mark("teardown: run dir removed");
+        }
+        if let Some(e) = cgroups_left {
+            let message = match kept {
+                Some(dir) => format!(
+                    "{e}; the run directory {} is kept with its record of them (`cgroups`, \
+                     `lock`): run `fork gc` once this process has ended to remove them",
+                    dir.display()
+                ),
+                None => e.to_string(),
+            };
+            first_err.get_or_insert(SandboxError::Setup {
+                stage: "destroy cgroup".into(),
+                message,
+            });
         }
         self.disk_mounted = false;
         match first_err {

@@ -359,3 +359,102 @@ fn init_forwards_signals_to_the_command() {
     assert_eq!(rep["exit_code"], 3);
     assert_nothing_left(&run_root, rep["run_id"].as_str().unwrap());
 }
+
+/// A teardown that cannot remove the run's cgroups keeps its run directory's record of
+/// them (`cgroups`, and the `lock` that tells `fork gc` its supervisor is gone), so that
+/// a later `fork gc` removes them; a `fork gc` that cannot either keeps it again. Before,
+/// the directory went whatever happened, and with it every way gc had to find them. The
+/// failure is made by a tmpfs mounted on a child cgroup made in the run's cgroup (a mount
+/// point cannot be removed: EBUSY), unmounted by the test afterwards.
+#[test]
+fn cgroups_that_cannot_be_removed_keep_their_record_for_gc() {
+    need_root!();
+    let run_root = scratch("runs");
+    let sup = fork_cmd(&run_root)
+        .args(["run", "--", "sleep", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (id, cgroups) = loop {
+        let id = std::fs::read_dir(&run_root)
+            .unwrap()
+            .flatten()
+            .find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_prefix("fork-").map(str::to_string)
+            });
+        if let Some(id) = id {
+            let found = cgroup_dirs(&id);
+            if !found.is_empty() {
+                break (id, found);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run's cgroups never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let pin = cgroups[0].join("pinned");
+    std::fs::create_dir(&pin).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4k", "fork-test-pin"])
+        .arg(&pin)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let unpin = || {
+        let _ = Command::new("umount").arg(&pin).status();
+    };
+    // When the test fails (the record gone, nothing would remove them): its own cgroups.
+    let clean_up = || {
+        unpin();
+        for c in cgroup_dirs(&id) {
+            let _ = std::fs::remove_dir(c.join("pinned"));
+            let _ = std::fs::remove_dir(c);
+        }
+    };
+    let out = sup.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dir = run_root.join(format!("fork-{id}"));
+    let kept: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !(dir.join("cgroups").is_file() && dir.join("lock").is_file()) {
+        clean_up();
+        panic!("the run directory's record is gone ({kept:?}): {stderr}");
+    }
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("is kept") && stderr.contains("fork gc"),
+        "{stderr}"
+    );
+    // Only the record is kept: the disk is unmounted and gone.
+    assert!(!kept.iter().any(|k| k == "disk"), "{kept:?}");
+    // A gc that cannot remove them either keeps the record again.
+    let gc = fork_cmd(&run_root).args(["gc", "--json"]).output().unwrap();
+    let rep: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    if !dir.join("cgroups").is_file() {
+        clean_up();
+        panic!("gc deleted the record of cgroups it left: {rep}");
+    }
+    unpin();
+    assert!(!gc_reclaimed(&rep, &id), "{rep}");
+    // Once they can go, gc removes them and the directory.
+    let rep = gc_report(fork_cmd(&run_root));
+    assert!(gc_reclaimed(&rep, &id), "{rep}");
+    assert!(
+        rep["cgroups_removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str() == cgroups[0].to_str()),
+        "{rep}"
+    );
+    assert_nothing_left(&run_root, &id);
+}
