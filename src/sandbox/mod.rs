@@ -29,6 +29,7 @@ pub mod landlock;
 pub mod mounts;
 pub mod namespaces;
 pub mod net;
+mod netlink_queues;
 mod prepare;
 pub mod probe;
 mod reclaim;

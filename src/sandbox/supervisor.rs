@@ -2,6 +2,7 @@
 //! maps, the cgroup), then watching it until it exits, enforcing every budget and serving
 //! the doors.
 
+use super::netlink_queues::NetlinkQueues;
 #[allow(unused_imports)]
 use super::*;
 use std::os::fd::BorrowedFd;
@@ -18,67 +19,6 @@ pub(super) struct InitChild {
     /// The receive queues of the sandbox's netlink sockets, when it has its own network
     /// namespace (set at release).
     pub(super) netlink: Option<NetlinkQueues>,
-}
-
-/// The receive queues of the netlink sockets in the sandbox's network namespace. No cgroup
-/// charges netlink memory (neither v1's memory counter nor its tcp one): a NETLINK_ROUTE
-/// socket holds the kernel's unread replies to its requests up to its receive buffer (up
-/// to twice the host's `net.core.rmem_max` with SO_RCVBUF, which a child network namespace
-/// cannot lower), so the supervisor counts them itself, every tick, against the memory
-/// budget. Read from `/proc/<init>/net/netlink`, opened while the init is our child and
-/// not yet released: the open file keeps naming that namespace.
-pub(super) struct NetlinkQueues {
-    file: std::fs::File,
-    buf: Vec<u8>,
-}
-
-impl NetlinkQueues {
-    /// Opens the netlink table of `pid`'s network namespace.
-    pub(super) fn open(pid: i32) -> std::io::Result<Self> {
-        Ok(NetlinkQueues {
-            file: std::fs::File::open(format!("/proc/{pid}/net/netlink"))?,
-            buf: Vec::with_capacity(64 << 10),
-        })
-    }
-
-    /// The bytes queued for reading on every netlink socket of the namespace (the table's
-    /// `Rmem` column, the sockets' `sk_rmem_alloc`: the buffers' true size). A table that
-    /// cannot be read, or is longer than [`NETLINK_TABLE_MAX`] (tens of thousands of
-    /// sockets: too many to read every 50 ms at a bounded cost), counts as `None`.
-    pub(super) fn queued(&mut self) -> Option<u64> {
-        use std::os::unix::fs::FileExt;
-        self.buf.clear();
-        let mut chunk = [0u8; 16 << 10];
-        loop {
-            if self.buf.len() > NETLINK_TABLE_MAX {
-                return None;
-            }
-            match self.file.read_at(&mut chunk, self.buf.len() as u64) {
-                Ok(0) => break,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return None,
-            }
-        }
-        Some(netlink_rmem(&String::from_utf8_lossy(&self.buf)))
-    }
-}
-
-/// The longest netlink table read (about 48,000 sockets at about 85 bytes a line): a
-/// sandbox with more is stopped as over its memory budget, since its netlink memory can no
-/// longer be counted at a cost bounded per look.
-const NETLINK_TABLE_MAX: usize = 4 << 20;
-
-/// The sum of the `Rmem` column of a `/proc/net/netlink` table.
-fn netlink_rmem(table: &str) -> u64 {
-    let mut lines = table.lines();
-    let col = lines
-        .next()
-        .and_then(|h| h.split_whitespace().position(|c| c == "Rmem"))
-        .unwrap_or(4);
-    lines
-        .filter_map(|l| l.split_whitespace().nth(col)?.parse::<u64>().ok())
-        .fold(0u64, u64::saturating_add)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -550,8 +490,10 @@ pub(super) fn supervise(
                         Some(Some(q)) => q,
                         Some(None) => {
                             tracing::warn!(
-                                "the sandbox's netlink table could not be read, or holds too \
-                                 many sockets to read every look: its memory cannot be counted"
+                                "the sandbox's netlink table could not be read, or is longer \
+                                 than {} KiB (hundreds of netlink sockets): its memory cannot \
+                                 be counted; stopped as over its memory budget",
+                                super::netlink_queues::NETLINK_TABLE_MAX >> 10
                             );
                             return (Some(BudgetKind::Memory), false, false);
                         }
@@ -716,48 +658,4 @@ fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> bool {
     let mut flags = OFlag::from_bits_truncate(bits);
     flags.set(OFlag::O_NONBLOCK, on);
     fcntl(fd, FcntlArg::F_SETFL(flags)).is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn netlink_rmem_sums_the_rmem_column() {
-        let table = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
-                     00000000f362d450 0   0          00000000 0        0        0     2        0        4\n\
-                     000000003eefd69d 0   812        00000000 2304     0        0     2        0        1507\n\
-                     00000000aa11bb22 0   813        00000000 8392704  0        0     2        0        1508\n";
-        assert_eq!(super::netlink_rmem(table), 2304 + 8392704);
-        assert_eq!(super::netlink_rmem(""), 0);
-    }
-
-    /// A table up to the bound is read and summed, each look from its start; a longer one
-    /// (tens of thousands of sockets) is not read to its end: it counts as unreadable, and
-    /// the run is stopped as over memory (fail closed), whatever it holds.
-    #[test]
-    fn a_netlink_table_past_its_bound_is_not_read_to_the_end() {
-        use super::{NetlinkQueues, NETLINK_TABLE_MAX};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("netlink");
-        let header = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n";
-        let line = "00000000aa11bb22 0   813        00000000 4096     0        0     2        0        1508\n";
-        let open = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            NetlinkQueues {
-                file: std::fs::File::open(&path).unwrap(),
-                buf: Vec::new(),
-            }
-        };
-        let mut small = open(&format!("{header}{}", line.repeat(3)));
-        assert_eq!(small.queued(), Some(3 * 4096));
-        assert_eq!(
-            small.queued(),
-            Some(3 * 4096),
-            "a second look reads it again"
-        );
-        let at_bound = (NETLINK_TABLE_MAX - header.len()) / line.len();
-        let mut full = open(&format!("{header}{}", line.repeat(at_bound)));
-        assert_eq!(full.queued(), Some(at_bound as u64 * 4096));
-        let mut over = open(&format!("{header}{}", line.repeat(at_bound + 1000)));
-        assert_eq!(over.queued(), None);
-    }
 }
