@@ -335,15 +335,7 @@ pub(super) fn observation(
     disk: Option<&Path>,
     netlink_queued: u64,
 ) -> Observation {
-    let (disk_used, disk_size) = match disk.and_then(|d| nix::sys::statvfs::statvfs(d).ok()) {
-        Some(v) => {
-            let bs = v.fragment_size();
-            let size = v.blocks() * bs;
-            let free = v.blocks_free() * bs;
-            (Some(size.saturating_sub(free)), Some(size))
-        }
-        None => (None, None),
-    };
+    let (disk_used, disk_size) = disk.and_then(disk_use).unzip();
     Observation {
         elapsed: start.elapsed(),
         cpu_ns: s.cpu_ns,
@@ -357,6 +349,15 @@ pub(super) fn observation(
         disk_used,
         disk_size,
     }
+}
+
+/// The bytes used on the capped filesystem at `disk`, and its size (one statvfs).
+fn disk_use(disk: &Path) -> Option<(u64, u64)> {
+    let v = nix::sys::statvfs::statvfs(disk).ok()?;
+    let bs = v.fragment_size();
+    let size = v.blocks() * bs;
+    let free = v.blocks_free() * bs;
+    Some((size.saturating_sub(free), size))
 }
 
 /// The descriptors a run's init (and so its command) gets: stdin, stdout and stderr, and
@@ -434,6 +435,11 @@ pub(super) fn supervise(
             Duration::from_millis(50),
         );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Between ticks, the disk alone while it is near full (tmpfs counts no failed
+        // write: a fill is seen only while it lasts).
+        let mut disk_tick = tokio::time::interval(watchdog::DISK_NEAR_EVERY);
+        disk_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut disk_near = false;
         async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
             match s {
                 Some(s) => {
@@ -501,6 +507,15 @@ pub(super) fn supervise(
                     if let Some(b) = wd.observe(&observation(start, &s, disk, queued)) {
                         return (Some(b), false, false);
                     }
+                    disk_near = wd.disk_near_full();
+                }
+                _ = disk_tick.tick(), if disk_near => {
+                    if let Some((used, size)) = disk.and_then(disk_use) {
+                        if let Some(b) = wd.observe_disk(used, size) {
+                            return (Some(b), false, false);
+                        }
+                    }
+                    disk_near = wd.disk_near_full();
                 }
                 _ = recv(&mut sigint) => return (None, true, false),
                 _ = recv(&mut sigterm) => return (None, true, false),

@@ -96,11 +96,19 @@ pub struct Observation {
 /// Slack under the disk size at which the filesystem counts as full (tmpfs rounds to pages).
 pub const DISK_FULL_SLACK: u64 = 64 * 1024;
 
+/// How often the disk is looked at while it is near full (see [`Watchdog::disk_near_full`]);
+/// otherwise with every other budget, every 50 ms. One look is a statvfs (a few
+/// microseconds).
+pub const DISK_NEAR_EVERY: Duration = Duration::from_millis(10);
+
 /// Accumulates usage and decides when a budget is blown.
 #[derive(Debug, Clone)]
 pub struct Watchdog {
     limits: Limits,
     usage: Usage,
+    /// The disk's use at the last look and the look before, and its size.
+    disk_last: Option<(u64, u64)>,
+    disk_before: Option<u64>,
 }
 
 impl Watchdog {
@@ -108,6 +116,8 @@ impl Watchdog {
         Watchdog {
             limits,
             usage: Usage::default(),
+            disk_last: None,
+            disk_before: None,
         }
     }
 
@@ -130,19 +140,18 @@ impl Watchdog {
             .pids_peak
             .max(o.pids_current)
             .max(o.pids_peak.unwrap_or(0));
-        if let Some(d) = o.disk_used {
-            u.disk_bytes = u.disk_bytes.max(d);
-        }
+        let disk_full = match (o.disk_used, o.disk_size) {
+            (Some(used), Some(size)) => self.observe_disk(used, size).is_some(),
+            _ => false,
+        };
         if o.oom_kills > 0 || (o.netlink_queued > 0 && held > self.limits.memory_bytes) {
             return Some(BudgetKind::Memory);
         }
         if o.pids_limit_hits > 0 {
             return Some(BudgetKind::Pids);
         }
-        if let (Some(used), Some(size)) = (o.disk_used, o.disk_size) {
-            if used + DISK_FULL_SLACK >= size {
-                return Some(BudgetKind::Disk);
-            }
+        if disk_full {
+            return Some(BudgetKind::Disk);
         }
         if let Some(ct) = self.limits.cpu_time {
             if o.cpu_ns as f64 / 1e9 >= ct.as_secs_f64() {
@@ -153,6 +162,29 @@ impl Watchdog {
             return Some(BudgetKind::Wall);
         }
         None
+    }
+
+    /// Folds in one look at the disk (`used` of `size` bytes): the recorded use is the
+    /// largest seen; `Disk` when it is full. tmpfs counts no failed write, so a fill
+    /// released between two looks (a file unlinked while open, then closed) is seen only
+    /// as the use of the looks around it.
+    pub fn observe_disk(&mut self, used: u64, size: u64) -> Option<BudgetKind> {
+        self.usage.disk_bytes = self.usage.disk_bytes.max(used);
+        self.disk_before = self.disk_last.map(|(u, _)| u);
+        self.disk_last = Some((used, size));
+        (used + DISK_FULL_SLACK >= size).then_some(BudgetKind::Disk)
+    }
+
+    /// Whether the disk is near full, to be looked at every [`DISK_NEAR_EVERY`] rather
+    /// than every tick: less than a tenth of it is free, or less than twice what the last
+    /// look saw added (at that pace it would be full before the look after next).
+    pub fn disk_near_full(&self) -> bool {
+        let Some((used, size)) = self.disk_last else {
+            return false;
+        };
+        let room = size.saturating_sub(used);
+        let grew = used.saturating_sub(self.disk_before.unwrap_or(used));
+        room <= size / 10 || room <= grew.saturating_mul(2)
     }
 
     pub fn usage(&self) -> &Usage {
@@ -253,6 +285,59 @@ mod tests {
         o.netlink_queued = 13 << 20;
         assert_eq!(w.observe(&o), Some(BudgetKind::Memory));
         assert_eq!(w.usage().memory_peak_bytes, 33 << 20);
+    }
+
+    /// The recorded disk use is the largest any look saw, not the last: a file that
+    /// filled most of the disk and was deleted (or unlinked while open, then closed)
+    /// before the run ended is still in the usage.
+    #[test]
+    fn the_recorded_disk_use_is_the_largest_seen() {
+        let mut w = Watchdog::new(seed_budgets());
+        let size = 64 << 20;
+        assert_eq!(w.observe_disk(1 << 20, size), None);
+        assert_eq!(w.observe_disk(55 << 20, size), None);
+        assert_eq!(w.observe_disk(8 << 10, size), None);
+        assert_eq!(w.usage().disk_bytes, 55 << 20);
+        let o = Observation {
+            disk_used: Some(4 << 10),
+            disk_size: Some(size),
+            ..Default::default()
+        };
+        assert_eq!(w.observe(&o), None);
+        assert_eq!(w.usage().disk_bytes, 55 << 20);
+        assert_eq!(w.observe_disk(size - 4096, size), Some(BudgetKind::Disk));
+    }
+
+    /// The disk is looked at more often when it is near full: under a tenth of it free,
+    /// or less free than twice what the last look saw added; not before any look, nor
+    /// when it is far from full and growing slowly, or shrinking.
+    #[test]
+    fn the_disk_is_looked_at_more_often_when_near_full() {
+        let size: u64 = 100 << 20;
+        let mut w = Watchdog::new(seed_budgets());
+        assert!(!w.disk_near_full(), "no look yet");
+        w.observe_disk(10 << 20, size);
+        assert!(!w.disk_near_full());
+        w.observe_disk(12 << 20, size);
+        assert!(!w.disk_near_full(), "2 MiB added, 88 MiB free");
+        w.observe_disk(91 << 20, size);
+        assert!(w.disk_near_full(), "under a tenth free");
+        w.observe_disk(20 << 20, size);
+        assert!(!w.disk_near_full(), "freed again");
+        // 45 MiB added since the last look, 35 MiB free: full before the look after next.
+        w.observe_disk(65 << 20, size);
+        assert!(w.disk_near_full());
+        // Through `observe` too (a tick's look).
+        let mut w = Watchdog::new(seed_budgets());
+        let look = |used| Observation {
+            disk_used: Some(used),
+            disk_size: Some(size),
+            ..Default::default()
+        };
+        w.observe(&look(1 << 20));
+        assert!(!w.disk_near_full());
+        w.observe(&look(95 << 20));
+        assert!(w.disk_near_full());
     }
 
     #[test]
