@@ -558,3 +558,48 @@ fn a_judged_task_does_not_vouch_for_an_unjudged_one_in_the_same_plan() {
     assert_eq!(plan[2]["verdict"], "NEEDS_REVISION", "{}", e.ctx());
     assert!(e.summary().contains("self-reported"), "{}", e.ctx());
 }
+
+/// A subject's budgets still apply once its judge is done: a subject that forks past its
+/// pids budget when its input ends (as the judge exits) is stopped with the judge, and
+/// what the kernel counted until then (the refused forks) is still a REJECT naming pids,
+/// not the judge's APPROVE. (Before, a stopped subject's final sample was thrown away.)
+#[test]
+fn a_subject_that_blows_its_pids_budget_as_its_judge_ends_is_a_reject() {
+    need_root!();
+    let env = Env::new("judge-eof-bomb");
+    // After the stdin loop (EOF: the judge has exited), 40 forks that stay alive.
+    let bomb = env.dir.join("eof-bomb.diff");
+    std::fs::write(
+        &bomb,
+        r#"diff --git a/hermes/__main__.py b/hermes/__main__.py
+--- a/hermes/__main__.py
++++ b/hermes/__main__.py
+@@ -47,6 +47,14 @@
+             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+         stdout.write(json.dumps(reply, separators=(",", ":")) + "\n")
+         stdout.flush()
++    import os, time
++    for _ in range(40):
++        try:
++            if os.fork() == 0:
++                time.sleep(5); os._exit(0)
++        except OSError:
++            break
++    time.sleep(5)
+     return 0
+ 
+ 
+"#,
+    )
+    .unwrap();
+    let e = evaluate(
+        &env,
+        &bomb,
+        &demo(),
+        "eof-bomb",
+        &["--task", "contract", "--pids", "8", "--no-ledger"],
+    );
+    assert_eq!(e.code, 1, "{}", e.ctx());
+    assert_eq!(e.verdict["budget"]["exceeded"], "pids", "{}", e.ctx());
+    assert!(e.summary().contains("pids"), "{}", e.ctx());
+}

@@ -474,6 +474,8 @@ pub(super) fn supervise(
                     return (Some(BudgetKind::Wall), false, false);
                 }
                 _ = tick.tick() => {
+                    // Stopped or interrupted: the command is killed next, and what the
+                    // kernel counted until then is still read (the final sample, below).
                     if cancelled() {
                         return (None, false, true);
                     }
@@ -563,18 +565,13 @@ pub(super) fn supervise(
         c.settle_in_flight();
         wd.set_api_cost(c.spent_usd());
     }
-    // The final usage, sampled once, after every member is gone.
+    // The final usage, sampled once, after every member is gone, however the run ended.
     let s = cg.map(|c| c.sample()).unwrap_or_default();
     // (Every netlink socket closed with its process: nothing is queued any more.)
     let last = wd.observe(&observation(start, &s, disk, 0));
-    let mut wd_budget = budget;
-    if wd_budget.is_none() && !interrupted && !stopped {
-        // The command may have ended by the event itself (OOM kill, a full disk) before a tick.
-        wd_budget = last.filter(|b| *b != BudgetKind::Wall);
-        if wd_budget.is_none() && cost.as_ref().is_some_and(|c| c.exceeded()) {
-            wd_budget = Some(BudgetKind::ApiCost);
-        }
-    }
+    let wd_budget = final_budget(budget, last, interrupted || stopped, || {
+        cost.as_ref().is_some_and(|c| c.exceeded())
+    });
     Ok((
         exit,
         Ended {
@@ -583,6 +580,33 @@ pub(super) fn supervise(
             cancelled: stopped,
         },
     ))
+}
+
+/// The budget a run ended over: the one the watch saw, else the one the final sample
+/// (`last`, taken once every member is gone) shows. The command may have ended by the
+/// event itself (an OOM kill, a refused fork, a full disk) before a tick saw it. A run
+/// stopped by its caller or interrupted (`ended_early`) still keeps what the kernel
+/// counted before the stop (memory OOM kills, pids limit hits, the disk's use): a judged
+/// subject that blew one once its judge was done blew it all the same. Only what the
+/// supervisor's own clock or meter says is dropped then: wall and CPU time (run on
+/// past the stop while it was being killed), and the API cost (its calls in flight at the
+/// stop are charged their worst case).
+fn final_budget(
+    budget: Option<BudgetKind>,
+    last: Option<BudgetKind>,
+    ended_early: bool,
+    cost_exceeded: impl FnOnce() -> bool,
+) -> Option<BudgetKind> {
+    if budget.is_some() {
+        return budget;
+    }
+    let counted =
+        |b: &BudgetKind| matches!(b, BudgetKind::Memory | BudgetKind::Pids | BudgetKind::Disk);
+    if ended_early {
+        return last.filter(counted);
+    }
+    last.filter(|b| *b != BudgetKind::Wall)
+        .or_else(|| cost_exceeded().then_some(BudgetKind::ApiCost))
 }
 
 /// How long a metered door's calls still in flight when the run ends may take to finish
@@ -673,4 +697,48 @@ fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> bool {
     let mut flags = OFlag::from_bits_truncate(bits);
     flags.set(OFlag::O_NONBLOCK, on);
     fcntl(fd, FcntlArg::F_SETFL(flags)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{final_budget, BudgetKind};
+
+    /// A run its caller stopped (a judged subject once its judge was done) or that was
+    /// interrupted keeps what the kernel counted before the stop: OOM kills, refused forks,
+    /// a full disk. Only the supervisor's clock and meter are dropped then (wall, CPU time,
+    /// API cost). A run that ended on its own keeps every budget but wall.
+    #[test]
+    fn a_stopped_run_keeps_the_budgets_the_kernel_counted() {
+        let never = || panic!("the meter is not read for a stopped run");
+        for b in [BudgetKind::Memory, BudgetKind::Pids, BudgetKind::Disk] {
+            assert_eq!(final_budget(None, Some(b), true, never), Some(b));
+            assert_eq!(final_budget(None, Some(b), false, || false), Some(b));
+        }
+        for b in [BudgetKind::Wall, BudgetKind::Cpu] {
+            assert_eq!(final_budget(None, Some(b), true, never), None);
+        }
+        assert_eq!(final_budget(None, None, true, never), None);
+        assert_eq!(
+            final_budget(None, Some(BudgetKind::Cpu), false, || false),
+            Some(BudgetKind::Cpu)
+        );
+        assert_eq!(
+            final_budget(None, Some(BudgetKind::Wall), false, || false),
+            None
+        );
+        assert_eq!(
+            final_budget(None, None, false, || true),
+            Some(BudgetKind::ApiCost)
+        );
+        // What the watch saw first stays.
+        assert_eq!(
+            final_budget(
+                Some(BudgetKind::Wall),
+                Some(BudgetKind::Pids),
+                false,
+                || true
+            ),
+            Some(BudgetKind::Wall)
+        );
+    }
 }
