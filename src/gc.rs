@@ -176,7 +176,12 @@ fn reclaim_own(live: &std::collections::BTreeMap<String, std::path::PathBuf>) ->
     // A run whose directory a successor made unlistable is still torn down by its id.
     remove_cgroups(&|id: &str| live.contains_key(id), &mut rep);
     for (id, path) in live {
-        if path.exists() {
+        // A run whose cgroups could not be removed keeps its record of them (see
+        // `reclaim_run`), so that a later `fork gc` retries: not deleted here either.
+        let cgroups_left = crate::rundir::recorded_cgroups(path)
+            .iter()
+            .any(|c| c.exists());
+        if path.exists() && !cgroups_left {
             if let Err(e) = crate::sandbox::reclaim_dir(path, id) {
                 rep.errors.push(format!("run {id}: {e}"));
             }
