@@ -174,6 +174,67 @@ fn outputs_in_the_source_tree_are_refused_unless_excluded() {
     );
 }
 
+/// Ways into the tree a plain prefix test missed, each refused before anything runs (64):
+/// a `--junit` that is a dangling link into the tree (writing through it creates its
+/// target there), a `--ledger` through `missing/..` (the ledger's directories are made
+/// first, so it lands in the tree), and any output in the runtime's tools directory (copied
+/// into every successor and hashed into the cache's conditions; nothing excludes in it).
+#[test]
+fn outputs_reaching_the_tree_through_links_dot_dot_or_the_tools_are_refused() {
+    need_root!();
+    let env = Env::new("out-ways");
+    let patch = mini_patch(&env);
+    let rt = mini(&env, r#"tools = "tools""#, "true");
+    std::fs::create_dir_all(rt.join("tools")).unwrap();
+    let ci = env.dir.join("ci");
+    std::fs::create_dir_all(&ci).unwrap();
+    std::os::unix::fs::symlink(rt.join("junit.xml"), ci.join("j.xml")).unwrap();
+    let out = env.out("o");
+    let ledger = rt.join("nonexist/../l.db");
+    let tools_out = rt.join("tools/o");
+    for (args, names) in [
+        (
+            vec![
+                "--no-ledger",
+                "--out",
+                out.to_str().unwrap(),
+                "--junit",
+                ci.join("j.xml").to_str().unwrap().to_string().leak(),
+            ],
+            "--junit",
+        ),
+        (
+            vec![
+                "--ledger",
+                ledger.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            "the ledger",
+        ),
+        (
+            vec!["--no-ledger", "--out", tools_out.to_str().unwrap()],
+            "tools directory",
+        ),
+    ] {
+        let w = Watcher::start(&env.run_root);
+        let o = output_within(evaluate_cmd(&env, &patch, &rt, &args), LIMIT);
+        assert!(w.finish().is_empty(), "nothing ran: {}", text(&o));
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(names),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    for left in ["junit.xml", "l.db", "nonexist", "tools/o"] {
+        assert!(
+            !rt.join(left).exists(),
+            "{left} was written into the runtime"
+        );
+    }
+}
+
 /// A `--junit` FIFO (or `$GITHUB_STEP_SUMMARY` naming one) that nothing reads: the report
 /// fails at once once the verdict is out (exit 73, the verdict printed), instead of
 /// `evaluate` waiting for a reader forever.

@@ -196,12 +196,31 @@ pub fn check_outside_source(
             parent_of(l).to_path_buf(),
         ));
     }
+    // The tools directory is copied into every workspace and hashed into the cache's
+    // conditions too, and nothing excludes anything in it: an output there is refused.
+    let tools = manifest
+        .runtime
+        .tools
+        .as_ref()
+        .and_then(|t| std::fs::canonicalize(runtime.join(t)).ok());
     let mut inside = Vec::new();
     let mut patterns = Vec::new();
     for (what, path) in outputs {
-        let Some(rel) =
-            resolve(&path).and_then(|r| r.strip_prefix(&source).ok().map(Path::to_path_buf))
-        else {
+        // A path that cannot be resolved (a loop of links) is not taken on trust.
+        let Some(real) = resolve(&path) else {
+            return Err(EvaluateError::Usage(format!(
+                "{what} {}: its links cannot be followed to a place (a loop?): give a plain path",
+                path.display()
+            )));
+        };
+        if let Some(t) = tools.as_ref().filter(|t| real.starts_with(t)) {
+            return Err(EvaluateError::Usage(format!(
+                "{what} {} lies inside the runtime's tools directory {} (fork.toml's `tools`), which every evaluation copies into its successor and hashes into the conditions a cached verdict is matched on. To fix: write it outside the tools directory (checked before anything runs)",
+                path.display(),
+                t.display()
+            )));
+        }
+        let Some(rel) = real.strip_prefix(&source).ok().map(Path::to_path_buf) else {
             continue;
         };
         let mut prefix = PathBuf::new();
@@ -252,29 +271,91 @@ pub fn check_outside_source(
     )))
 }
 
-/// `p` made absolute and resolved through every link of its longest existing prefix (what
-/// the tree's walk would reach it as), the rest appended as written.
+/// Where a write to `p` lands: `p` made absolute, then walked a component at a time, each
+/// symbolic link followed (a dangling one too: writing through it creates its target) and
+/// each `..` taken from where the walk is (a missing directory followed by `..`, which a
+/// writer creating the directories first would reach, included). `None` for a loop of
+/// links (more than 40 followed) or a link that cannot be read.
 fn resolve(p: &Path) -> Option<PathBuf> {
+    use std::collections::VecDeque;
     let abs = std::path::absolute(p).ok()?;
-    let mut rest = Vec::new();
-    let mut cur = abs.as_path();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(cur) {
-            let mut out = real;
-            for name in rest.iter().rev() {
-                out.push(name);
+    let mut todo: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push_all = |todo: &mut VecDeque<std::ffi::OsString>, path: &Path, front: bool| {
+        let parts: Vec<_> = path
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
+            })
+            .collect();
+        if front {
+            for part in parts.into_iter().rev() {
+                todo.push_front(part);
             }
-            return Some(out);
+        } else {
+            todo.extend(parts);
         }
-        rest.push(cur.file_name()?.to_os_string());
-        cur = cur.parent()?;
+    };
+    push_all(&mut todo, &abs, false);
+    let mut out = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = todo.pop_front() {
+        if part == ".." {
+            out.pop();
+            continue;
+        }
+        let next = out.join(&part);
+        match std::fs::symlink_metadata(&next) {
+            Ok(m) if m.file_type().is_symlink() => {
+                links += 1;
+                if links > 40 {
+                    return None;
+                }
+                let target = std::fs::read_link(&next).ok()?;
+                if target.is_absolute() {
+                    out = PathBuf::from("/");
+                }
+                push_all(&mut todo, &target, true);
+            }
+            _ => out = next,
+        }
     }
+    Some(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    /// Where a write lands: through a dangling link (writing creates its target), through
+    /// `missing/..` (a writer that creates `missing` first lands beside it), never through a
+    /// loop of links.
+    #[test]
+    fn resolve_follows_dangling_links_and_dot_dot_after_a_missing_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(d.path()).unwrap();
+        std::fs::create_dir(base.join("tree")).unwrap();
+        std::fs::create_dir(base.join("ci")).unwrap();
+        std::os::unix::fs::symlink(base.join("tree/junit.xml"), base.join("ci/j.xml")).unwrap();
+        assert_eq!(
+            resolve(&base.join("ci/j.xml")),
+            Some(base.join("tree/junit.xml"))
+        );
+        std::os::unix::fs::symlink("../tree", base.join("ci/rel")).unwrap();
+        assert_eq!(
+            resolve(&base.join("ci/rel/new/x.xml")),
+            Some(base.join("tree/new/x.xml"))
+        );
+        assert_eq!(
+            resolve(&base.join("tree/nonexist/../l.db")),
+            Some(base.join("tree/l.db"))
+        );
+        std::os::unix::fs::symlink(base.join("loop2"), base.join("loop1")).unwrap();
+        std::os::unix::fs::symlink(base.join("loop1"), base.join("loop2")).unwrap();
+        assert_eq!(resolve(&base.join("loop1/x")), None);
+    }
 
     fn req(out: Option<PathBuf>, junit: Option<PathBuf>, summary: Option<PathBuf>) -> Request {
         let mut r = Request::new("p.diff".into(), ".".into());
