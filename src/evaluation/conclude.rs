@@ -58,17 +58,23 @@ pub fn cached(
         Ok(v) => v,
         Err(e) => {
             eprintln!(
-                "fork: warning: the cached verdict {} no longer verifies ({e}): evaluating again",
-                dir.display()
+                "{}",
+                crate::text::safe_text(&format!(
+                    "fork: warning: the cached verdict {} no longer verifies ({e}): evaluating again",
+                    dir.display()
+                ))
             );
             return Ok(None);
         }
     };
     if let Err(why) = served_verdict_matches(p, key, &entry, &verified.verdict, &dir, probe) {
         eprintln!(
-            "fork: warning: not reusing the cached verdict of run {} in {}: {why}; evaluating again",
-            entry.run_id,
-            dir.display()
+            "{}",
+            crate::text::safe_text(&format!(
+                "fork: warning: not reusing the cached verdict of run {} in {}: {why}; evaluating again",
+                entry.run_id,
+                dir.display()
+            ))
         );
         return Ok(None);
     }

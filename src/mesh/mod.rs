@@ -1,3 +1,13 @@
+/// `eprintln!` for the mesh's progress lines on stderr: what came from the bus in them (ids,
+/// refusal reasons quoting a message's fields, file names) is shown with its control
+/// characters spelled out, so a message cannot forge or hide a line of the terminal. (In
+/// scope for the submodules below by being defined before them.)
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("{}", $crate::text::safe_text(&format!($($arg)*)))
+    };
+}
+
 pub mod approve;
 pub mod consensus;
 pub mod messages;

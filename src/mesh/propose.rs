@@ -302,7 +302,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         remaining.max(Duration::from_secs(1)),
     )
     .await?;
-    eprintln!(
+    say!(
         "fork mesh: proposed {} ({}) on {}; waiting up to {} for verdicts",
         id,
         proposal.patch_hash,
@@ -336,7 +336,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
                 })
             }
             Ok(Some(Err(e))) => {
-                eprintln!("fork mesh: reading verdicts: {e}; going on");
+                say!("fork mesh: reading verdicts: {e}; going on");
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }
@@ -345,7 +345,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
         messages += 1;
         let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(0);
         let mut refuse = |node_key: Option<String>, reason: String| {
-            eprintln!("fork mesh: refused verdict message #{sequence}: {reason}");
+            say!("fork mesh: refused verdict message #{sequence}: {reason}");
             refused_messages.push(RefusedMessage {
                 sequence,
                 node_key,
@@ -373,7 +373,7 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             match a.file_into(&bundles, steward) {
                 Ok(Filed::Into(dir)) => {
                     steward_approvals += 1;
-                    eprintln!(
+                    say!(
                         "fork mesh: steward {} approved the verdict in {}",
                         a.steward_key,
                         dir.display()
@@ -436,9 +436,11 @@ pub async fn propose(opts: ProposeOptions) -> Result<ProposeReport, MeshError> {
             pending = still;
         }
         report = consensus(&bundles, &cfg);
-        eprintln!(
+        say!(
             "fork mesh: verdict from {}: {} approval(s) of {} counted vote(s)",
-            m.node_key, report.approvals, report.responders
+            m.node_key,
+            report.approvals,
+            report.responders
         );
     }
     for a in pending {

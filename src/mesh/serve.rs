@@ -75,7 +75,7 @@ enum Flow {
 }
 
 fn log(msg: impl AsRef<str>) {
-    eprintln!("fork mesh: {}", msg.as_ref());
+    say!("fork mesh: {}", msg.as_ref());
 }
 
 /// The node key at `path` (or the default one, created when missing).

@@ -345,7 +345,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         .messages()
         .await
         .map_err(|e| nats_err(e.to_string()))?;
-    eprintln!(
+    say!(
         "fork mesh: steward {} waiting up to {} for verdicts on {subject}",
         steward.public(),
         humantime::format_duration(opts.timeout)
@@ -365,7 +365,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
             }
             Ok(None) => return Err(nats_err("the consumer ended".into())),
             Ok(Some(Err(e))) => {
-                eprintln!("fork mesh: reading verdicts: {e}; going on");
+                say!("fork mesh: reading verdicts: {e}; going on");
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }
@@ -378,7 +378,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
         }
         let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(0);
         let mut refuse = |node_key: Option<String>, reason: String| {
-            eprintln!("fork mesh: not approved: verdict message #{sequence}: {reason}");
+            say!("fork mesh: not approved: verdict message #{sequence}: {reason}");
             not_approved.push(NotApproved {
                 sequence,
                 node_key,
@@ -457,7 +457,7 @@ pub async fn approve_over_mesh(opts: StewardOptions) -> Result<StewardReport, Me
             remaining.max(Duration::from_secs(5)),
         )
         .await?;
-        eprintln!(
+        say!(
             "fork mesh: approved the verdict of {node_key} on proposal {}",
             m.proposal_id
         );

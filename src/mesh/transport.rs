@@ -126,10 +126,10 @@ impl Bus {
                     async move {
                         match event {
                             async_nats::Event::Disconnected => {
-                                eprintln!("fork mesh: disconnected from {url}, reconnecting")
+                                say!("fork mesh: disconnected from {url}, reconnecting")
                             }
                             async_nats::Event::Connected => {
-                                eprintln!("fork mesh: connected to {url}")
+                                say!("fork mesh: connected to {url}")
                             }
                             other => tracing::info!("NATS {url}: {other}"),
                         }
@@ -149,7 +149,7 @@ impl Bus {
                         });
                     }
                     if attempt == 1 || attempt % 10 == 0 {
-                        eprintln!("fork mesh: cannot reach {url} yet ({e}); retrying");
+                        say!("fork mesh: cannot reach {url} yet ({e}); retrying");
                     }
                     tokio::time::sleep(wait).await;
                 }
@@ -387,7 +387,7 @@ impl Bus {
                     if started.elapsed() + wait > give_up_after {
                         return Err(e);
                     }
-                    eprintln!("fork mesh: {e}; retrying");
+                    say!("fork mesh: {e}; retrying");
                     tokio::time::sleep(wait).await;
                 }
             }
