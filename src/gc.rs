@@ -203,8 +203,8 @@ static WHEN_IDLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// short at any point and leave nothing half written under the name it was asked for:
 /// `evaluate` and `reverify` (a bundle is built in a hidden `.<name>.partial-XXXXXX` directory and renamed
 /// into place; a report in a hidden `.<name>.tmp-XXXXXX` file, renamed over the old one;
-/// the ledger commits in one SQLite transaction, and its head record is replaced by a
-/// rename; a node key is written to hidden temporary names and moved into place) and
+/// the ledger commits in one SQLite transaction, its head record replaced by a rename
+/// just before, the two never cut apart (see [`crate::critical`]); a node key is written to hidden temporary names and moved into place) and
 /// `run` (its workspace is copied back while its sandbox is held; its report as
 /// `evaluate`'s are). A cut may leave those hidden temporary names behind, nothing else.
 pub fn end_on_interrupt(grace: std::time::Duration, exit_code: i32) {
@@ -243,9 +243,12 @@ pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
                     let live = crate::rundir::live();
                     if live.is_empty() {
                         if WHEN_IDLE.load(std::sync::atomic::Ordering::SeqCst) {
-                            // `live` stays locked: no run directory is made from here on.
-                            tracing::warn!("interrupted: ended {grace:?} after the signal");
-                            crate::sandbox::signals::exit_now(exit_code);
+                            // `live` stays locked: no run directory is made from here on;
+                            // a ledger append in progress finishes whole first.
+                            crate::critical::end_outside(|| {
+                                tracing::warn!("interrupted: ended {grace:?} after the signal");
+                                crate::sandbox::signals::exit_now(exit_code);
+                            });
                         }
                         drop(live);
                         continue;
@@ -255,7 +258,7 @@ pub fn reclaim_on_interrupt(grace: std::time::Duration, exit_code: i32) {
                         tracing::error!("tearing down after the interrupt: {e}");
                     }
                     tracing::warn!("interrupted: {} run(s) torn down", live.len());
-                    crate::sandbox::signals::exit_now(exit_code);
+                    crate::critical::end_outside(|| crate::sandbox::signals::exit_now(exit_code));
                 }
             });
         if let Err(e) = spawned {

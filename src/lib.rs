@@ -11,6 +11,7 @@
 pub mod budget;
 pub mod check;
 pub mod cli;
+pub mod critical;
 pub mod evaluation;
 pub mod fork;
 pub mod fsx;

@@ -131,12 +131,16 @@ pub(super) fn write_head_file(path: &Path, h: &HeadRecord) -> io::Result<()> {
         Some(d) => d.to_path_buf(),
         None => PathBuf::from("."),
     };
-    let mut tmp_name = path
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| OsString::from("ledger.head"));
+    // Hidden, as fork's other temporaries (`.<name>.tmp-...`): a cut write leaves no file a
+    // listing of the ledger's directory shows.
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(
+        path.file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_else(|| OsString::from("ledger.head")),
+    );
     tmp_name.push(format!(
-        ".tmp.{}.{}",
+        ".tmp-{}.{}",
         std::process::id(),
         uuid::Uuid::new_v4().simple()
     ));
