@@ -69,6 +69,12 @@ fn escape_c1(doc: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Says `message` on stderr as `fork: <message>`, control characters spelled out (`\n`
+/// kept: a TOML error's snippet spans lines). Best effort: a closed stderr is no panic.
+pub fn error(message: &str) {
+    let _ = writeln!(std::io::stderr(), "fork: {}", safe_lines(message));
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -84,10 +90,4 @@ mod tests {
         let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
         assert_eq!(back, v);
     }
-}
-
-/// Says `message` on stderr as `fork: <message>`, control characters spelled out (`\n`
-/// kept: a TOML error's snippet spans lines). Best effort: a closed stderr is no panic.
-pub fn error(message: &str) {
-    let _ = writeln!(std::io::stderr(), "fork: {}", safe_lines(message));
 }
