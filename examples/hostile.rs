@@ -46,7 +46,7 @@ use files::{
     hardlink_probe, list_dir_probe, read_file_probe, symlink_escape_probe, write_file_probe,
 };
 use helpers::{in_child, with_workdir};
-use net::{bind_tcp_probe, connect_tcp_probe, mptcp_probe, udp_send_probe};
+use net::{bind_tcp_probe, connect_tcp_probe, mptcp_probe, seqpacket_probe, udp_send_probe};
 use pipes::pin_probe;
 use sys_kernel::{
     add_key_probe, bpf_probe, delete_module_probe, finit_module_probe, init_module_probe,
@@ -81,6 +81,7 @@ files and others:
   symlink-escape DIR TARGET  hardlink DIR TARGET
   connect-tcp HOST:PORT  bind-tcp PORT  udp-send HOST:PORT     (loopback only)
   connect-mptcp HOST:PORT  bind-mptcp PORT   the same over Multipath TCP (IPPROTO_MPTCP)
+  socket-seqpacket   an inet SOCK_SEQPACKET socket of protocol 0 (SCTP, where loaded)
   env  proc1-environ  kill PID SIG (PID > 0; PID 1 only with SIG 0)
   fork-many N SECS (N <= 256, SECS <= 30)  alloc MIB (<= 4096)
   write-bytes PATH MIB (<= 4096)  sleep SECS (<= 3600)  orphans N [SECS] (N <= 64, SECS <= 300)
@@ -231,6 +232,7 @@ fn run(probe: &str, a: &[String]) -> ProbeResult {
         "bind-tcp" => bind_tcp_probe(num_arg(a, 0, "PORT", u16::MAX)?),
         "udp-send" => udp_send_probe(loopback_arg(a, 0)?),
         "connect-mptcp" => mptcp_probe(loopback_arg(a, 0)?, true),
+        "socket-seqpacket" => seqpacket_probe(),
         "bind-mptcp" => {
             let port = num_arg(a, 0, "PORT", u16::MAX)?;
             mptcp_probe(([127, 0, 0, 1], port).into(), false)

@@ -119,6 +119,23 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (ss, len as libc::socklen_t)
 }
 
+/// `socket(AF_INET, SOCK_SEQPACKET, 0)`: protocol 0 takes the first protocol registered for
+/// the type, SCTP where its module is loaded (whose bind and connect Landlock's TCP rules do
+/// not see). Without SCTP the kernel answers EPROTONOSUPPORT or ESOCKTNOSUPPORT itself.
+pub(crate) fn seqpacket_probe() -> Outcome {
+    // SAFETY: no pointers.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Outcome::io(
+            &io::Error::last_os_error(),
+            "socket(AF_INET, SOCK_SEQPACKET, 0)",
+        );
+    }
+    // SAFETY: a descriptor socket just returned, owned by nothing else.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Outcome::ok("an inet SOCK_SEQPACKET socket was made".to_string())
+}
+
 /// bind (and listen) or connect an MPTCP socket: what Landlock's TCP rules refuse for TCP.
 pub(crate) fn mptcp_probe(addr: SocketAddr, connect: bool) -> Outcome {
     let what = if connect { "connect" } else { "bind" };

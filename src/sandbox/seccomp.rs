@@ -893,6 +893,8 @@ mod tests {
             assert_denied(&[probe], libc::ENOSYS);
         }
         assert_denied(&["bind-mptcp", "0"], libc::EPERM);
+        // Protocol 0 of a type other than a stream or a datagram: SCTP where loaded.
+        assert_denied(&["socket-seqpacket"], libc::EPERM);
     }
 
     /// The probes above are not failing on their own: without the filter, the same
@@ -914,6 +916,7 @@ mod tests {
             (vec!["tee"], true),
             (vec!["vmsplice"], true),
             (vec!["sendfile"], true),
+            (vec!["socket-seqpacket"], false),
         ];
         if std::fs::read_to_string("/proc/sys/net/mptcp/enabled").is_ok_and(|v| v.trim() == "1") {
             cases.push((vec!["bind-mptcp", "0"], true));
